@@ -1,0 +1,135 @@
+"""Collectives named by intent. Each counts the bytes this rank sends into ``stats``.
+
+All functions accept ``group=None`` meaning a group of one rank: they then return without
+communicating, so single-device code paths need no special cases.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.distributed as dist
+
+from .mesh import CommStats
+
+
+def group_size(group: dist.ProcessGroup | None) -> int:
+    return 1 if group is None else dist.get_world_size(group)
+
+
+def group_rank(group: dist.ProcessGroup | None) -> int:
+    return 0 if group is None else dist.get_rank(group)
+
+
+def all_to_all(
+    flat_chunks: Sequence[torch.Tensor],
+    group: dist.ProcessGroup | None,
+    stats: CommStats,
+    recv_numels: Sequence[int],
+    op: str = "all_to_all",
+) -> list[torch.Tensor]:
+    """Send ``flat_chunks[j]`` (1-D) to rank j of ``group``; return the 1-D chunks received from
+    each rank (their sizes given by ``recv_numels``). Chunks may have different sizes."""
+    n = group_size(group)
+    if n == 1:
+        return [flat_chunks[0]]
+    me = group_rank(group)
+    send = torch.cat([c.reshape(-1) for c in flat_chunks])
+    recv = torch.empty(sum(recv_numels), dtype=send.dtype, device=send.device)
+    dist.all_to_all_single(
+        recv,
+        send,
+        output_split_sizes=list(recv_numels),
+        input_split_sizes=[c.numel() for c in flat_chunks],
+        group=group,
+    )
+    stats.add(op, (send.numel() - flat_chunks[me].numel()) * send.element_size())
+    return list(torch.split(recv, list(recv_numels)))
+
+
+def ring_shift(
+    tensor: torch.Tensor,
+    recv_shape: Sequence[int],
+    group: dist.ProcessGroup | None,
+    stats: CommStats,
+    op: str = "ring",
+) -> torch.Tensor:
+    """Send ``tensor`` to the next rank of the ring and receive the previous rank's tensor."""
+    n = group_size(group)
+    if n == 1:
+        return tensor
+    me = group_rank(group)
+    nxt, prv = (me + 1) % n, (me - 1) % n
+    tensor = tensor.contiguous()
+    out = torch.empty(tuple(recv_shape), dtype=tensor.dtype, device=tensor.device)
+    ops = [
+        dist.P2POp(dist.isend, tensor, group=group, group_peer=nxt),
+        dist.P2POp(dist.irecv, out, group=group, group_peer=prv),
+    ]
+    for work in dist.batch_isend_irecv(ops):
+        work.wait()
+    stats.add(op, tensor.numel() * tensor.element_size())
+    return out
+
+
+def all_reduce_sum(
+    tensor: torch.Tensor, group: dist.ProcessGroup | None, stats: CommStats, op: str = "all_reduce"
+) -> torch.Tensor:
+    """In-place sum over the group; returns ``tensor``."""
+    if group_size(group) > 1:
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=group)
+        n = group_size(group)
+        # A ring all-reduce sends 2 (n-1)/n of the buffer per rank.
+        stats.add(op, 2 * (n - 1) * tensor.numel() * tensor.element_size() // n)
+    return tensor
+
+
+def all_gather_cat(
+    tensor: torch.Tensor,
+    group: dist.ProcessGroup | None,
+    stats: CommStats,
+    dim: int = 0,
+    sizes: Sequence[int] | None = None,
+    op: str = "all_gather",
+) -> torch.Tensor:
+    """Concatenate every rank's ``tensor`` along ``dim``. ``sizes`` gives each rank's extent along
+    ``dim`` when they differ (None: all equal to this rank's)."""
+    n = group_size(group)
+    if n == 1:
+        return tensor
+    tensor = tensor.contiguous()
+    if sizes is None:
+        sizes = [tensor.shape[dim]] * n
+    parts = []
+    for s in sizes:
+        shape = list(tensor.shape)
+        shape[dim] = s
+        parts.append(torch.empty(shape, dtype=tensor.dtype, device=tensor.device))
+    if len(set(sizes)) == 1:
+        dist.all_gather(parts, tensor, group=group)
+        stats.add(op, tensor.numel() * tensor.element_size() * (n - 1))
+        return torch.cat(parts, dim=dim)
+    # Uneven extents: send this rank's (flattened, gathered-dim-first) tensor to every rank.
+    moved = tensor.movedim(dim, 0).contiguous()
+    row_numel = moved[0].numel() if moved.shape[0] else int(torch.Size(moved.shape[1:]).numel())
+    flat = moved.reshape(-1)
+    recv = all_to_all([flat] * n, group, CommStats(), [s * row_numel for s in sizes], op)
+    stats.add(op, flat.numel() * flat.element_size() * (n - 1))
+    rows = [r.reshape(s, *moved.shape[1:]) for r, s in zip(recv, sizes)]
+    return torch.cat(rows, dim=0).movedim(0, dim)
+
+
+def agree_any(flag: bool, group: dist.ProcessGroup | None = None) -> bool:
+    """True on every rank if ``flag`` is true on any rank (a one-element MAX all-reduce).
+
+    Used for cancel: every rank calls it at the same safe point, so none waits alone.
+    ``group=None`` here means the whole world when torch.distributed is initialised."""
+    if not dist.is_initialized() or dist.get_world_size(group) == 1:
+        return bool(flag)
+    t = torch.tensor([1 if flag else 0], dtype=torch.int32)
+    backend = dist.get_backend(group)
+    if backend == "nccl":
+        t = t.cuda()
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+    return bool(t.item())
