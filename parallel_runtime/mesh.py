@@ -40,6 +40,9 @@ class CommStats:
 class ParallelMesh:
     """Process groups for each named dimension plus this rank's coordinates.
 
+    Dimensions: cfg, pp, ring, ulysses, and "sp" (ring x ulysses flattened, ring-major): the group
+    over which a token sequence is split. ``rank("sp") == rank("ring") * ulysses + rank("ulysses")``.
+
     Build it with :meth:`build` inside an initialised process group, or :meth:`single` for one
     process. ``group(dim)`` is None when the dimension has size 1 (collectives become no-ops).
     """
@@ -65,7 +68,8 @@ class ParallelMesh:
     def single(cls, device: str | torch.device = "cpu") -> ParallelMesh:
         """A one-rank mesh: no process groups, every collective is a no-op."""
         cfg = ParallelConfig()
-        return cls(cfg, torch.device(device), {d: None for d in MESH_DIMS}, {d: 0 for d in MESH_DIMS})
+        dims = (*MESH_DIMS, "sp")
+        return cls(cfg, torch.device(device), dict.fromkeys(dims), dict.fromkeys(dims, 0))
 
     @classmethod
     def build(cls, config: ParallelConfig, device: str | torch.device) -> ParallelMesh:
@@ -81,6 +85,17 @@ class ParallelMesh:
         for name in MESH_DIMS:
             coords[name] = device_mesh.get_local_rank(name)
             groups[name] = device_mesh.get_group(name) if getattr(config, name) > 1 else None
+        # "sp": ring x ulysses flattened (ring-major), the group a token sequence is split over.
+        coords["sp"] = coords["ring"] * config.ulysses + coords["ulysses"]
+        groups["sp"] = None
+        if config.sp_degree > 1:
+            layout = device_mesh.mesh.reshape(config.cfg, config.pp, config.sp_degree)
+            for c in range(config.cfg):
+                for p in range(config.pp):
+                    ranks = layout[c, p].tolist()
+                    group = dist.new_group(ranks)  # every rank creates every group, same order
+                    if dist.get_rank() in ranks:
+                        groups["sp"] = group
         return cls(config, device, groups, coords, dist.get_rank(), device_mesh)
 
     # -- coordinates -------------------------------------------------------------------------
@@ -88,7 +103,8 @@ class ParallelMesh:
         return self._groups[dim]
 
     def size(self, dim: str) -> int:
-        return getattr(self.config, dim)
+        """Degree of ``dim``: one of cfg, pp, ring, ulysses, or sp (= ring x ulysses)."""
+        return self.config.sp_degree if dim == "sp" else getattr(self.config, dim)
 
     def rank(self, dim: str) -> int:
         return self._coords[dim]
