@@ -133,3 +133,144 @@ def agree_any(flag: bool, group: dist.ProcessGroup | None = None) -> bool:
         t = t.cuda()
     dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
     return bool(t.item())
+
+
+class PendingHalo:
+    """Halo rows in flight from :func:`exchange_halo`; ``wait()`` returns (from_up, from_down)."""
+
+    def __init__(self, works: list, from_up: torch.Tensor | None, from_down: torch.Tensor | None, keep: list):
+        self._works, self._keep = works, keep  # ``keep`` holds the send buffers until they are sent
+        self.from_up, self.from_down = from_up, from_down
+
+    def wait(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        for work in self._works:
+            work.wait()
+        self._works, self._keep = [], []
+        return self.from_up, self.from_down
+
+
+def exchange_halo(
+    band: torch.Tensor,
+    halo: int,
+    up: int | None,
+    down: int | None,
+    group: dist.ProcessGroup | None,
+    stats: CommStats,
+    dim: int = -2,
+    op: str = "halo",
+) -> PendingHalo:
+    """Swap ``halo`` edge slices of ``band`` (along ``dim``) with the neighbouring bands.
+
+    ``up``/``down`` are the group ranks holding the previous/next band, or None at an image
+    border. Sends the first ``halo`` slices to ``up`` and the last ones to ``down``; receives
+    ``up``'s last and ``down``'s first slices (same shape as ours apart from being ``halo`` thick).
+    Non-blocking: call ``wait()`` on the result before using the halos (lets compute overlap).
+    Both neighbours must call this at the same point with the same ``halo``."""
+    if group is None and (up is not None or down is not None):
+        raise ValueError("exchange_halo: neighbours given but the group is None (a single rank has no neighbours)")
+    length = band.shape[dim]
+    if halo > length and (up is not None or down is not None):
+        raise ValueError(f"exchange_halo: band is {length} thick along dim {dim}, thinner than the halo {halo}")
+    ops, keep = [], []
+    from_up = from_down = None
+    if up is not None:
+        first = band.narrow(dim, 0, halo).contiguous()
+        from_up = torch.empty_like(first)
+        keep.append(first)
+        ops += [
+            dist.P2POp(dist.isend, first, group=group, group_peer=up),
+            dist.P2POp(dist.irecv, from_up, group=group, group_peer=up),
+        ]
+        stats.add(op, first.numel() * first.element_size())
+    if down is not None:
+        last = band.narrow(dim, length - halo, halo).contiguous()
+        from_down = torch.empty_like(last)
+        keep.append(last)
+        ops += [
+            dist.P2POp(dist.isend, last, group=group, group_peer=down),
+            dist.P2POp(dist.irecv, from_down, group=group, group_peer=down),
+        ]
+        stats.add(op, last.numel() * last.element_size())
+    works = dist.batch_isend_irecv(ops) if ops else []
+    return PendingHalo(works, from_up, from_down, keep)
+
+
+def gather_to(
+    tensor: torch.Tensor,
+    dst: int,
+    sizes: Sequence[int],
+    group: dist.ProcessGroup | None,
+    stats: CommStats,
+    dim: int = 0,
+    op: str = "gather_to",
+) -> torch.Tensor | None:
+    """Concatenate every rank's ``tensor`` along ``dim`` on group rank ``dst`` only (others get
+    None). ``sizes[r]`` is rank r's extent along ``dim``; ranks with size 0 send nothing. Point to
+    point, so only ``dst`` ever holds the whole result."""
+    n = group_size(group)
+    if n == 1:
+        return tensor
+    me = group_rank(group)
+    if me != dst:
+        if sizes[me] > 0:
+            payload = tensor.contiguous()
+            for work in dist.batch_isend_irecv([dist.P2POp(dist.isend, payload, group=group, group_peer=dst)]):
+                work.wait()
+            stats.add(op, payload.numel() * payload.element_size())
+        return None
+    parts, ops = [], []
+    for r, size in enumerate(sizes):
+        if r == me:
+            parts.append(tensor)
+            continue
+        shape = list(tensor.shape)
+        shape[dim] = size
+        buf = torch.empty(shape, dtype=tensor.dtype, device=tensor.device)
+        parts.append(buf)
+        if size > 0:
+            ops.append(dist.P2POp(dist.irecv, buf, group=group, group_peer=r))
+    for work in dist.batch_isend_irecv(ops) if ops else []:
+        work.wait()
+    return torch.cat(parts, dim=dim)
+
+
+class PendingShift:
+    """A ring shift in flight (see :func:`ring_shift_start`); ``wait()`` returns the received tensor."""
+
+    def __init__(self, works: list, received: torch.Tensor, sent: torch.Tensor | None = None):
+        self._works = works
+        self._received = received
+        self._sent = sent  # kept alive until the send completes
+
+    def wait(self) -> torch.Tensor:
+        for work in self._works:
+            work.wait()
+        self._works, self._sent = [], None
+        return self._received
+
+
+def ring_shift_start(
+    tensor: torch.Tensor,
+    recv_shape: Sequence[int],
+    group: dist.ProcessGroup | None,
+    stats: CommStats,
+    op: str = "ring",
+) -> PendingShift:
+    """Post :func:`ring_shift` without waiting, so compute can overlap the transfer.
+
+    ``tensor`` must not be modified until ``wait()`` returns. With a group of one rank the
+    "received" tensor is ``tensor`` itself."""
+    n = group_size(group)
+    if n == 1:
+        return PendingShift([], tensor)
+    me = group_rank(group)
+    nxt, prv = (me + 1) % n, (me - 1) % n
+    tensor = tensor.contiguous()
+    out = torch.empty(tuple(recv_shape), dtype=tensor.dtype, device=tensor.device)
+    ops = [
+        dist.P2POp(dist.isend, tensor, group=group, group_peer=nxt),
+        dist.P2POp(dist.irecv, out, group=group, group_peer=prv),
+    ]
+    works = dist.batch_isend_irecv(ops)
+    stats.add(op, tensor.numel() * tensor.element_size())
+    return PendingShift(works, out, tensor)

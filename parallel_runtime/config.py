@@ -78,6 +78,8 @@ def parse_devices(spec: str | Sequence[str]) -> list[str]:
             "the runtime starts one worker process per device and needs at least one",
             'pass devices such as "cuda:0,cuda:1" or "cpu:2" (two CPU ranks)',
         )
+    if not isinstance(spec, str) and all(i.lower() == "cpu" for i in items):
+        return ["cpu"] * len(items)  # an already-parsed list: one entry per CPU rank
     devices: list[str] = []
     for item in items:
         low = item.lower()

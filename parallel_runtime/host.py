@@ -1,0 +1,542 @@
+"""WorkerPool: one worker process per device, driven through shared-memory rings.
+
+Lifecycle: validate (before any process starts) -> launch -> READY handshake -> jobs -> close.
+A monitor thread (the event loop) drains the workers' rings, resolves job futures, and watches
+the processes: a dead worker fails every pending job with its rank, exit code and last log lines,
+tears the rest down, and the next ``submit`` starts a fresh pool.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import json
+import logging
+import os
+import signal
+import struct
+import subprocess
+import sys
+import threading
+import time
+import uuid
+import weakref
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from .config import ParallelConfig, parse_devices, validate_layout
+from .errors import ConfigError, JobCancelled, PoolClosed, RuntimeTimeout, WorkerDied, WorkerError
+from .shm import Segment, ShmRing, make_doorbell, sweep_segments, wait_doorbell
+
+log = logging.getLogger("parallel_runtime.host")
+
+EventCallback = Callable[[int, str, Any], None]  # (rank, kind, payload)
+_PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
+
+
+class JobFuture:
+    """The pending result of a job. ``result()`` returns the chosen rank's return value."""
+
+    def __init__(self, job_id: int, name: str, world: int, result_rank: int | str, default_timeout: float, runtime):
+        self.job_id, self.name, self.result_rank = job_id, name, result_rank
+        self._default_timeout = default_timeout
+        self._runtime = runtime
+        self._world = world
+        self._done = threading.Event()
+        self._pending_ranks = set(range(world))
+        self._values: dict[int, Any] = {}
+        self.status: str | None = None  # "ok" | "error" | "cancelled"
+        self.error: BaseException | None = None
+        self.on_event: EventCallback | None = None
+        self.error_deadline: float | None = None
+
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def cancel(self) -> None:
+        """Ask every rank to stop at its next safe point; the job then ends 'cancelled'."""
+        if not self.done():
+            self._runtime.request_cancel(self.job_id)
+
+    def result(self, timeout: float | None = None) -> Any:
+        timeout = self._default_timeout if timeout is None else timeout
+        if not self._done.wait(timeout):
+            raise RuntimeTimeout(
+                f"job '{self.name}' (id {self.job_id}) did not finish within {timeout:.1f} s; "
+                f"ranks still running: {sorted(self._pending_ranks)}. Cancel it with future.cancel() or close the pool."
+            )
+        if self.error is not None:
+            raise self.error
+        if self.result_rank == "all":
+            return [self._values.get(r) for r in range(self._world)]
+        return self._values.get(self.result_rank)
+
+    # called by the runtime --------------------------------------------------------------------
+    def _finish(self, status: str, error: BaseException | None = None) -> None:
+        if not self._done.is_set():
+            self.status, self.error = status, error
+            self._done.set()
+
+
+class _Runtime:
+    """The processes, rings and monitor thread of one running pool (replaced after a death)."""
+
+    def __init__(self, devices: list[str], config: ParallelConfig, opts: dict[str, Any]):
+        self.devices, self.config, self.opts = devices, config, opts
+        self.world = len(devices)
+        self.prefix = f"dpar-{os.getpid()}-{uuid.uuid4().hex[:8]}-"
+        self.procs: list[subprocess.Popen] = []
+        self.logs = [collections.deque(maxlen=200) for _ in devices]
+        self.jobs: dict[int, JobFuture] = {}
+        self.jobs_lock = threading.Lock()
+        self.next_job_id = 1
+        self.ready_info: dict[int, dict] = {}
+        self.ready = threading.Event()
+        self.dead: BaseException | None = None
+        self.closed = False
+        self.stop = threading.Event()
+        self.evt_rings: list[ShmRing] = []
+        self.evt_doorbells_r: list[int] = []
+        self.cmd_doorbells_w: list[int] = []
+        self.cmd: ShmRing | None = None
+        self.ctrl: Segment | None = None
+        self.store = None
+        self.thread: threading.Thread | None = None
+        self.log_threads: list[threading.Thread] = []
+
+    # -- start ------------------------------------------------------------------------------------
+    def start(self) -> None:
+        import torch.distributed as dist
+
+        t0 = time.monotonic()
+        try:
+            self.ctrl = Segment.create(self.prefix + "ctrl", 64)
+            struct.pack_into("<q", self.ctrl.mm, 0, -1)
+            self.cmd = ShmRing.create(self.prefix + "cmd", n_readers=self.world)
+            child_fds: list[list[int]] = []
+            for rank in range(self.world):
+                evt = ShmRing.create(self.prefix + f"evt{rank}", n_readers=1)
+                evt.reader_index = 0
+                self.evt_rings.append(evt)
+                cmd_r, cmd_w = make_doorbell()
+                evt_r, evt_w = make_doorbell()
+                self.cmd_doorbells_w.append(cmd_w)
+                self.evt_doorbells_r.append(evt_r)
+                child_fds.append([cmd_r, evt_w])
+            self.cmd.set_doorbells(self.cmd_doorbells_w)
+            self.store = dist.TCPStore(
+                "127.0.0.1", 0, None, is_master=True, wait_for_workers=False, timeout=_td(self.opts["start_timeout_s"])
+            )
+            for rank, device in enumerate(self.devices):
+                self.procs.append(self._launch(rank, device, child_fds[rank]))
+                for fd in child_fds[rank]:
+                    os.close(fd)
+            self.thread = threading.Thread(target=self._event_loop, name=f"{self.prefix}events", daemon=True)
+            self.thread.start()
+            self._wait_ready()
+        except BaseException:
+            self.shutdown()
+            raise
+        log.info("pool %s started %d worker(s) in %.2f s", self.prefix, self.world, time.monotonic() - t0)
+
+    def _launch(self, rank: int, device: str, fds: list[int]) -> subprocess.Popen:
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join([_PACKAGE_ROOT, *filter(None, [env.get("PYTHONPATH")])])
+        if device == "cpu":
+            env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        env.setdefault("NCCL_SOCKET_IFNAME", "lo")
+        env.setdefault("OMP_NUM_THREADS", str(self.opts["threads"]))
+        spec = {
+            "rank": rank,
+            "world_size": self.world,
+            "device": device,
+            "config": self.config.as_dict(),
+            "threads": self.opts["threads"],
+            "parent_pid": os.getpid(),
+            "prefix": self.prefix,
+            "cmd_ring": self.cmd.segment.name,
+            "cmd_doorbell_r": fds[0],
+            "evt_ring": self.evt_rings[rank].segment.name,
+            "evt_doorbell_w": fds[1],
+            "ctrl": self.ctrl.name,
+            "store_host": "127.0.0.1",
+            "store_port": self.store.port,
+            "start_timeout_s": self.opts["start_timeout_s"],
+            "collective_timeout_s": self.opts["collective_timeout_s"],
+            "log_level": self.opts["log_level"],
+        }
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "parallel_runtime.worker", json.dumps(spec)],
+            env=env,
+            pass_fds=fds,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # a Ctrl-C aimed at the host must not hit workers mid-collective
+        )
+        t = threading.Thread(target=self._pump_log, args=(rank, proc), name=f"{self.prefix}log{rank}", daemon=True)
+        t.start()
+        self.log_threads.append(t)
+        return proc
+
+    def _pump_log(self, rank: int, proc: subprocess.Popen) -> None:
+        wlog = logging.getLogger(f"parallel_runtime.worker.r{rank}")
+        for raw in iter(proc.stdout.readline, b""):
+            line = raw.decode(errors="replace").rstrip()
+            self.logs[rank].append(line)
+            wlog.debug("%s", line)
+        with contextlib.suppress(Exception):
+            proc.stdout.close()
+
+    def _wait_ready(self) -> None:
+        timeout = self.opts["start_timeout_s"]
+        if not self.ready.wait(timeout):
+            missing = sorted(set(range(self.world)) - set(self.ready_info))
+            if self.dead is not None:
+                raise self.dead
+            tails = "\n".join(f"  rank {r}: " + " | ".join(list(self.logs[r])[-5:]) for r in missing)
+            raise RuntimeTimeout(f"timed out after {timeout:.0f} s waiting for READY from rank(s) {missing}\n{tails}")
+        if self.dead is not None:
+            raise self.dead
+
+    # -- jobs -------------------------------------------------------------------------------------
+    def submit(self, name: str, args: tuple, kwargs: dict, result_rank: int | str, on_event) -> JobFuture:
+        if result_rank != "all" and not (isinstance(result_rank, int) and 0 <= result_rank < self.world):
+            raise ConfigError(
+                f"result_rank {result_rank!r} is not a rank of this pool",
+                f"the pool has ranks 0..{self.world - 1}",
+                "pass an int rank or 'all'",
+            )
+        with self.jobs_lock:
+            job_id = self.next_job_id
+            self.next_job_id += 1
+            fut = JobFuture(job_id, name, self.world, result_rank, self.opts["job_timeout_s"], self)
+            fut.on_event = on_event
+            self.jobs[job_id] = fut
+        try:
+            self.cmd.put(
+                ("job", job_id, name, tuple(args), dict(kwargs), result_rank),
+                timeout=self.opts["send_timeout_s"],
+                what=f"job '{name}'",
+                alive=lambda: self.dead is None,
+            )
+        except BaseException:
+            with self.jobs_lock:
+                self.jobs.pop(job_id, None)
+            raise
+        return fut
+
+    def request_cancel(self, job_id: int) -> None:
+        if self.ctrl is not None and not self.closed:
+            struct.pack_into("<q", self.ctrl.mm, 0, job_id)
+
+    # -- the event loop -------------------------------------------------------------------------
+    def _event_loop(self) -> None:
+        import select
+
+        fds = list(self.evt_doorbells_r)
+        while not self.stop.is_set():
+            try:
+                ready, _, _ = select.select(fds, [], [], 0.05)
+            except (OSError, ValueError):
+                return
+            for fd in ready:
+                wait_doorbell(fd, 0)
+            for rank, ring in enumerate(self.evt_rings):
+                while True:
+                    try:
+                        ok, msg = ring.poll()
+                    except Exception as exc:  # a malformed message must not kill the monitor
+                        log.error("could not read a message from rank %d: %s", rank, exc)
+                        break
+                    if not ok:
+                        break
+                    self._dispatch(msg)
+            self.cmd.collect()
+            self._check_processes()
+            self._check_error_grace()
+
+    def _dispatch(self, msg: tuple) -> None:
+        kind = msg[0]
+        if kind == "ready":
+            _, rank, info = msg
+            self.ready_info[rank] = info
+            if len(self.ready_info) == self.world:
+                self.ready.set()
+        elif kind == "event":
+            _, job_id, rank, ev_kind, payload = msg
+            fut = self.jobs.get(job_id)
+            if fut is not None and fut.on_event is not None:
+                try:
+                    fut.on_event(rank, ev_kind, payload)
+                except Exception:
+                    log.exception("event callback of job %s raised", job_id)
+        elif kind == "result":
+            _, job_id, rank, status, payload = msg
+            fut = self.jobs.get(job_id)
+            if fut is None:
+                return
+            fut._pending_ranks.discard(rank)
+            if status == "ok":
+                fut._values[rank] = payload
+            elif status == "error":
+                err = WorkerError(fut.name, rank, payload["type"], payload["message"], payload["traceback"])
+                if fut.error is None:
+                    fut._finish("error", err)
+                    fut.error_deadline = time.monotonic() + self.opts["error_grace_s"]
+            elif status == "cancelled" and not fut.done():
+                fut._finish("cancelled", JobCancelled(f"job '{fut.name}' (id {job_id}) was cancelled"))
+            if not fut._pending_ranks:
+                if not fut.done():
+                    fut._finish("ok")
+                with self.jobs_lock:
+                    self.jobs.pop(job_id, None)
+                if self.ctrl is not None:
+                    (cid,) = struct.unpack_from("<q", self.ctrl.mm, 0)
+                    if cid == job_id:
+                        struct.pack_into("<q", self.ctrl.mm, 0, -1)
+
+    def _check_processes(self) -> None:
+        if self.dead is not None:
+            return
+        for rank, proc in enumerate(self.procs):
+            code = proc.poll()
+            if code is not None:
+                for t in self.log_threads[rank : rank + 1]:
+                    t.join(timeout=1.0)  # collect the last lines it printed
+                self._fail(WorkerDied(rank, code, list(self.logs[rank])))
+                return
+
+    def _check_error_grace(self) -> None:
+        """A rank that raised may leave the others waiting in a collective forever: if they have not
+        finished within the grace period, the pool is torn down (the next job restarts it)."""
+        now = time.monotonic()
+        for fut in list(self.jobs.values()):
+            if fut.error_deadline is not None and fut._pending_ranks and now > fut.error_deadline:
+                log.warning(
+                    "job '%s' failed on one rank and ranks %s did not finish within %.0f s (stuck in a "
+                    "collective); restarting the pool",
+                    fut.name,
+                    sorted(fut._pending_ranks),
+                    self.opts["error_grace_s"],
+                )
+                self._fail(
+                    RuntimeError(
+                        f"the pool was restarted because job '{fut.name}' failed on one rank and the "
+                        f"others (ranks {sorted(fut._pending_ranks)}) could not finish"
+                    )
+                )
+                return
+
+    def _fail(self, exc: BaseException) -> None:
+        self.dead = exc
+        self.ready.set()
+        with self.jobs_lock:
+            jobs = list(self.jobs.values())
+            self.jobs.clear()
+        for fut in jobs:
+            fut._finish("error", exc)
+        threading.Thread(target=self.shutdown, kwargs={"graceful": False}, daemon=True).start()
+
+    # -- shutdown ---------------------------------------------------------------------------------
+    def shutdown(self, graceful: bool = True) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        if graceful and self.dead is None and self.cmd is not None and self.procs:
+            with contextlib.suppress(Exception):
+                self.cmd.put(("shutdown",), timeout=2.0, what="shutdown")
+        deadline = time.monotonic() + (5.0 if graceful else 0.0)
+        for proc in self.procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=max(deadline - time.monotonic(), 0.0))
+        _terminate(self.procs)
+        self.stop.set()
+        if self.thread is not None and self.thread is not threading.current_thread():
+            self.thread.join(timeout=2.0)
+        for t in self.log_threads:
+            t.join(timeout=2.0)
+        for fd in self.cmd_doorbells_w + self.evt_doorbells_r:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        for ring in self.evt_rings:
+            ring.close(unlink=True)
+        if self.cmd is not None:
+            self.cmd.close(unlink=True)
+        if self.ctrl is not None:
+            self.ctrl.unlink()
+            self.ctrl.close()
+        # Every creator is dead now: remove anything a killed worker could not unlink.
+        sweep_segments(self.prefix)
+        self.store = None
+        err = self.dead or PoolClosed("the pool was closed")
+        with self.jobs_lock:
+            jobs = list(self.jobs.values())
+            self.jobs.clear()
+        for fut in jobs:
+            fut._finish("error", err)
+
+
+def _terminate(procs: Sequence[subprocess.Popen], grace: float = 3.0) -> None:
+    """SIGTERM, then SIGKILL whatever is still alive after ``grace`` seconds."""
+    alive = [p for p in procs if p.poll() is None]
+    for p in alive:
+        with contextlib.suppress(ProcessLookupError):
+            p.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    for p in alive:
+        try:
+            p.wait(timeout=max(deadline - time.monotonic(), 0.01))
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                p.kill()
+            p.wait(timeout=5.0)
+
+
+def _td(seconds: float):
+    import datetime
+
+    return datetime.timedelta(seconds=seconds)
+
+
+def _default_threads(devices: list[str]) -> int:
+    if devices[0].startswith("cuda"):
+        return 4
+    return max(1, (os.cpu_count() or 1) // len(devices))
+
+
+class WorkerPool:
+    """One worker per device, alive between jobs.
+
+    >>> with WorkerPool("cpu:2", ParallelConfig(ulysses=2)) as pool:
+    ...     pool.submit("echo", 41).result()
+    """
+
+    def __init__(
+        self,
+        devices: str | Sequence[str] = "cpu:2",
+        config: ParallelConfig | None = None,
+        *,
+        threads_per_worker: int | None = None,
+        start_timeout_s: float = 180.0,
+        job_timeout_s: float = 3600.0,
+        send_timeout_s: float = 120.0,
+        collective_timeout_s: float = 1800.0,
+        error_grace_s: float = 5.0,
+        log_level: str = "INFO",
+        visible_cuda: int | None = None,
+    ):
+        self.devices = parse_devices(devices)
+        self.config = config or ParallelConfig(ulysses=len(self.devices))
+        validate_layout(self.devices, self.config, visible_cuda)
+        if threads_per_worker is not None and threads_per_worker < 1:
+            raise ConfigError(
+                f"threads_per_worker={threads_per_worker}",
+                "each worker needs at least one CPU thread",
+                "leave it unset (automatic) or give a positive number",
+            )
+        self.opts = {
+            "threads": threads_per_worker or _default_threads(self.devices),
+            "start_timeout_s": start_timeout_s,
+            "job_timeout_s": job_timeout_s,
+            "send_timeout_s": send_timeout_s,
+            "collective_timeout_s": collective_timeout_s,
+            "error_grace_s": error_grace_s,
+            "log_level": log_level,
+        }
+        self._runtime: _Runtime | None = None
+        self._lock = threading.Lock()
+        self._closed = False
+        self.starts = 0
+        self._finalizer = weakref.finalize(self, _finalize, [None])
+
+    # -- lifecycle --------------------------------------------------------------------------------
+    def start(self) -> WorkerPool:
+        """Start the workers (if not running) and wait for READY."""
+        self._ensure_started()
+        return self
+
+    def _ensure_started(self) -> _Runtime:
+        with self._lock:
+            if self._closed:
+                raise PoolClosed("this WorkerPool was closed; create a new one")
+            rt = self._runtime
+            if rt is not None and rt.dead is None and not rt.closed:
+                return rt
+            if rt is not None:
+                rt.shutdown(graceful=False)
+            rt = _Runtime(self.devices, self.config, self.opts)
+            self._finalizer.detach()
+            self._finalizer = weakref.finalize(self, _finalize, [rt])
+            rt.start()
+            self._runtime = rt
+            self.starts += 1
+            return rt
+
+    @property
+    def is_alive(self) -> bool:
+        rt = self._runtime
+        return rt is not None and rt.dead is None and not rt.closed
+
+    @property
+    def worker_info(self) -> dict[int, dict]:
+        rt = self._runtime
+        return dict(rt.ready_info) if rt else {}
+
+    @property
+    def pids(self) -> list[int]:
+        rt = self._runtime
+        return [p.pid for p in rt.procs] if rt else []
+
+    @property
+    def shm_prefix(self) -> str | None:
+        rt = self._runtime
+        return rt.prefix if rt else None
+
+    def last_log_lines(self, rank: int, n: int = 20) -> list[str]:
+        rt = self._runtime
+        return list(rt.logs[rank])[-n:] if rt else []
+
+    def submit(
+        self,
+        name: str,
+        *args: Any,
+        result_rank: int | str = 0,
+        on_event: EventCallback | None = None,
+        **kwargs: Any,
+    ) -> JobFuture:
+        """Run job ``name`` on every rank; the future holds ``result_rank``'s return value
+        (or a list of every rank's with ``result_rank="all"``)."""
+        rt = self._ensure_started()
+        return rt.submit(name, args, kwargs, result_rank, on_event)
+
+    def run(self, name: str, *args: Any, timeout: float | None = None, **kwargs: Any) -> Any:
+        """``submit(...).result(timeout)``."""
+        return self.submit(name, *args, **kwargs).result(timeout)
+
+    def close(self) -> None:
+        """Stop every worker and remove every shared-memory segment. Idempotent."""
+        with self._lock:
+            self._closed = True
+            rt, self._runtime = self._runtime, None
+        if rt is not None:
+            rt.shutdown()
+        self._finalizer.detach()
+
+    def __enter__(self) -> WorkerPool:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "alive" if self.is_alive else ("closed" if self._closed else "stopped")
+        return f"WorkerPool({','.join(self.devices)}, {self.config.describe()}, {state})"
+
+
+def _finalize(holder: list) -> None:
+    """Garbage collection / interpreter exit: shut the runtime down without touching the pool."""
+    rt = holder[0]
+    if rt is not None:
+        rt.shutdown()

@@ -1,0 +1,404 @@
+"""Shared-memory queues between the host and the workers.
+
+* ``Segment``: a named POSIX shared-memory segment (a file under /dev/shm). Only its creator
+  unlinks it; attaching processes just map it.
+* ``encode``/``decode``: a message is pickled with every torch.Tensor replaced by a descriptor;
+  the tensor bytes follow the pickle in the same buffer (aligned), never inside the pickle.
+* ``ShmRing``: one writer, N readers, a ring of fixed-size slots each with a ``written`` flag and
+  a flag per reader (the writer reuses a slot only when every reader has marked it read). A
+  message that fits a slot is written inline; a larger one goes to a data segment. Data segments
+  are recycled by the writer once every reader has copied its message out: freshly created
+  shared memory costs a page fault per page on first touch (several times slower than a copy),
+  recycled segments are warm. Readers keep their mappings of live segments for the same reason.
+  Idle cached segments are unlinked after a while. Readers sleep on a pipe ("doorbell") instead
+  of spinning, so an idle worker costs no CPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import mmap
+import os
+import pickle
+import select
+import struct
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from .errors import RuntimeTimeout
+
+SHM_DIR = Path("/dev/shm")
+ALIGN = 64
+_RING_MAGIC = 0x44505231  # "DPR1"
+_RING_HEADER = 64
+_SLOT_HEADER = 64  # byte 0: written, bytes 1..47: reader flags, bytes 48..55: payload length
+_MAX_READERS = 47
+_MODE_INLINE, _MODE_SEGMENT = 0, 1
+
+
+def _align(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+class Segment:
+    """A named shared-memory segment mapped into this process."""
+
+    def __init__(self, name: str, mm: mmap.mmap, size: int, owner: bool):
+        self.name, self.mm, self.size, self.owner = name, mm, size, owner
+
+    @classmethod
+    def create(cls, name: str, size: int) -> Segment:
+        path = SHM_DIR / name
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        try:
+            os.ftruncate(fd, max(size, 1))
+            mm = mmap.mmap(fd, max(size, 1))
+        except BaseException:
+            os.close(fd)
+            path.unlink(missing_ok=True)
+            raise
+        os.close(fd)
+        return cls(name, mm, size, owner=True)
+
+    @classmethod
+    def attach(cls, name: str, private: bool = False) -> Segment:
+        """Map an existing segment; ``private`` maps it copy-on-write (writes stay local)."""
+        fd = os.open(SHM_DIR / name, os.O_RDONLY if private else os.O_RDWR)
+        try:
+            size = os.fstat(fd).st_size
+            flags = mmap.MAP_PRIVATE | getattr(mmap, "MAP_POPULATE", 0) if private else mmap.MAP_SHARED
+            prot = mmap.PROT_READ | mmap.PROT_WRITE
+            mm = mmap.mmap(fd, size, flags=flags, prot=prot)
+        finally:
+            os.close(fd)
+        return cls(name, mm, size, owner=False)
+
+    def close(self) -> None:
+        with contextlib.suppress(BufferError, ValueError):
+            self.mm.close()
+
+    def unlink(self) -> None:
+        """Remove the name (creator only). Mappings stay valid until closed."""
+        if self.owner:
+            (SHM_DIR / self.name).unlink(missing_ok=True)
+
+
+def sweep_segments(prefix: str) -> list[str]:
+    """Unlink every segment whose name starts with ``prefix`` (used only after their creators are
+    dead, e.g. a killed worker). Returns the names removed."""
+    removed = []
+    for path in SHM_DIR.glob(prefix + "*"):
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+            removed.append(path.name)
+    return removed
+
+
+# -- message encoding ---------------------------------------------------------------------------
+
+
+def encode(obj: object) -> tuple[bytes, list[torch.Tensor]]:
+    """Pickle ``obj`` with tensors replaced by descriptors; returns (header, tensors to append)."""
+    tensors: list[torch.Tensor] = []
+
+    class _Pickler(pickle.Pickler):
+        def persistent_id(self, o):
+            if isinstance(o, torch.Tensor):
+                t = o.detach()
+                if t.device.type != "cpu":
+                    t = t.cpu()
+                t = t.contiguous()
+                tensors.append(t)
+                return ("T", len(tensors) - 1, str(t.dtype).removeprefix("torch."), tuple(t.shape))
+            return None
+
+    buf = io.BytesIO()
+    _Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
+    return buf.getvalue(), tensors
+
+
+def encoded_size(header: bytes, tensors: list[torch.Tensor]) -> int:
+    return _align(8 + len(header)) + sum(_align(t.numel() * t.element_size()) for t in tensors)
+
+
+def write_encoded(buf, offset: int, header: bytes, tensors: list[torch.Tensor]) -> None:
+    """Write [u64 header length][header][tensor bytes, each 64-byte aligned] at ``offset``."""
+    struct.pack_into("<Q", buf, offset, len(header))
+    buf[offset + 8 : offset + 8 + len(header)] = header
+    pos = offset + _align(8 + len(header))
+    for t in tensors:
+        n = t.numel() * t.element_size()
+        if n:
+            dst = torch.frombuffer(buf, dtype=torch.uint8, count=n, offset=pos)
+            dst.copy_(t.reshape(-1).view(torch.uint8))
+        pos += _align(n)
+
+
+def read_encoded(buf, offset: int, copy: bool) -> object:
+    """Inverse of :func:`write_encoded`. ``copy=False`` returns tensors that view ``buf``."""
+    (hlen,) = struct.unpack_from("<Q", buf, offset)
+    header = bytes(buf[offset + 8 : offset + 8 + hlen])
+    pos = [offset + _align(8 + hlen)]
+    tensors: dict[int, torch.Tensor] = {}
+
+    class _Unpickler(pickle.Unpickler):
+        def persistent_load(self, pid):
+            _, idx, dtype_name, shape = pid
+            dtype = getattr(torch, dtype_name)
+            numel = 1
+            for s in shape:
+                numel *= s
+            nbytes = numel * torch.empty((), dtype=dtype).element_size()
+            if idx not in tensors:
+                if nbytes == 0:
+                    t = torch.empty(shape, dtype=dtype)
+                else:
+                    raw = torch.frombuffer(buf, dtype=torch.uint8, count=nbytes, offset=pos[0])
+                    t = raw.view(dtype).reshape(shape)
+                    if copy:
+                        t = t.clone()
+                tensors[idx] = t
+                pos[0] += _align(nbytes)
+            return tensors[idx]
+
+    return _Unpickler(io.BytesIO(header)).load()
+
+
+# -- doorbells ------------------------------------------------------------------------------------
+
+
+def ring_doorbell(fd: int) -> None:
+    """Wake a sleeping reader (non-blocking; a full pipe already means 'wake up')."""
+    with contextlib.suppress(BlockingIOError, BrokenPipeError, OSError):
+        os.write(fd, b"\x01")
+
+
+def wait_doorbell(fd: int, timeout: float) -> bool:
+    """Sleep until the doorbell rings or ``timeout`` passes; drains it. True if it rang."""
+    ready, _, _ = select.select([fd], [], [], max(timeout, 0.0))
+    if ready:
+        with contextlib.suppress(BlockingIOError, OSError):
+            os.read(fd, 65536)
+        return True
+    return False
+
+
+def make_doorbell() -> tuple[int, int]:
+    """A pipe (read_fd, write_fd), both non-blocking, not inherited unless passed explicitly."""
+    r, w = os.pipe()
+    os.set_blocking(r, False)
+    os.set_blocking(w, False)
+    return r, w
+
+
+# -- the ring -----------------------------------------------------------------------------------
+
+
+class ShmRing:
+    """A one-writer, N-reader ring of message slots in one shared-memory segment."""
+
+    def __init__(self, segment: Segment, reader_index: int | None, name_prefix: str):
+        self.segment = segment
+        self.mm = segment.mm
+        magic, self.n_slots, self.slot_size, self.n_readers = struct.unpack_from("<IIII", self.mm, 0)
+        if magic != _RING_MAGIC:
+            raise RuntimeError(f"shared-memory segment {segment.name} is not a ring (bad magic)")
+        self.reader_index = reader_index
+        self.name_prefix = name_prefix  # data segments created by this side start with it
+        self._cursor = 0
+        self._lock = threading.Lock()
+        self._slot_segments: dict[int, list[Segment]] = {}
+        self._free: list[tuple[float, Segment]] = []  # (time freed, warm segment) ready for reuse
+        self._seq = 0
+        self._maps: dict[str, Segment] = {}  # reader side: mappings of the writer's live segments
+        self._doorbells: list[int] = []
+        self._doorbell_r: int | None = None
+
+    # construction
+    @classmethod
+    def create(cls, name: str, n_readers: int, n_slots: int = 32, slot_size: int = 256 * 1024) -> ShmRing:
+        if not 1 <= n_readers <= _MAX_READERS:
+            raise ValueError(f"a ring supports 1..{_MAX_READERS} readers, not {n_readers}")
+        size = _RING_HEADER + n_slots * (_SLOT_HEADER + slot_size)
+        seg = Segment.create(name, size)
+        struct.pack_into("<IIII", seg.mm, 0, _RING_MAGIC, n_slots, slot_size, n_readers)
+        return cls(seg, None, name + "-d")
+
+    @classmethod
+    def attach(cls, name: str, reader_index: int | None, name_prefix: str) -> ShmRing:
+        return cls(Segment.attach(name), reader_index, name_prefix)
+
+    def set_doorbells(self, write_fds: list[int]) -> None:
+        """Writer side: the pipes to ring after each message (one per reader)."""
+        self._doorbells = list(write_fds)
+
+    def set_reader_doorbell(self, read_fd: int) -> None:
+        self._doorbell_r = read_fd
+
+    @property
+    def capacity(self) -> int:
+        return self.slot_size - 1
+
+    def _slot(self, i: int) -> int:
+        return _RING_HEADER + i * (_SLOT_HEADER + self.slot_size)
+
+    @staticmethod
+    def _fence(lock=threading.Lock()) -> None:  # noqa: B008 - a lock used only as a memory barrier
+        with lock:
+            pass
+
+    # writer ---------------------------------------------------------------------------------
+    def _slot_free(self, base: int) -> bool:
+        if self.mm[base] == 0:
+            return True
+        return all(self.mm[base + 1 + r] == 1 for r in range(self.n_readers))
+
+    def collect(self) -> None:
+        """Unlink data segments of slots every reader has finished with."""
+        with self._lock:
+            self._collect_locked()
+
+    FREE_CACHE_BYTES = 1 << 30
+    FREE_CACHE_SEGMENTS = 4
+    FREE_IDLE_S = 30.0
+
+    def _collect_locked(self) -> None:
+        now = time.monotonic()
+        for i in list(self._slot_segments):
+            if self._slot_free(self._slot(i)):
+                self._free.extend((now, seg) for seg in self._slot_segments.pop(i))
+        self._free.sort(key=lambda item: -item[0])  # most recently freed first
+        kept, total = [], 0
+        for freed_at, seg in self._free:
+            if (
+                len(kept) < self.FREE_CACHE_SEGMENTS
+                and total + seg.size <= self.FREE_CACHE_BYTES
+                and now - freed_at < self.FREE_IDLE_S
+            ):
+                kept.append((freed_at, seg))
+                total += seg.size
+            else:
+                seg.unlink()
+                seg.close()
+        self._free = kept
+
+    def _data_segment(self, nbytes: int) -> Segment:
+        best = None
+        for item in self._free:
+            size = item[1].size
+            if nbytes <= size <= max(2 * nbytes, nbytes + (16 << 20)) and (best is None or size < best[1].size):
+                best = item
+        if best is not None:
+            self._free.remove(best)
+            return best[1]
+        self._seq += 1
+        return Segment.create(f"{self.name_prefix}{self._seq}", (nbytes + (1 << 20) - 1) >> 20 << 20)
+
+    def _live_names(self) -> list[str]:
+        names = [seg.name for _, seg in self._free]
+        for segs in self._slot_segments.values():
+            names.extend(seg.name for seg in segs)
+        return names
+
+    def put(self, obj: object, timeout: float, what: str = "message", alive: Callable[[], bool] | None = None) -> None:
+        """Publish ``obj`` to every reader; waits (up to ``timeout``) for a free slot."""
+        header, tensors = encode(obj)
+        total = encoded_size(header, tensors)
+        with self._lock:
+            base = self._slot(self._cursor)
+            deadline = time.monotonic() + timeout
+            delay = 1e-5
+            while not self._slot_free(base):
+                if time.monotonic() > deadline:
+                    waiting = [r for r in range(self.n_readers) if self.mm[base + 1 + r] == 0]
+                    raise RuntimeTimeout(
+                        f"timed out after {timeout:.0f} s waiting for reader(s) {waiting} of {self.segment.name} "
+                        f"to free a slot for {what} (readers busy or hung)"
+                    )
+                if alive is not None and not alive():
+                    raise RuntimeError(f"gave up sending {what}: the reader side is gone")
+                time.sleep(delay)
+                delay = min(delay * 2, 5e-3)
+            self._collect_locked()
+            self.mm[base] = 0
+            payload = base + _SLOT_HEADER
+            if total <= self.capacity:
+                self.mm[payload] = _MODE_INLINE
+                write_encoded(self.mm, payload + 1, header, tensors)
+            else:
+                seg = self._data_segment(total)
+                self._slot_segments[self._cursor] = [seg]
+                write_encoded(seg.mm, 0, header, tensors)
+                names = pickle.dumps((seg.name, self._live_names()))
+                if len(names) + 5 > self.capacity:
+                    names = pickle.dumps((seg.name, [seg.name]))
+                self.mm[payload] = _MODE_SEGMENT
+                struct.pack_into("<I", self.mm, payload + 1, len(names))
+                self.mm[payload + 5 : payload + 5 + len(names)] = names
+            for r in range(self.n_readers):
+                self.mm[base + 1 + r] = 0
+            self._fence()
+            self.mm[base] = 1
+            self._cursor = (self._cursor + 1) % self.n_slots
+        for fd in self._doorbells:
+            ring_doorbell(fd)
+
+    # reader ---------------------------------------------------------------------------------
+    def poll(self) -> tuple[bool, object]:
+        """Take the next message if one is there: (True, obj) or (False, None)."""
+        base = self._slot(self._cursor)
+        me = self.reader_index
+        if self.mm[base] != 1 or self.mm[base + 1 + me] != 0:
+            return False, None
+        self._fence()
+        payload = base + _SLOT_HEADER
+        if self.mm[payload] == _MODE_INLINE:
+            obj = read_encoded(self.mm, payload + 1, copy=True)
+        else:
+            (n,) = struct.unpack_from("<I", self.mm, payload + 1)
+            name, live = pickle.loads(bytes(self.mm[payload + 5 : payload + 5 + n]))
+            for old in set(self._maps) - set(live):
+                self._maps.pop(old).close()
+            seg = self._maps.get(name)
+            if seg is None:
+                seg = self._maps[name] = Segment.attach(name)
+            obj = read_encoded(seg.mm, 0, copy=True)
+        self._fence()
+        self.mm[base + 1 + me] = 1
+        self._cursor = (self._cursor + 1) % self.n_slots
+        return True, obj
+
+    def get(self, timeout: float, what: str = "message") -> object:
+        """Block (sleeping on the doorbell) until a message arrives; RuntimeTimeout after ``timeout``."""
+        deadline = time.monotonic() + timeout
+        while True:
+            ok, obj = self.poll()
+            if ok:
+                return obj
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise RuntimeTimeout(f"timed out after {timeout:.1f} s waiting for {what} on {self.segment.name}")
+            if self._doorbell_r is None:
+                time.sleep(min(left, 1e-3))
+            else:
+                wait_doorbell(self._doorbell_r, min(left, 1.0))
+
+    def close(self, unlink: bool = False) -> None:
+        with self._lock:
+            segs = [seg for _, seg in self._free] + [s for group in self._slot_segments.values() for s in group]
+            for seg in segs:
+                seg.unlink()
+                seg.close()
+            self._slot_segments.clear()
+            self._free.clear()
+            for seg in self._maps.values():
+                seg.close()
+            self._maps.clear()
+        if unlink:
+            self.segment.unlink()
+        self.segment.close()

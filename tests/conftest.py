@@ -1,0 +1,33 @@
+"""Session-wide fixtures: persistent CPU worker pools (gloo) shared by every test."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from parallel_runtime.config import ParallelConfig
+from parallel_runtime.pools import PoolRegistry
+
+torch.set_num_threads(1)
+os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+
+
+@pytest.fixture(scope="session")
+def pool_registry():
+    registry = PoolRegistry(max_pools=3)
+    yield registry
+    registry.close_all()
+
+
+@pytest.fixture(scope="session")
+def cpu_pool(pool_registry):
+    """``cpu_pool(ParallelConfig(...))`` -> a warm WorkerPool with one CPU rank per mesh position,
+    one thread each. Pools are kept for the session (at most 3 alive; the least recently used
+    one is closed when a fourth is needed)."""
+
+    def get(config: ParallelConfig, threads: int = 1):
+        return pool_registry.get(f"cpu:{config.world_size}", config, threads_per_worker=threads)
+
+    return get
