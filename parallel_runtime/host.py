@@ -59,9 +59,17 @@ class JobFuture:
         if not self.done():
             self._runtime.request_cancel(self.job_id)
 
+    SPIN_S = 0.002
+
     def result(self, timeout: float | None = None) -> Any:
         timeout = self._default_timeout if timeout is None else timeout
-        if not self._done.wait(timeout):
+        # A short job is often answered within microseconds: poll the rings from this thread
+        # first (no hand-over from the event thread), then sleep.
+        spin_until = time.monotonic() + min(self.SPIN_S, timeout)
+        while not self._done.is_set() and time.monotonic() < spin_until:
+            self._runtime.drain()
+            time.sleep(0)
+        if not self._done.wait(max(timeout - self.SPIN_S, 0.0)):
             raise RuntimeTimeout(
                 f"job '{self.name}' (id {self.job_id}) did not finish within {timeout:.1f} s; "
                 f"ranks still running: {sorted(self._pending_ranks)}. Cancel it with future.cancel() or close the pool."
@@ -104,6 +112,7 @@ class _Runtime:
         self.store = None
         self.thread: threading.Thread | None = None
         self.log_threads: list[threading.Thread] = []
+        self.drain_lock = threading.Lock()  # ring readers are single-consumer: one drainer at a time
 
     # -- start ------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -232,17 +241,11 @@ class _Runtime:
             struct.pack_into("<q", self.ctrl.mm, 0, job_id)
 
     # -- the event loop -------------------------------------------------------------------------
-    def _event_loop(self) -> None:
-        import select
-
-        fds = list(self.evt_doorbells_r)
-        while not self.stop.is_set():
-            try:
-                ready, _, _ = select.select(fds, [], [], 0.05)
-            except (OSError, ValueError):
-                return
-            for fd in ready:
-                wait_doorbell(fd, 0)
+    def drain(self) -> bool:
+        """Read every waiting message from the workers and dispatch it (any thread may call it)."""
+        if not self.drain_lock.acquire(blocking=False):
+            return False
+        try:
             for rank, ring in enumerate(self.evt_rings):
                 while True:
                     try:
@@ -253,9 +256,33 @@ class _Runtime:
                     if not ok:
                         break
                     self._dispatch(msg)
-            self.cmd.collect()
-            self._check_processes()
-            self._check_error_grace()
+        finally:
+            self.drain_lock.release()
+        return True
+
+    def _event_loop(self) -> None:
+        import select
+
+        fds = list(self.evt_doorbells_r)
+        next_check = 0.0
+        while not self.stop.is_set():
+            try:
+                ready, _, _ = select.select(fds, [], [], 0.05)
+            except (OSError, ValueError):
+                return
+            for fd in ready:
+                wait_doorbell(fd, 0)
+            if not self.drain():
+                with self.drain_lock:  # another thread is draining: let it finish, then look again
+                    pass
+                self.drain()
+            # Housekeeping at most every 20 ms, so a result wakes its waiter without delay.
+            now = time.monotonic()
+            if now >= next_check:
+                next_check = now + 0.02
+                self.cmd.collect()
+                self._check_processes()
+                self._check_error_grace()
 
     def _dispatch(self, msg: tuple) -> None:
         kind = msg[0]

@@ -1,6 +1,6 @@
 """ParallelMesh: the named device mesh (cfg, pp, ring, ulysses) handed explicitly to every part.
 
-Wraps torch's DeviceMesh. A mesh of world size 1 needs no torch.distributed at all, so the same
+A mesh of world size 1 needs no torch.distributed at all, so the same
 engine code runs in-process (the single-device oracle) and inside workers.
 """
 
@@ -54,14 +54,12 @@ class ParallelMesh:
         groups: dict[str, dist.ProcessGroup | None],
         coords: dict[str, int],
         global_rank: int = 0,
-        device_mesh=None,
     ):
         self.config = config
         self.device = torch.device(device)
         self._groups = groups
         self._coords = coords
         self.global_rank = global_rank
-        self.device_mesh = device_mesh
         self.stats = CommStats()
 
     @classmethod
@@ -73,30 +71,39 @@ class ParallelMesh:
 
     @classmethod
     def build(cls, config: ParallelConfig, device: str | torch.device) -> ParallelMesh:
-        """Create the mesh over the default process group (which must be initialised)."""
-        from torch.distributed.device_mesh import init_device_mesh
+        """Create the mesh over the default process group (which must be initialised).
 
+        Ranks are laid out row-major over (cfg, pp, ring, ulysses). Only dimensions of size > 1
+        get a process group, and a dimension spanning the whole world reuses the default group:
+        every gloo group runs its own polling thread, which costs idle CPU in a warm pool (we
+        therefore do not let ``init_device_mesh`` create a group per dimension).
+        """
         device = torch.device(device)
         if config.world_size == 1 and not dist.is_initialized():
             return cls.single(device)
-        device_mesh = init_device_mesh(device.type, config.shape, mesh_dim_names=MESH_DIMS)
-        groups: dict[str, dist.ProcessGroup | None] = {}
-        coords: dict[str, int] = {}
-        for name in MESH_DIMS:
-            coords[name] = device_mesh.get_local_rank(name)
-            groups[name] = device_mesh.get_group(name) if getattr(config, name) > 1 else None
-        # "sp": ring x ulysses flattened (ring-major), the group a token sequence is split over.
+        me = dist.get_rank()
+        layout = torch.arange(config.world_size).reshape(config.shape)
+        where = (layout == me).nonzero()[0].tolist()
+        coords = dict(zip(MESH_DIMS, where))
         coords["sp"] = coords["ring"] * config.ulysses + coords["ulysses"]
-        groups["sp"] = None
-        if config.sp_degree > 1:
-            layout = device_mesh.mesh.reshape(config.cfg, config.pp, config.sp_degree)
-            for c in range(config.cfg):
-                for p in range(config.pp):
-                    ranks = layout[c, p].tolist()
-                    group = dist.new_group(ranks)  # every rank creates every group, same order
-                    if dist.get_rank() in ranks:
-                        groups["sp"] = group
-        return cls(config, device, groups, coords, dist.get_rank(), device_mesh)
+        groups: dict[str, dist.ProcessGroup | None] = {}
+        # (name, ranks grouped along it): each row of ``members`` is one group.
+        dims = [(name, layout.movedim(i, -1).reshape(-1, config.shape[i])) for i, name in enumerate(MESH_DIMS)]
+        sp = layout.reshape(config.cfg, config.pp, config.sp_degree).reshape(-1, config.sp_degree)
+        dims.append(("sp", sp))
+        for name, members in dims:
+            groups[name] = None
+            size = members.shape[1]
+            if size == 1:
+                continue
+            if size == config.world_size:
+                groups[name] = dist.group.WORLD
+                continue
+            for row in members.tolist():
+                group = dist.new_group(row)  # every rank creates every group, in the same order
+                if me in row:
+                    groups[name] = group
+        return cls(config, device, groups, coords, me)
 
     # -- coordinates -------------------------------------------------------------------------
     def group(self, dim: str) -> dist.ProcessGroup | None:

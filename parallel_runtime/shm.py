@@ -6,12 +6,14 @@
   the tensor bytes follow the pickle in the same buffer (aligned), never inside the pickle.
 * ``ShmRing``: one writer, N readers, a ring of fixed-size slots each with a ``written`` flag and
   a flag per reader (the writer reuses a slot only when every reader has marked it read). A
-  message that fits a slot is written inline; a larger one goes to a data segment. Data segments
-  are recycled by the writer once every reader has copied its message out: freshly created
-  shared memory costs a page fault per page on first touch (several times slower than a copy),
-  recycled segments are warm. Readers keep their mappings of live segments for the same reason.
-  Idle cached segments are unlinked after a while. Readers sleep on a pipe ("doorbell") instead
-  of spinning, so an idle worker costs no CPU.
+  message that fits a slot is written inline (and copied out by readers); a larger one goes to a
+  data segment that readers map copy-on-write, so received tensors are zero-copy views and a
+  reader's in-place edits stay private. When the last tensor viewing a mapping dies, the reader
+  sets its "released" flag for that segment in the ring header; once every reader has released
+  it the writer recycles the segment (freshly created shared memory costs a page fault per page
+  on first touch, several times slower than a copy; recycled segments are warm). Idle cached
+  segments are unlinked after a while. Readers sleep on a pipe ("doorbell") instead of spinning,
+  so an idle worker costs no CPU.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import select
 import struct
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 
@@ -35,7 +38,9 @@ from .errors import RuntimeTimeout
 SHM_DIR = Path("/dev/shm")
 ALIGN = 64
 _RING_MAGIC = 0x44505231  # "DPR1"
-_RING_HEADER = 64
+_REL_ENTRIES = 256  # data segments a writer can have in flight (not yet released by every reader)
+_REL_STRIDE = 64
+_RING_HEADER = 64 + _REL_ENTRIES * _REL_STRIDE
 _SLOT_HEADER = 64  # byte 0: written, bytes 1..47: reader flags, bytes 48..55: payload length
 _MAX_READERS = 47
 _MODE_INLINE, _MODE_SEGMENT = 0, 1
@@ -66,14 +71,12 @@ class Segment:
         return cls(name, mm, size, owner=True)
 
     @classmethod
-    def attach(cls, name: str, private: bool = False) -> Segment:
-        """Map an existing segment; ``private`` maps it copy-on-write (writes stay local)."""
-        fd = os.open(SHM_DIR / name, os.O_RDONLY if private else os.O_RDWR)
+    def attach(cls, name: str) -> Segment:
+        """Map an existing segment (shared, read-write)."""
+        fd = os.open(SHM_DIR / name, os.O_RDWR)
         try:
             size = os.fstat(fd).st_size
-            flags = mmap.MAP_PRIVATE | getattr(mmap, "MAP_POPULATE", 0) if private else mmap.MAP_SHARED
-            prot = mmap.PROT_READ | mmap.PROT_WRITE
-            mm = mmap.mmap(fd, size, flags=flags, prot=prot)
+            mm = mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
         finally:
             os.close(fd)
         return cls(name, mm, size, owner=False)
@@ -86,6 +89,21 @@ class Segment:
         """Remove the name (creator only). Mappings stay valid until closed."""
         if self.owner:
             (SHM_DIR / self.name).unlink(missing_ok=True)
+
+
+def map_private(name: str) -> mmap.mmap:
+    """Map a segment copy-on-write: reads share the pages, writes stay in this process."""
+    fd = os.open(SHM_DIR / name, os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        return mmap.mmap(fd, size, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+    finally:
+        os.close(fd)
+
+
+def _set_flag(mm: mmap.mmap, offset: int) -> None:
+    with contextlib.suppress(ValueError, IndexError):  # the ring may be closed by now
+        mm[offset] = 1
 
 
 def sweep_segments(prefix: str) -> list[str]:
@@ -212,10 +230,10 @@ class ShmRing:
         self.name_prefix = name_prefix  # data segments created by this side start with it
         self._cursor = 0
         self._lock = threading.Lock()
-        self._slot_segments: dict[int, list[Segment]] = {}
+        self._in_flight: dict[int, Segment] = {}  # release-table entry -> segment readers still use
+        self._rel_free = list(range(_REL_ENTRIES))
         self._free: list[tuple[float, Segment]] = []  # (time freed, warm segment) ready for reuse
         self._seq = 0
-        self._maps: dict[str, Segment] = {}  # reader side: mappings of the writer's live segments
         self._doorbells: list[int] = []
         self._doorbell_r: int | None = None
 
@@ -267,11 +285,16 @@ class ShmRing:
     FREE_CACHE_SEGMENTS = 4
     FREE_IDLE_S = 30.0
 
+    def _released(self, entry: int) -> bool:
+        base = 64 + entry * _REL_STRIDE
+        return all(self.mm[base + r] == 1 for r in range(self.n_readers))
+
     def _collect_locked(self) -> None:
         now = time.monotonic()
-        for i in list(self._slot_segments):
-            if self._slot_free(self._slot(i)):
-                self._free.extend((now, seg) for seg in self._slot_segments.pop(i))
+        for entry in list(self._in_flight):
+            if self._released(entry):
+                self._free.append((now, self._in_flight.pop(entry)))
+                self._rel_free.append(entry)
         self._free.sort(key=lambda item: -item[0])  # most recently freed first
         kept, total = [], 0
         for freed_at, seg in self._free:
@@ -299,12 +322,6 @@ class ShmRing:
         self._seq += 1
         return Segment.create(f"{self.name_prefix}{self._seq}", (nbytes + (1 << 20) - 1) >> 20 << 20)
 
-    def _live_names(self) -> list[str]:
-        names = [seg.name for _, seg in self._free]
-        for segs in self._slot_segments.values():
-            names.extend(seg.name for seg in segs)
-        return names
-
     def put(self, obj: object, timeout: float, what: str = "message", alive: Callable[[], bool] | None = None) -> None:
         """Publish ``obj`` to every reader; waits (up to ``timeout``) for a free slot."""
         header, tensors = encode(obj)
@@ -325,6 +342,14 @@ class ShmRing:
                 time.sleep(delay)
                 delay = min(delay * 2, 5e-3)
             self._collect_locked()
+            while total > self.capacity and not self._rel_free:
+                if time.monotonic() > deadline:
+                    raise RuntimeTimeout(
+                        f"timed out after {timeout:.0f} s: readers of {self.segment.name} still hold "
+                        f"{_REL_ENTRIES} received messages; cannot send {what}"
+                    )
+                time.sleep(1e-3)
+                self._collect_locked()
             self.mm[base] = 0
             payload = base + _SLOT_HEADER
             if total <= self.capacity:
@@ -332,14 +357,15 @@ class ShmRing:
                 write_encoded(self.mm, payload + 1, header, tensors)
             else:
                 seg = self._data_segment(total)
-                self._slot_segments[self._cursor] = [seg]
                 write_encoded(seg.mm, 0, header, tensors)
-                names = pickle.dumps((seg.name, self._live_names()))
-                if len(names) + 5 > self.capacity:
-                    names = pickle.dumps((seg.name, [seg.name]))
+                entry = self._rel_free.pop()
+                self._in_flight[entry] = seg
+                rel = 64 + entry * _REL_STRIDE
+                self.mm[rel : rel + self.n_readers] = bytes(self.n_readers)
+                ref = pickle.dumps((seg.name, entry))
                 self.mm[payload] = _MODE_SEGMENT
-                struct.pack_into("<I", self.mm, payload + 1, len(names))
-                self.mm[payload + 5 : payload + 5 + len(names)] = names
+                struct.pack_into("<I", self.mm, payload + 1, len(ref))
+                self.mm[payload + 5 : payload + 5 + len(ref)] = ref
             for r in range(self.n_readers):
                 self.mm[base + 1 + r] = 0
             self._fence()
@@ -361,21 +387,28 @@ class ShmRing:
             obj = read_encoded(self.mm, payload + 1, copy=True)
         else:
             (n,) = struct.unpack_from("<I", self.mm, payload + 1)
-            name, live = pickle.loads(bytes(self.mm[payload + 5 : payload + 5 + n]))
-            for old in set(self._maps) - set(live):
-                self._maps.pop(old).close()
-            seg = self._maps.get(name)
-            if seg is None:
-                seg = self._maps[name] = Segment.attach(name)
-            obj = read_encoded(seg.mm, 0, copy=True)
+            name, entry = pickle.loads(bytes(self.mm[payload + 5 : payload + 5 + n]))
+            mapping = map_private(name)
+            obj = read_encoded(mapping, 0, copy=False)
+            # Released (flag set) when the last tensor viewing this mapping is garbage collected.
+            weakref.finalize(mapping, _set_flag, self.mm, 64 + entry * _REL_STRIDE + me)
+            del mapping
         self._fence()
         self.mm[base + 1 + me] = 1
         self._cursor = (self._cursor + 1) % self.n_slots
         return True, obj
 
-    def get(self, timeout: float, what: str = "message") -> object:
-        """Block (sleeping on the doorbell) until a message arrives; RuntimeTimeout after ``timeout``."""
+    def get(self, timeout: float, what: str = "message", spin_s: float = 0.0) -> object:
+        """Block (sleeping on the doorbell) until a message arrives; RuntimeTimeout after ``timeout``.
+        ``spin_s``: poll (yielding the CPU) this long before sleeping, for low latency right after
+        activity; an idle reader sleeps."""
         deadline = time.monotonic() + timeout
+        spin_until = time.monotonic() + min(spin_s, timeout)
+        while time.monotonic() < spin_until:
+            ok, obj = self.poll()
+            if ok:
+                return obj
+            os.sched_yield()
         while True:
             ok, obj = self.poll()
             if ok:
@@ -390,15 +423,11 @@ class ShmRing:
 
     def close(self, unlink: bool = False) -> None:
         with self._lock:
-            segs = [seg for _, seg in self._free] + [s for group in self._slot_segments.values() for s in group]
-            for seg in segs:
+            for seg in [seg for _, seg in self._free] + list(self._in_flight.values()):
                 seg.unlink()
                 seg.close()
-            self._slot_segments.clear()
+            self._in_flight.clear()
             self._free.clear()
-            for seg in self._maps.values():
-                seg.close()
-            self._maps.clear()
         if unlink:
             self.segment.unlink()
         self.segment.close()

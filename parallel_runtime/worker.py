@@ -29,6 +29,7 @@ from .mesh import ParallelMesh
 from .shm import Segment, ShmRing, sweep_segments
 
 IDLE_TICK_S = 1.0
+SPIN_AFTER_JOB_S = 0.002  # right after a job the next one often follows: poll briefly before sleeping
 
 
 def _die_with_parent() -> None:
@@ -106,10 +107,13 @@ class Worker:
         self.send(("ready", self.rank, info))
 
     def run(self) -> None:
+        spin = 0.0
         while True:
             try:
-                msg = self.cmd.get(timeout=IDLE_TICK_S, what="the next job")
+                msg = self.cmd.get(timeout=IDLE_TICK_S, what="the next job", spin_s=spin)
+                spin = SPIN_AFTER_JOB_S
             except TimeoutError:
+                spin = 0.0
                 self.evt.collect()
                 if not self.parent_alive():
                     self.log.warning("host process is gone; exiting")
@@ -120,6 +124,9 @@ class Worker:
                 return
             if kind == "job":
                 self.run_job(*msg[1:])
+            # Drop our references to the job's arguments now: tensors received through shared
+            # memory release their segment (so the host can recycle it) when the last view dies.
+            msg = None
             self.evt.collect()
 
     def run_job(self, job_id: int, name: str, args: tuple, kwargs: dict, result_rank: int | str) -> None:

@@ -1,0 +1,114 @@
+"""``python -m parallel_runtime bench runtime``: transport and lifecycle figures of the pool."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import statistics
+import time
+from typing import Any
+
+import torch
+
+from .config import ParallelConfig
+from .host import WorkerPool
+
+BIG_BYTES = 256 * 1024 * 1024
+
+
+def _percentile(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
+
+
+def _mp_echo(inq: mp.Queue, outq: mp.Queue) -> None:
+    while True:
+        item = inq.get()
+        if item is None:
+            return
+        outq.put(item)
+
+
+def mpqueue_roundtrip_ms(n: int) -> list[float]:
+    """Baseline: a plain multiprocessing.Queue round trip to one child process."""
+    ctx = mp.get_context("spawn")
+    inq, outq = ctx.Queue(), ctx.Queue()
+    proc = ctx.Process(target=_mp_echo, args=(inq, outq), daemon=True)
+    proc.start()
+    try:
+        inq.put(0)
+        outq.get(timeout=60)
+        times = []
+        for i in range(n):
+            t0 = time.perf_counter()
+            inq.put(i)
+            outq.get(timeout=10)
+            times.append((time.perf_counter() - t0) * 1e3)
+        return times
+    finally:
+        inq.put(None)
+        proc.join(5)
+
+
+def _cpu_ticks(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().split(") ")[1].split()
+    return int(fields[11]) + int(fields[12])
+
+
+def run(n_roundtrips: int = 2000, repeats: int = 3) -> dict[str, Any]:
+    results: dict[str, Any] = {}
+    t0 = time.perf_counter()
+    pool = WorkerPool("cpu:2", ParallelConfig(ulysses=2), threads_per_worker=1)
+    pool.start()
+    results["cold_start_s"] = time.perf_counter() - t0
+    try:
+        for _ in range(50):
+            pool.submit("noop").result(30)
+        rts = []
+        for _ in range(n_roundtrips):
+            t = time.perf_counter()
+            pool.submit("noop").result(30)
+            rts.append((time.perf_counter() - t) * 1e3)
+        base = mpqueue_roundtrip_ms(n_roundtrips)
+        results["roundtrip_ms_p50"] = statistics.median(rts)
+        results["roundtrip_ms_p99"] = _percentile(rts, 0.99)
+        results["mpqueue_roundtrip_ms_p50"] = statistics.median(base)
+        results["mpqueue_roundtrip_ms_p99"] = _percentile(base, 0.99)
+
+        # 256 MB host -> worker (the worker touches the data), against an in-process copy into
+        # fresh memory (tensor.clone(): what receiving the tensor costs at minimum).
+        big = torch.randint(0, 255, (BIG_BYTES,), dtype=torch.uint8)
+        pool.submit("tensor_sink", big).result(120)  # warm the data segments
+        shm_s, copy_s = [], []
+        for _ in range(repeats):
+            t = time.perf_counter()
+            pool.submit("tensor_sink", big).result(120)
+            shm_s.append(time.perf_counter() - t)
+            t = time.perf_counter()
+            c = big.clone()
+            copy_s.append(time.perf_counter() - t)
+            del c
+        results["shm_gbps"] = BIG_BYTES / min(shm_s) / 1e9
+        results["memcpy_gbps"] = BIG_BYTES / min(copy_s) / 1e9
+        results["shm_to_memcpy_ratio"] = results["shm_gbps"] / results["memcpy_gbps"]
+
+        pids = pool.pids
+        hz = os.sysconf("SC_CLK_TCK")
+        before = [_cpu_ticks(p) for p in pids]
+        time.sleep(5.0)
+        after = [_cpu_ticks(p) for p in pids]
+        results["idle_cpu_percent"] = 100.0 * sum(a - b for a, b in zip(after, before)) / hz / 5.0
+        results["idle_cpu_percent_per_worker"] = [100.0 * (a - b) / hz / 5.0 for a, b in zip(after, before)]
+
+        t = time.perf_counter()
+        pool.submit("noop").result(30)
+        results["warm_submit_s"] = time.perf_counter() - t
+    finally:
+        pool.close()
+    results["targets"] = {
+        "roundtrip_not_slower_than_mpqueue": results["roundtrip_ms_p50"] <= results["mpqueue_roundtrip_ms_p50"],
+        "shm_at_least_0.7_memcpy": results["shm_gbps"] >= 0.7 * results["memcpy_gbps"],
+        "idle_cpu_at_most_1_percent": results["idle_cpu_percent"] <= 1.0,
+    }
+    return results

@@ -1,0 +1,171 @@
+"""Load a diffusers pipeline folder (model_index.json) from local files only, part by part.
+
+Components are created with their own diffusers/transformers classes (named in model_index.json,
+looked up only in those two libraries) and placed on a device in a dtype. The model family is
+detected from the transformer class through the adapter registry.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from .errors import ConfigError
+from .models.registry import adapter_class_for, supported_class_names
+
+PARTS: tuple[str, ...] = ("transformer", "vae", "text")
+_LIBRARIES = ("diffusers", "transformers")
+DeviceSpec = str | torch.device | Mapping[str, str | torch.device]
+
+
+@dataclasses.dataclass
+class PipelineComponents:
+    """What was loaded from one diffusers folder. Missing parts are None / empty."""
+
+    path: Path
+    family: str
+    pipeline_class: str
+    model_index: dict[str, Any]
+    transformer_config: dict[str, Any]
+    scheduler_config: dict[str, Any]
+    transformer: nn.Module | None = None
+    vae: nn.Module | None = None
+    text_encoders: dict[str, nn.Module] = dataclasses.field(default_factory=dict)  # "text_encoder", "..._2"
+    tokenizers: dict[str, Any] = dataclasses.field(default_factory=dict)  # "tokenizer", "tokenizer_2", ...
+
+    def adapter(self):
+        """The model adapter for the loaded transformer (latent format read from the VAE when loaded)."""
+        from .models import LatentFormat, get_adapter
+
+        if self.transformer is None:
+            raise ConfigError(
+                f"the transformer of {self.path} was not loaded",
+                "an adapter drives the transformer's modules",
+                'load with parts including "transformer"',
+            )
+        fmt = LatentFormat.from_vae_config(self.vae.config) if self.vae is not None else None
+        return get_adapter(self.transformer, fmt)
+
+
+def read_model_index(path: str | os.PathLike) -> dict[str, Any]:
+    """model_index.json of a diffusers folder, with clear errors for a missing folder or file."""
+    path = Path(path).expanduser()
+    if not path.is_dir():
+        raise ConfigError(
+            f"model folder {path} does not exist" if not path.exists() else f"{path} is not a folder",
+            "a diffusers model is a folder with model_index.json and one sub-folder per component",
+            "pass the path of a diffusers folder (e.g. ComfyUI/models/diffusers/FLUX.1-dev)",
+        )
+    index = path / "model_index.json"
+    if not index.is_file():
+        found = ", ".join(sorted(p.name for p in path.iterdir())[:12]) or "nothing"
+        raise ConfigError(
+            f"{path} has no model_index.json (found: {found})",
+            "model_index.json names the pipeline's components and their classes",
+            "point at the top folder of a diffusers pipeline (the one holding model_index.json); "
+            "single .safetensors checkpoints are not diffusers folders",
+        )
+    with open(index, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def _component_class(name: str, entry: Any, path: Path) -> type:
+    if not (isinstance(entry, (list, tuple)) and len(entry) == 2 and entry[0] in _LIBRARIES):
+        raise ConfigError(
+            f"component {name!r} in {path / 'model_index.json'} is {entry!r}",
+            f"only components from {' or '.join(_LIBRARIES)} are loaded (no remote code)",
+            "use a standard diffusers pipeline folder",
+        )
+    import importlib
+
+    library = importlib.import_module(entry[0])
+    cls = getattr(library, entry[1], None)
+    if cls is None:
+        raise ConfigError(
+            f"{entry[0]} has no class {entry[1]!r} (component {name!r} of {path})",
+            "the folder was saved by a newer or different library version",
+            f"update {entry[0]} or re-save the folder with the installed version",
+        )
+    return cls
+
+
+def _read_json(file: Path) -> dict[str, Any]:
+    with open(file, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def _device_for(device: DeviceSpec, component: str, part: str) -> torch.device:
+    if isinstance(device, Mapping):
+        return torch.device(device.get(component, device.get(part, "cpu")))
+    return torch.device(device)
+
+
+def _check_parts(parts: Iterable[str]) -> tuple[str, ...]:
+    parts = tuple(parts)
+    unknown = [p for p in parts if p not in PARTS]
+    if unknown:
+        raise ConfigError(
+            f"unknown part(s) {unknown}",
+            "parts select which components of the pipeline are loaded",
+            f"use any of: {', '.join(PARTS)}",
+        )
+    return parts
+
+
+def load_pipeline_components(
+    path: str | os.PathLike,
+    device: DeviceSpec = "cpu",
+    dtype: torch.dtype = torch.float32,
+    parts: Iterable[str] = PARTS,
+) -> PipelineComponents:
+    """Load the selected ``parts`` of the diffusers folder ``path`` (local files only).
+
+    ``device`` is one device, or a mapping from component name ("transformer", "vae",
+    "text_encoder_2", ...) or part name ("text") to device; unnamed components go to the CPU.
+    Tokenizers and the scheduler config are always read (small)."""
+    parts = _check_parts(parts)
+    path = Path(path).expanduser()
+    index = read_model_index(path)
+    if "transformer" not in index or not (path / "transformer").is_dir():
+        raise ConfigError(
+            f"{path} has no transformer component",
+            "this engine runs diffusion transformers (DiT) only; UNet pipelines are not supported",
+            f"use a pipeline whose transformer is one of: {', '.join(supported_class_names())}",
+        )
+    transformer_cls = _component_class("transformer", index["transformer"], path)
+    family = adapter_class_for(transformer_cls).family  # raises for unsupported classes
+    comps = PipelineComponents(
+        path=path,
+        family=family,
+        pipeline_class=str(index.get("_class_name", "")),
+        model_index=index,
+        transformer_config=_read_json(path / "transformer" / "config.json"),
+        scheduler_config=_read_json(path / "scheduler" / "scheduler_config.json")
+        if (path / "scheduler" / "scheduler_config.json").is_file()
+        else {},
+    )
+
+    def load_model(name: str, part: str) -> nn.Module:
+        cls = _component_class(name, index[name], path)
+        kw = {"torch_dtype": dtype} if index[name][0] == "diffusers" else {"dtype": dtype}
+        model = cls.from_pretrained(path / name, local_files_only=True, **kw)
+        return model.to(_device_for(device, name, part)).eval().requires_grad_(False)
+
+    if "transformer" in parts:
+        comps.transformer = load_model("transformer", "transformer")
+    if "vae" in parts and isinstance(index.get("vae"), list) and index["vae"][0]:
+        comps.vae = load_model("vae", "vae")
+    for name, entry in sorted(index.items()):
+        if name.startswith("tokenizer") and isinstance(entry, list) and entry[0]:
+            cls = _component_class(name, entry, path)
+            comps.tokenizers[name] = cls.from_pretrained(path / name, local_files_only=True)
+        if "text" in parts and name.startswith("text_encoder") and isinstance(entry, list) and entry[0]:
+            comps.text_encoders[name] = load_model(name, "text")
+    return comps

@@ -1,0 +1,342 @@
+"""Model adapter interface: the declarative plan, conditioning, activations, and the block runner.
+
+An adapter drives a diffusers transformer through its own sub-modules in three phases:
+``embed`` (patchify, embeddings, split tokens over the mesh's "sp" dimension), ``run_block``
+(one transformer block, self/joint attention routed to a sequence-parallel attention) and
+``final`` (output layer on local tokens, gather, unpatchify).
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import dataclasses
+import threading
+from collections.abc import Iterator, Sequence
+from typing import Any, Literal, Protocol
+
+import torch
+from torch import nn
+
+from ..errors import ConfigError
+from ..mesh import ParallelMesh
+from ..sharding import gather, shard
+
+
+class AttentionScope(Protocol):
+    """What an adapter needs from an attention implementation (see attention.py's CONTRACT)."""
+
+    def intercept(self) -> contextlib.AbstractContextManager: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class LatentFormat:
+    """Maps a raw VAE latent (ComfyUI's LATENT) to model space and back."""
+
+    channels: int
+    scale: float
+    shift: float = 0.0
+
+    def to_model(self, latent: torch.Tensor) -> torch.Tensor:
+        return (latent - self.shift) * self.scale
+
+    def to_raw(self, z: torch.Tensor) -> torch.Tensor:
+        return z / self.scale + self.shift
+
+    @classmethod
+    def from_vae_config(cls, config: Any) -> LatentFormat:
+        """Read ``latent_channels``, ``scaling_factor``, ``shift_factor`` from an AutoencoderKL config."""
+        get = config.get if isinstance(config, dict) else lambda k, d=None: getattr(config, k, d)
+        return cls(int(get("latent_channels")), float(get("scaling_factor")), float(get("shift_factor", None) or 0.0))
+
+
+@dataclasses.dataclass(frozen=True)
+class Split:
+    """An Activations field split over a mesh dimension along tensor dim ``dim``."""
+
+    field: str
+    dim: int
+    mesh_dim: str = "sp"
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelPlan:
+    """Declarative description of a family, read by the engine (sampling, PipeFusion, VAE)."""
+
+    family: str
+    block_lists: tuple[str, ...]  # transformer attributes holding blocks, in execution order
+    patch_size: int  # latent pixels per token side (Flux: 2, from the pipeline's 2x2 packing)
+    patch_layout: Literal["cpq", "pqc"]  # channel order inside a token: Flux packs (c,p,q), others (p,q,c)
+    latent_channels: int
+    out_channels: int  # transformer output channels per latent pixel (2x latent with learned sigma)
+    learned_sigma: bool
+    text_attention: Literal["joint", "cross"]  # text tokens in the attention sequence, or cross-attention K/V
+    guidance_embed: bool  # distilled guidance input (Flux dev)
+    timestep: Literal["sigma", "sigma_x1000", "discrete"]  # what embed's ``timestep`` means
+    latent_format: LatentFormat
+    splits: tuple[Split, ...]  # Activations fields split over "sp" (the rest is replicated)
+    vae_scale_factor: int = 8
+
+
+@dataclasses.dataclass(frozen=True)
+class Conditioning:
+    """Text conditioning for one branch (positive or negative), batch first."""
+
+    prompt_embeds: torch.Tensor  # [B, T, D]
+    pooled: torch.Tensor | None = None  # [B, Dp] (Flux, SD3)
+    attention_mask: torch.Tensor | None = None  # [B, T], 1 = keep (PixArt)
+
+    @property
+    def batch_size(self) -> int:
+        return self.prompt_embeds.shape[0]
+
+    def to(self, device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> Conditioning:
+        """Move embeddings to ``device``/``dtype``; the mask keeps its integer dtype."""
+
+        def move(t: torch.Tensor | None, float_dtype: torch.dtype | None) -> torch.Tensor | None:
+            return None if t is None else t.to(device=device, dtype=float_dtype)
+
+        return Conditioning(move(self.prompt_embeds, dtype), move(self.pooled, dtype), move(self.attention_mask, None))
+
+
+Rope = tuple[torch.Tensor, torch.Tensor]
+
+
+@dataclasses.dataclass
+class Activations:
+    """State between blocks on one rank. Token tensors hold this rank's share unless replicated."""
+
+    img: torch.Tensor  # [B, S_img_local, D] image tokens (row-major over the token grid)
+    txt: torch.Tensor | None  # joint: [B, S_txt_local, D]; cross: [B, T, D] replicated; None when consumed
+    temb: torch.Tensor  # conditioning vector the blocks take
+    temb_out: torch.Tensor  # conditioning vector the output layer takes
+    grid: tuple[int, int]  # full token grid (rows, cols); img token count = rows * cols
+    txt_tokens: int  # full text token count
+    img_rope: Rope | None = None  # rotary (cos, sin) rows of this rank's image tokens [S_img_local, Dh]
+    txt_rope: Rope | None = None
+    txt_mask: torch.Tensor | None = None  # cross-attention bias [B, 1, T] (replicated)
+
+    @property
+    def img_tokens(self) -> int:
+        return self.grid[0] * self.grid[1]
+
+    def replace(self, **changes: Any) -> Activations:
+        return dataclasses.replace(self, **changes)
+
+
+def shard_activations(acts: Activations, splits: Sequence[Split], mesh: ParallelMesh) -> Activations:
+    """This rank's share of ``acts``: every field named in ``splits`` narrowed with sharding.shard."""
+    changes: dict[str, Any] = {}
+    for s in splits:
+        value = getattr(acts, s.field)
+        if value is None:
+            continue
+        if isinstance(value, tuple):
+            changes[s.field] = tuple(shard(v, s.dim, mesh, s.mesh_dim) for v in value)
+        else:
+            changes[s.field] = shard(value, s.dim, mesh, s.mesh_dim)
+    return acts.replace(**changes)
+
+
+@contextlib.contextmanager
+def intercepted(modules: Sequence[nn.Module], attention: AttentionScope) -> Iterator[None]:
+    """While active, every call of ``modules`` made by this thread runs inside ``attention.intercept()``.
+
+    Implemented with forward hooks removed on exit (the modules are not edited). Hooks belong to the
+    module, so they act only for the thread that installed them; the exit hook is ``always_call``
+    so an exception inside a module still closes its scope."""
+    owner = threading.get_ident()
+    handles = []
+    open_scopes: list[contextlib.AbstractContextManager] = []
+
+    def enter(module: nn.Module, args: Any) -> None:
+        if threading.get_ident() == owner:
+            scope = attention.intercept()
+            scope.__enter__()
+            open_scopes.append(scope)
+
+    def leave(module: nn.Module, args: Any, output: Any) -> None:
+        if threading.get_ident() == owner and open_scopes:
+            open_scopes.pop().__exit__(None, None, None)
+
+    try:
+        for m in modules:
+            handles.append(m.register_forward_pre_hook(enter))
+            handles.append(m.register_forward_hook(leave, always_call=True))
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+        while open_scopes:
+            open_scopes.pop().__exit__(None, None, None)
+
+
+class ModelAdapter(abc.ABC):
+    """Runs one diffusers transformer family as embed -> blocks -> final over a ParallelMesh."""
+
+    family: str = ""
+    sdpa_processors: tuple[str, ...] = ()  # processor classes known to call F.scaled_dot_product_attention
+
+    def __init__(self, transformer: nn.Module, latent_format: LatentFormat | None = None):
+        self.transformer = transformer
+        self.plan = self.make_plan(transformer.config, latent_format)
+        self._blocks = [(name, blk) for name in self.plan.block_lists for blk in getattr(transformer, name)]
+        check_attention_path(self)
+
+    # -- family hooks ----------------------------------------------------------------------------
+    @classmethod
+    @abc.abstractmethod
+    def make_plan(cls, config: Any, latent_format: LatentFormat | None) -> ModelPlan: ...
+
+    @abc.abstractmethod
+    def embed_full(
+        self, x: torch.Tensor, timestep: torch.Tensor, cond: Conditioning, guidance: torch.Tensor | None = None
+    ) -> Activations:
+        """Embeddings of the whole (unsplit) sequence."""
+
+    @abc.abstractmethod
+    def call_block(self, list_name: str, block: nn.Module, acts: Activations) -> Activations:
+        """Run one diffusers block on local activations."""
+
+    @abc.abstractmethod
+    def self_attention_modules(self, list_name: str, block: nn.Module) -> list[nn.Module]:
+        """The block's self/joint attention modules (the ones routed to sequence parallelism)."""
+
+    @abc.abstractmethod
+    def project_out(self, acts: Activations) -> torch.Tensor:
+        """Output layer on local image tokens: [B, S_img_local, patch*patch*out_channels]."""
+
+    # -- common ----------------------------------------------------------------------------------
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.transformer.parameters()).dtype
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.transformer.parameters()).device
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self._blocks)
+
+    def block(self, i: int) -> tuple[str, nn.Module]:
+        """(block list name, module) of block ``i`` in execution order."""
+        return self._blocks[i]
+
+    def attention_modules(self, i: int) -> list[nn.Module]:
+        name, blk = self._blocks[i]
+        return self.self_attention_modules(name, blk)
+
+    def embed(
+        self,
+        x: torch.Tensor,
+        timestep: torch.Tensor | float,
+        cond: Conditioning,
+        mesh: ParallelMesh,
+        guidance: torch.Tensor | float | None = None,
+    ) -> Activations:
+        """Embed the model-space latent ``x`` [B,C,H,W] and split the token sequences over "sp"."""
+        batch = x.shape[0]
+        x = x.to(self.device, self.dtype)
+        timestep = _batched(timestep, batch, x.device)
+        guidance = None if guidance is None else _batched(guidance, batch, x.device)
+        acts = self.embed_full(x, timestep, cond.to(x.device, self.dtype), guidance)
+        return shard_activations(acts, self.plan.splits, mesh)
+
+    def run_block(self, acts: Activations, i: int, attention: AttentionScope) -> Activations:
+        """Block ``i`` (execution order over all block lists); self/joint attention goes to ``attention``."""
+        name, blk = self._blocks[i]
+        with intercepted(self.self_attention_modules(name, blk), attention):
+            return self.call_block(name, blk, acts)
+
+    def final(self, acts: Activations, mesh: ParallelMesh) -> torch.Tensor:
+        """Prediction [B, latent_channels, H, W] in model space, gathered on every sp rank."""
+        tokens = gather(self.project_out(acts), 1, acts.img_tokens, mesh)
+        return self.unpatchify(tokens, acts.grid)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        timestep: torch.Tensor | float,
+        cond: Conditioning,
+        mesh: ParallelMesh,
+        attention: AttentionScope,
+        guidance: torch.Tensor | float | None = None,
+    ) -> torch.Tensor:
+        """embed + all blocks + final."""
+        acts = self.embed(x, timestep, cond, mesh, guidance)
+        for i in range(self.num_blocks):
+            acts = self.run_block(acts, i, attention)
+        return self.final(acts, mesh)
+
+    # -- latent <-> tokens -----------------------------------------------------------------------
+    def grid_of(self, x: torch.Tensor) -> tuple[int, int]:
+        p = self.plan.patch_size
+        h, w = x.shape[-2:]
+        if h % p or w % p:
+            raise ConfigError(
+                f"latent of size {h}x{w} does not divide into {p}x{p} patches",
+                f"{self.family} turns each {p}x{p} latent patch into one token",
+                f"use an image size that is a multiple of {p * self.plan.vae_scale_factor} pixels",
+            )
+        return h // p, w // p
+
+    def patchify(self, x: torch.Tensor) -> torch.Tensor:
+        """[B,C,H,W] -> [B, rows*cols, C*p*p] in the plan's patch layout."""
+        b, c = x.shape[:2]
+        p, (gh, gw) = self.plan.patch_size, self.grid_of(x)
+        x = x.reshape(b, c, gh, p, gw, p)
+        order = (0, 2, 4, 1, 3, 5) if self.plan.patch_layout == "cpq" else (0, 2, 4, 3, 5, 1)
+        return x.permute(*order).reshape(b, gh * gw, c * p * p)
+
+    def unpatchify(self, tokens: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
+        """[B, rows*cols, C_out*p*p] -> [B, latent_channels, H, W] (learned-sigma channels dropped)."""
+        b, p, c = tokens.shape[0], self.plan.patch_size, self.plan.out_channels
+        gh, gw = grid
+        if self.plan.patch_layout == "cpq":
+            x = tokens.reshape(b, gh, gw, c, p, p).permute(0, 3, 1, 4, 2, 5)
+        else:
+            x = tokens.reshape(b, gh, gw, p, p, c).permute(0, 5, 1, 3, 2, 4)
+        x = x.reshape(b, c, gh * p, gw * p)
+        return x[:, : self.plan.latent_channels] if self.plan.learned_sigma else x
+
+
+def _batched(value: torch.Tensor | float, batch: int, device: torch.device) -> torch.Tensor:
+    """A [batch] tensor from a number, a one-element tensor or a [batch] tensor."""
+    t = value if isinstance(value, torch.Tensor) else torch.tensor(float(value), dtype=torch.float32)
+    t = t.to(device)
+    return t.reshape(1).expand(batch) if t.ndim == 0 or t.numel() == 1 else t.to(device)
+
+
+def check_attention_path(adapter: ModelAdapter) -> None:
+    """Fail early if a self/joint attention module would not call F.scaled_dot_product_attention.
+
+    attention.intercept() sees only that function. SD3's and PixArt's processors
+    (JointAttnProcessor2_0, AttnProcessor2_0) call it directly; Flux's FluxAttnProcessor goes through
+    ``dispatch_attention_fn``, which calls it only for diffusers' "native" backend. Other processors
+    or backends (xformers, flash-attn, cuDNN, diffusers' own context parallel) would silently compute
+    rank-local attention, so they are refused here."""
+    from diffusers.models.attention_dispatch import AttentionBackendName, _AttentionBackendRegistry
+
+    for i in range(adapter.num_blocks):
+        for module in adapter.attention_modules(i):
+            proc = module.processor
+            name = type(proc).__name__
+            problem = None
+            if name not in adapter.sdpa_processors:
+                problem = f"uses attention processor {name}"
+            elif getattr(proc, "_parallel_config", None) is not None:
+                problem = "has diffusers' own context parallelism enabled"
+            elif hasattr(proc, "_attention_backend"):  # routed through dispatch_attention_fn
+                backend = proc._attention_backend or _AttentionBackendRegistry.get_active_backend()[0]
+                if AttentionBackendName(backend) != AttentionBackendName.NATIVE:
+                    problem = f"uses diffusers attention backend {AttentionBackendName(backend).value!r}"
+            if problem:
+                raise ConfigError(
+                    f"block {i} of {adapter.family} {problem}",
+                    "sequence parallelism intercepts torch's scaled_dot_product_attention; this path does "
+                    "not call it, so attention would silently see only this rank's tokens",
+                    "use the default processors (" + ", ".join(adapter.sdpa_processors) + ") with diffusers' "
+                    "native backend: unset DIFFUSERS_ATTN_BACKEND and do not call set_attention_backend / "
+                    "enable_parallelism on the transformer",
+                )

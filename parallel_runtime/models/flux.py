@@ -1,0 +1,105 @@
+"""Flux.1 (FluxTransformer2DModel): joint text+image attention, 3-axis rotary ids, guidance input.
+
+Layout: the model-space latent [B,16,H,W] is packed into 2x2 patches (channel order c,p,q, as
+FluxPipeline packs it), so a token is 64 values; text tokens come first in every attention call.
+Each sp rank holds [its text shard, its image shard] plus the rotary rows of exactly those tokens.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..errors import ConfigError
+from .base import Activations, Conditioning, LatentFormat, ModelAdapter, ModelPlan, Split
+
+PACK = 2  # FluxPipeline packs 2x2 latent pixels into one token
+
+
+class FluxAdapter(ModelAdapter):
+    family = "flux"
+    sdpa_processors = ("FluxAttnProcessor",)
+
+    @classmethod
+    def make_plan(cls, config: Any, latent_format: LatentFormat | None) -> ModelPlan:
+        out = config.out_channels or config.in_channels
+        if config.patch_size != 1 or config.in_channels != out or out % (PACK * PACK):
+            raise ConfigError(
+                f"Flux transformer with patch_size={config.patch_size}, in_channels={config.in_channels}, "
+                f"out_channels={out}",
+                "only text-to-image Flux (packed 2x2 latents in, same channels out) is supported; Fill/Kontext "
+                "variants take extra input channels",
+                "load a Flux.1 dev/schnell transformer",
+            )
+        channels = out // (PACK * PACK)
+        return ModelPlan(
+            family=cls.family,
+            block_lists=("transformer_blocks", "single_transformer_blocks"),
+            patch_size=PACK,
+            patch_layout="cpq",
+            latent_channels=channels,
+            out_channels=channels,
+            learned_sigma=False,
+            text_attention="joint",
+            guidance_embed=bool(config.guidance_embeds),
+            timestep="sigma",
+            latent_format=latent_format or LatentFormat(channels, 0.3611, 0.1159),
+            splits=(Split("img", 1), Split("txt", 1), Split("img_rope", 0), Split("txt_rope", 0)),
+        )
+
+    def embed_full(
+        self, x: torch.Tensor, timestep: torch.Tensor, cond: Conditioning, guidance: torch.Tensor | None = None
+    ) -> Activations:
+        t = self.transformer
+        if cond.pooled is None:
+            raise ConfigError(
+                "Flux conditioning has no pooled text embedding",
+                "Flux's time embedding adds the pooled CLIP-L output",
+                "encode the prompt with both Flux text encoders (CLIP-L pooled + T5)",
+            )
+        if self.plan.guidance_embed and guidance is None:
+            raise ConfigError(
+                "this Flux transformer needs a guidance value",
+                "guidance-distilled Flux (dev) embeds the guidance scale as an input",
+                "pass guidance (e.g. 3.5), as FluxPipeline's guidance_scale",
+            )
+        rows, cols = self.grid_of(x)
+        img = t.x_embedder(self.patchify(x))
+        ts = timestep.to(img.dtype) * 1000
+        if self.plan.guidance_embed:
+            temb = t.time_text_embed(ts, guidance.to(img.dtype) * 1000, cond.pooled)
+        else:
+            temb = t.time_text_embed(ts, cond.pooled)
+        txt = t.context_embedder(cond.prompt_embeds)
+        return Activations(
+            img=img,
+            txt=txt,
+            temb=temb,
+            temb_out=temb,
+            grid=(rows, cols),
+            txt_tokens=txt.shape[1],
+            img_rope=t.pos_embed(image_ids(rows, cols, x.device)),
+            txt_rope=t.pos_embed(torch.zeros(txt.shape[1], 3, device=x.device)),
+        )
+
+    def call_block(self, list_name: str, block: nn.Module, acts: Activations) -> Activations:
+        rope = tuple(torch.cat([a, b]) for a, b in zip(acts.txt_rope, acts.img_rope))
+        txt, img = block(hidden_states=acts.img, encoder_hidden_states=acts.txt, temb=acts.temb, image_rotary_emb=rope)
+        return acts.replace(img=img, txt=txt)
+
+    def self_attention_modules(self, list_name: str, block: nn.Module) -> list[nn.Module]:
+        return [block.attn]
+
+    def project_out(self, acts: Activations) -> torch.Tensor:
+        t = self.transformer
+        return t.proj_out(t.norm_out(acts.img, acts.temb_out))
+
+
+def image_ids(rows: int, cols: int, device: torch.device | None = None) -> torch.Tensor:
+    """Flux image position ids [rows*cols, 3]: (0, row, col), row-major as FluxPipeline builds them."""
+    ids = torch.zeros(rows, cols, 3, device=device)
+    ids[..., 1] = torch.arange(rows, device=device)[:, None]
+    ids[..., 2] = torch.arange(cols, device=device)[None, :]
+    return ids.reshape(rows * cols, 3)
