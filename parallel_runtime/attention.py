@@ -90,11 +90,11 @@ class SequenceParallelAttention:
     every argument passed through). In parallel mode the attention must be unmasked, non-causal and
     without dropout (what DiT self/joint attention is); other calls raise ConfigError.
 
-    The token counts of the other ranks are exchanged once per distinct local length (a tiny
-    all-gather, counted as "meta") and cached for the object's lifetime (one job). This assumes that,
-    within the object's lifetime, a local length on one rank always comes with the same lengths on
-    the others (true for one sequence layout per job); a job that attends over several layouts which
-    can collide that way should use one object per layout.
+    The token counts of the other ranks are exchanged with a tiny all-gather (counted as "meta").
+    The engine calls ``begin_forward(tag)`` before each model evaluation with a tag that is equal on
+    every rank exactly when the sequence layout is (e.g. the latent shape); the counts are then
+    cached per (tag, call number within the forward), so every rank hits or misses the cache
+    together and no rank waits alone in the exchange. Without a tag, every call exchanges.
     """
 
     def __init__(self, mesh: ParallelMesh, backend: str = "auto"):
@@ -102,7 +102,13 @@ class SequenceParallelAttention:
         self.backend = check_backend(backend, mesh.device)
         # Kernels that can run on this device, checked once (may import flash_attn).
         self._usable = ("sdpa",) if backend == "sdpa" else usable_backends(mesh.device)
-        self._layouts: dict[int, SequenceLayout] = {}
+        self._layouts: dict[tuple, SequenceLayout] = {}
+        self._tag: object = None
+        self._ordinal = 0
+
+    def begin_forward(self, tag: object) -> None:
+        """Start a model evaluation whose sequence layout is identified by ``tag`` (same on all ranks)."""
+        self._tag, self._ordinal = tag, 0
 
     @property
     def parallel(self) -> bool:
@@ -139,12 +145,20 @@ class SequenceParallelAttention:
 
     def sequence_layout(self, local_len: int, device: torch.device) -> SequenceLayout:
         """Every sp rank's token count for this rank's ``local_len`` (collective on first use)."""
-        layout = self._layouts.get(local_len)
+        key = None if self._tag is None else (self._tag, self._ordinal)
+        self._ordinal += 1
+        layout = self._layouts.get(key) if key is not None else None
         if layout is None:
             mine = torch.tensor([local_len], dtype=torch.int64, device=device)
             sp_lens = all_gather_cat(mine, self.mesh.group("sp"), self.mesh.stats, op="meta").tolist()
             layout = SequenceLayout.from_sp_lens(sp_lens, self.mesh.size("ulysses"), self.mesh.rank("ring"))
-            self._layouts[local_len] = layout
+            if key is not None:
+                self._layouts[key] = layout
+        elif layout.sp_lens[self.mesh.rank("sp")] != local_len:
+            raise RuntimeError(
+                f"attention call {key} has {local_len} local tokens but the cached layout says "
+                f"{layout.sp_lens[self.mesh.rank('sp')]}: begin_forward() tags must identify the sequence layout"
+            )
         return layout
 
     def _sequence_parallel(

@@ -1,0 +1,247 @@
+"""Host-side API: load a model into a warm worker pool, encode text, sample, decode.
+
+This is what the ComfyUI nodes and the CLI call; it knows nothing about ComfyUI.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .config import ParallelConfig, parse_devices
+from .engine import SamplingSettings
+from .errors import ConfigError
+from .host import EventCallback, WorkerPool
+from .models.base import Conditioning
+from .pools import PoolRegistry
+from .sampling import SAMPLER_NAMES, SCHEDULER_NAMES
+
+TINY_MODELS = ("tiny-flux", "tiny-sd3", "tiny-pixart")
+JOB = "parallel_runtime.model_jobs:"
+
+
+@dataclasses.dataclass(frozen=True)
+class LoadRequest:
+    """What to load and how to split it."""
+
+    model: str  # "tiny-flux" | a diffusers folder (with model_index.json)
+    devices: str = "cpu:2"
+    layout: ParallelConfig | None = None  # None: Ulysses over every device (the planner picks otherwise)
+    dtype: str = "fp32"
+    attention: str = "auto"
+    family: str | None = None
+    threads_per_worker: int | None = None
+
+
+def resolve_model_path(model: str) -> Path:
+    """A diffusers folder for ``model`` (building the embedded tiny models on first use)."""
+    if model in TINY_MODELS:
+        from .testing import ensure_tiny_model
+
+        return ensure_tiny_model(model)
+    path = Path(model).expanduser()
+    if not path.exists():
+        raise ConfigError(
+            f"model {model!r} not found",
+            "the loader reads diffusers folders (with model_index.json) from disk; nothing is downloaded",
+            f"pass an existing folder, or one of the built-in test models {', '.join(TINY_MODELS)}",
+        )
+    if path.is_dir() and not (path / "model_index.json").exists():
+        raise ConfigError(
+            f"{path} has no model_index.json",
+            "a diffusers pipeline folder lists its components in model_index.json",
+            "point at the pipeline's top folder (the one containing model_index.json)",
+        )
+    return path
+
+
+class ParallelModel:
+    """A model loaded in a warm worker pool (ComfyUI's PARALLEL_MODEL)."""
+
+    def __init__(self, request: LoadRequest, path: Path, pool: WorkerPool, info: dict[str, Any], reason: str):
+        self.request, self.path, self.pool, self.info = request, path, pool, info
+        self.layout_reason = reason
+        self._lock = threading.Lock()  # one job at a time per model
+
+    # -- properties the nodes show/check -----------------------------------------------------------
+    @property
+    def family(self) -> str:
+        return self.info["family"]
+
+    @property
+    def config(self) -> ParallelConfig:
+        return self.pool.config
+
+    @property
+    def latent_channels(self) -> int:
+        return self.info["latent_channels"]
+
+    @property
+    def spatial_factor(self) -> int:
+        return self.info["spatial_factor"]
+
+    def expected_conditioning(self) -> dict[str, int | None]:
+        return {"embed_dim": self.info["embed_dim"], "pooled_dim": self.info["pooled_dim"]}
+
+    def describe(self) -> str:
+        return (
+            f"{self.family} on {','.join(self.pool.devices)} ({self.config.describe()}, {self.request.dtype}): "
+            f"{self.layout_reason}"
+        )
+
+    # -- jobs --------------------------------------------------------------------------------------
+    def _run(self, job: str, *args: Any, on_event: EventCallback | None = None, should_cancel=None, **kwargs: Any):
+        with self._lock:
+            self._ensure_loaded()
+            fut = self.pool.submit(JOB + job, *args, on_event=on_event, **kwargs)
+            if should_cancel is None:
+                return fut.result()
+            while True:
+                try:
+                    return fut.result(timeout=0.1)
+                except TimeoutError:
+                    if should_cancel():
+                        fut.cancel()
+                        return fut.result(timeout=60)
+
+    def _ensure_loaded(self) -> None:
+        """A restarted pool (after a worker death) has lost the model: load it again."""
+        if self.pool.starts != self.info.get("_pool_start"):
+            info = self.pool.submit(
+                JOB + "load_model", str(self.path), self.request.dtype, self.request.attention
+            ).result()
+            self.info.update(info, _pool_start=self.pool.starts)
+
+    def encode_text(self, prompt: str | list[str]) -> Conditioning:
+        prompts = [prompt] if isinstance(prompt, str) else list(prompt)
+        conds = self._run("encode_text", prompts)
+        return _stack(conds)
+
+    def sample(
+        self,
+        positive: Conditioning,
+        negative: Conditioning | None,
+        latent: torch.Tensor | None,
+        width: int,
+        height: int,
+        batch_size: int = 1,
+        seed: int = 0,
+        steps: int = 20,
+        cfg: float = 1.0,
+        sampler_name: str = "euler",
+        scheduler: str = "simple",
+        denoise: float = 1.0,
+        sigmas: torch.Tensor | None = None,
+        guidance: float | None = None,
+        on_event: Callable[[int, str, Any], None] | None = None,
+        should_cancel: Callable[[], bool] | None = None,
+    ) -> torch.Tensor:
+        """KSampler semantics on a raw VAE latent (zeros of the size when ``latent`` is None)."""
+        check_sampling_args(sampler_name, scheduler, steps, denoise, width, height, self.spatial_factor * 2)
+        if latent is None:
+            f = self.spatial_factor
+            latent = torch.zeros(batch_size, self.latent_channels, height // f, width // f)
+        elif latent.shape[1] != self.latent_channels:
+            raise ConfigError(
+                f"the LATENT has {latent.shape[1]} channels but {self.family} works on {self.latent_channels}",
+                "each model family has its own VAE latent space",
+                f"make the latent with this model's size (an empty latent for {self.family}) or its VAE",
+            )
+        else:
+            height, width = latent.shape[-2] * self.spatial_factor, latent.shape[-1] * self.spatial_factor
+        settings = SamplingSettings(seed, steps, cfg, sampler_name, scheduler, denoise, sigmas, guidance)
+        return self._run(
+            "generate",
+            positive,
+            negative,
+            latent.float().contiguous(),
+            settings,
+            width,
+            height,
+            on_event=on_event,
+            should_cancel=should_cancel,
+        )
+
+    def decode(self, latent: torch.Tensor) -> torch.Tensor:
+        """Raw VAE latent [B,C,H,W] -> IMAGE [B,H,W,3] in 0..1 (exact parallel decode)."""
+        return self._run("decode", latent.float().contiguous())
+
+    def unload(self) -> None:
+        self.pool.close()
+
+    def __repr__(self) -> str:
+        return f"ParallelModel({self.describe()})"
+
+
+def _stack(conds: list[Conditioning]) -> Conditioning:
+    if len(conds) == 1:
+        return conds[0]
+
+    def cat(ts):
+        return None if ts[0] is None else torch.cat(ts)
+
+    return Conditioning(
+        cat([c.prompt_embeds for c in conds]), cat([c.pooled for c in conds]), cat([c.attention_mask for c in conds])
+    )
+
+
+def check_sampling_args(
+    sampler: str, scheduler: str, steps: int, denoise: float, width: int, height: int, multiple: int
+) -> None:
+    """Reject bad sampling settings before any work (clear what/why/fix errors)."""
+    if sampler not in SAMPLER_NAMES:
+        raise ConfigError(
+            f"unknown sampler {sampler!r}",
+            "the samplers follow ComfyUI's names",
+            f"use one of {', '.join(SAMPLER_NAMES)}",
+        )
+    if scheduler not in SCHEDULER_NAMES:
+        raise ConfigError(
+            f"unknown scheduler {scheduler!r}",
+            "the schedulers follow ComfyUI's names",
+            f"use one of {', '.join(SCHEDULER_NAMES)}",
+        )
+    if steps < 1:
+        raise ConfigError(f"steps={steps}", "at least one sampling step is needed", "set steps to 1 or more")
+    if not 0.0 < denoise <= 1.0:
+        raise ConfigError(
+            f"denoise={denoise}", "denoise is the fraction of the schedule to run, in (0, 1]", "use e.g. 1.0 or 0.6"
+        )
+    for name, value in (("width", width), ("height", height)):
+        if value <= 0 or value % multiple:
+            raise ConfigError(
+                f"{name} {value} is not a positive multiple of {multiple}",
+                f"the VAE divides the image by 8 and the transformer groups latent pixels into patches ({multiple} px)",
+                f"use a {name} such as {max(multiple, round(max(value, 1) / multiple) * multiple)}",
+            )
+
+
+def default_layout(devices: list[str], request: LoadRequest) -> tuple[ParallelConfig, str]:
+    if len(devices) == 1:
+        return ParallelConfig(), "one device: no parallelism"
+    return ParallelConfig(ulysses=len(devices)), f"Ulysses sequence parallelism over {len(devices)} devices (default)"
+
+
+def load_parallel_model(request: LoadRequest, registry: PoolRegistry, reason: str | None = None) -> ParallelModel:
+    """Start (or reuse) the pool for this model and layout, and load the model into it."""
+    path = resolve_model_path(request.model)
+    devices = parse_devices(request.devices)
+    config, why = (
+        (request.layout, reason or "layout chosen explicitly") if request.layout else default_layout(devices, request)
+    )
+    opts = {} if request.threads_per_worker is None else {"threads_per_worker": request.threads_per_worker}
+    pool = registry.get(devices, config, key=(str(path), request.dtype), **opts)
+    info = pool.submit(JOB + "load_model", str(path), request.dtype, request.attention).result()
+    info["_pool_start"] = pool.starts
+    if request.family and request.family != info["family"]:
+        raise ConfigError(
+            f"{path} holds a {info['family']} model, not {request.family}",
+            "the family chosen on the loader must match the weights",
+            f"choose family '{info['family']}' or 'auto'",
+        )
+    return ParallelModel(request, path, pool, info, why)

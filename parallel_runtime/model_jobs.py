@@ -1,0 +1,175 @@
+"""Worker-side jobs of a loaded model: load, encode text, generate (denoise), decode.
+
+The loaded pipeline lives in ``ctx.state`` between jobs (the point of a warm pool). Every job runs
+on every rank; collectives inside happen in the same order everywhere.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from .engine import SamplingSettings, denoise_latent, model_sampling_for
+from .errors import ConfigError
+from .jobs import JobContext
+from .loading import PipelineComponents, load_pipeline_components
+from .models.base import Conditioning, ModelAdapter
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+TEXT_RANK = 0  # the rank that holds the text encoders
+PREVIEW_MAX_SIDE = 64
+
+
+@dataclasses.dataclass
+class LoadedModel:
+    key: tuple
+    components: PipelineComponents
+    adapter: ModelAdapter
+    attention: str
+
+
+def _dtype(name: str) -> torch.dtype:
+    try:
+        return DTYPES[name]
+    except KeyError:
+        raise ConfigError(
+            f"unknown dtype {name!r}",
+            "weights are loaded in one of the supported precisions",
+            f"use one of {sorted(DTYPES)}",
+        ) from None
+
+
+def _loaded(ctx: JobContext) -> LoadedModel:
+    model = ctx.state.get("model")
+    if model is None:
+        raise ConfigError(
+            "no model is loaded in this pool",
+            "generate/encode/decode jobs run on the model loaded by the 'load_model' job",
+            "load a model first (ParallelModel / the loader node does this)",
+        )
+    return model
+
+
+def load_model(ctx: JobContext, path: str, dtype: str = "fp32", attention: str = "auto") -> dict[str, Any]:
+    """Load the pipeline onto this rank's device (text encoders only on TEXT_RANK). Reuses it when
+    the same model and dtype are already loaded."""
+    key = (str(path), dtype)
+    model = ctx.state.get("model")
+    if model is None or model.key != key:
+        ctx.state.pop("model", None)
+        parts = ("transformer", "vae", "text") if ctx.rank == TEXT_RANK else ("transformer", "vae")
+        comps = load_pipeline_components(path, ctx.device, _dtype(dtype), parts)
+        if comps.vae is not None:
+            comps.vae.to(torch.float32 if dtype == "fp16" else _dtype(dtype))
+        model = LoadedModel(key, comps, comps.adapter(), attention)
+        ctx.state["model"] = model
+    model.attention = attention
+    adapter, cfg = model.adapter, model.components.transformer_config
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.components.transformer.parameters())
+    return {
+        "family": adapter.plan.family,
+        "latent_channels": adapter.plan.latent_channels,
+        "spatial_factor": adapter.plan.vae_scale_factor,
+        "patch_size": adapter.plan.patch_size,
+        "guidance_embed": adapter.plan.guidance_embed,
+        "num_heads": cfg.get("num_attention_heads"),
+        "num_blocks": adapter.num_blocks,
+        "embed_dim": _embed_dim(model),
+        "pooled_dim": cfg.get("pooled_projection_dim"),
+        "transformer_bytes": weight_bytes,
+        "memory": ctx.report_memory(),
+    }
+
+
+def _embed_dim(model: LoadedModel) -> int | None:
+    cfg = model.components.transformer_config
+    return cfg.get("joint_attention_dim") or cfg.get("caption_channels") or cfg.get("cross_attention_dim")
+
+
+def encode_text(
+    ctx: JobContext, prompts: list[str], max_sequence_length: int | None = None
+) -> list[Conditioning] | None:
+    """Encode each prompt (on TEXT_RANK) into a Conditioning on the CPU."""
+    from .text_encoding import encode_prompt
+
+    model = _loaded(ctx)
+    if ctx.rank != TEXT_RANK:
+        return None
+    out = []
+    with torch.no_grad():
+        for prompt in prompts:
+            cond = encode_prompt(model.components, model.adapter.plan.family, prompt, max_sequence_length)
+            out.append(cond.to("cpu", torch.float32))
+    return out
+
+
+def generate(
+    ctx: JobContext,
+    positive: Conditioning,
+    negative: Conditioning | None,
+    latent: torch.Tensor,
+    settings: SamplingSettings,
+    width: int,
+    height: int,
+    preview: bool = True,
+) -> torch.Tensor:
+    """Denoise ``latent`` (raw VAE latent, [B,C,H,W]) with KSampler semantics; returns the raw latent
+    (CPU). Emits one progress (and preview) event per step from rank 0 and checks cancel each step."""
+    model = _loaded(ctx)
+    adapter = model.adapter
+    ms = model_sampling_for(adapter, model.components.scheduler_config, width, height)
+
+    def on_step(step: int, total: int, x: torch.Tensor, denoised: torch.Tensor) -> None:
+        ctx.check_cancel()  # collective: every rank calls it at the same step
+        if ctx.rank == 0:
+            ctx.emit("progress", {"step": step + 1, "total": total})
+            if preview:
+                ctx.emit("preview", {"step": step + 1, "total": total, "latent": _preview(adapter, denoised)})
+
+    device_cond = [None if c is None else c.to(ctx.device) for c in (positive, negative)]
+    out = denoise_latent(
+        adapter,
+        ctx.mesh,
+        ms,
+        device_cond[0],
+        device_cond[1],
+        latent.to(ctx.device),
+        settings,
+        attention_backend=model.attention,
+        on_step=on_step,
+    )
+    return out.cpu() if ctx.rank == 0 else None
+
+
+def _preview(adapter: ModelAdapter, denoised: torch.Tensor) -> torch.Tensor:
+    """A small raw latent of the current x0 prediction (for live previews)."""
+    raw = adapter.plan.latent_format.to_raw(denoised[:1].float())
+    h, w = raw.shape[-2:]
+    scale = PREVIEW_MAX_SIDE / max(h, w)
+    if scale < 1:
+        raw = F.interpolate(raw, size=(max(1, round(h * scale)), max(1, round(w * scale))), mode="area")
+    return raw.to(torch.float16).cpu()
+
+
+def decode(ctx: JobContext, latent: torch.Tensor) -> torch.Tensor | None:
+    """Exact parallel VAE decode of a raw latent over every rank; ComfyUI IMAGE on rank 0."""
+    from .vae import decode_to_image_tensor
+
+    model = _loaded(ctx)
+    vae = model.components.vae
+    group = dist.group.WORLD if ctx.world_size > 1 else None
+    with torch.no_grad():
+        z = latent.to(ctx.device, next(vae.parameters()).dtype)
+        image = decode_to_image_tensor(vae, z, ctx.mesh, group, result_rank=0)
+    return None if image is None else image.float().cpu()
+
+
+def unload(ctx: JobContext) -> None:
+    """Drop the loaded model and free device memory."""
+    ctx.state.pop("model", None)
+    if ctx.device.type == "cuda":
+        torch.cuda.empty_cache()
