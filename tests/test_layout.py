@@ -10,8 +10,8 @@ import pytest
 from parallel_runtime.config import ParallelConfig
 from parallel_runtime.errors import ConfigError
 from parallel_runtime.layout import (
-    GiB,
     DeviceInfo,
+    GiB,
     LayoutRequest,
     MachineInfo,
     ModelInfo,

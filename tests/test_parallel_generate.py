@@ -141,3 +141,18 @@ def test_cancel_mid_generation_keeps_pool_warm(cpu_pool, reference):
         fut.result(30)
     assert seen.count("progress") < 500
     assert pool.submit("echo", "warm").result(30) == "warm" and pool.pids == pids
+
+
+@pytest.mark.parametrize("name", ["tiny-sd3", "tiny-pixart"])
+def test_decode_job_equals_diffusers_vae_on_a_raw_latent(cpu_pool, reference, name):
+    """A raw VAE latent (ComfyUI's LATENT convention, e.g. from ComfyUI's own KSampler) decodes to
+    the IMAGE diffusers' AutoencoderKL gives, through the exact parallel decode on 2 ranks."""
+    comps = reference.components_for(name)
+    latent = torch.randn(1, comps.vae.config.latent_channels, 13, 18, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        ref = (comps.vae.decode(latent).sample / 2 + 0.5).clamp(0, 1).permute(0, 2, 3, 1)
+    pool = cpu_pool(LAYOUTS["ulysses2"])
+    pool.submit(JOB + "load_model", str(ensure_tiny_model(name)), "fp32", "sdpa").result(300)
+    image = pool.submit(JOB + "decode", latent).result(300)
+    assert image.shape == (1, 104, 144, 3)
+    assert (image - ref).abs().max().item() <= 1e-4
