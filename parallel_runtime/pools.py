@@ -30,6 +30,8 @@ class PoolRegistry:
         devs = parse_devices(devices)
         full_key = (tuple(devs), config, key, tuple(sorted(pool_options.items())))
         with self._lock:
+            for stale in [k for k, p in self._pools.items() if p.closed]:
+                del self._pools[stale]  # closed elsewhere (e.g. one model unloaded): start afresh
             pool = self._pools.get(full_key)
             if pool is None:
                 for other_key, other in list(self._pools.items()):

@@ -125,5 +125,7 @@ def test_txt2img_from_seed_is_deterministic_and_finite(name):
     s = SamplingSettings(seed=11, steps=3, cfg=2.0, sampler="euler_ancestral", scheduler="karras")
     a = denoise_latent(adapter, ParallelMesh.single(), ms, pos, neg, latent, s)
     b = denoise_latent(adapter, ParallelMesh.single(), ms, pos, neg, latent, s)
-    c = denoise_latent(adapter, ParallelMesh.single(), ms, pos, neg, latent, SamplingSettings(**{**s.__dict__, "seed": 12}))
+    c = denoise_latent(
+        adapter, ParallelMesh.single(), ms, pos, neg, latent, SamplingSettings(**{**s.__dict__, "seed": 12})
+    )
     assert torch.isfinite(a).all() and torch.equal(a, b) and not torch.equal(a, c)

@@ -1,0 +1,34 @@
+"""The ComfyUI face of dit-parallel: node classes and their display names.
+
+Importing this package is light: torch, diffusers and the worker runtime are imported when a
+node runs. Only ``bridge.py`` touches ComfyUI itself.
+"""
+
+from __future__ import annotations
+
+from .latent import ParallelEmptyLatent
+from .loader import ParallelModelLoader
+from .sampler import ParallelSampler
+from .text_encode import ParallelTextEncode
+from .unload import ParallelRuntimeUnload
+from .vae_decode import ParallelVAEDecode
+
+NODE_CLASS_MAPPINGS = {
+    "DiTParallelModelLoader": ParallelModelLoader,
+    "DiTParallelTextEncode": ParallelTextEncode,
+    "DiTParallelEmptyLatent": ParallelEmptyLatent,
+    "DiTParallelSampler": ParallelSampler,
+    "DiTParallelVAEDecode": ParallelVAEDecode,
+    "DiTParallelUnload": ParallelRuntimeUnload,
+}
+
+NODE_DISPLAY_NAME_MAPPINGS = {
+    "DiTParallelModelLoader": "Parallel Model Loader",
+    "DiTParallelTextEncode": "Parallel Text Encode",
+    "DiTParallelEmptyLatent": "Parallel Empty Latent",
+    "DiTParallelSampler": "Parallel Sampler",
+    "DiTParallelVAEDecode": "Parallel VAE Decode",
+    "DiTParallelUnload": "Parallel Runtime Unload",
+}
+
+__all__ = ["NODE_CLASS_MAPPINGS", "NODE_DISPLAY_NAME_MAPPINGS"]

@@ -1,0 +1,151 @@
+"""ComfyUI CONDITIONING <-> the runtime's Conditioning, with shape checks against the model.
+
+ComfyUI's CONDITIONING is a list of ``[embeddings [B,T,D], {"pooled_output": [B,Dp], "guidance":
+float, ...}]``. The parallel sampler runs one prompt per branch, so it takes exactly one entry
+and refuses extras it cannot honour (areas, masks, ControlNet, ...) instead of ignoring them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from parallel_runtime.errors import ConfigError
+
+if TYPE_CHECKING:
+    from parallel_runtime.models.base import Conditioning
+
+FAMILY_LABEL = {"flux": "Flux", "sd3": "SD3", "pixart": "PixArt"}
+COMFY_ENCODER_HINT = {
+    "flux": "DualCLIPLoader (clip_l + t5xxl, type flux) with CLIPTextEncode",
+    "sd3": "TripleCLIPLoader (clip_l + clip_g + t5xxl) with CLIPTextEncode",
+    "pixart": "CLIPLoader (t5xxl, type pixart) with CLIPTextEncode",
+}
+UNSUPPORTED_KEYS = {
+    "area": "an area (Conditioning Set Area)",
+    "mask": "a mask (Conditioning Set Mask)",
+    "control": "a ControlNet",
+    "gligen": "GLIGEN boxes",
+    "hooks": "conditioning hooks",
+    "reference_latents": "reference latents (Kontext / edit models)",
+    "concat_latent_image": "an inpainting image",
+    "unclip_conditioning": "unCLIP image conditioning",
+}
+
+
+def guess_source(embed_dim: int, pooled_dim: int | None) -> str:
+    """A readable name for where conditioning of this shape usually comes from."""
+    if embed_dim == 768:
+        return "SD1.x"
+    if embed_dim == 1024:
+        return "SD2.x"
+    if embed_dim == 2048:
+        return "SDXL"
+    if embed_dim == 4096:
+        return {2048: "SD3", 768: "Flux", None: "T5 (PixArt)"}.get(pooled_dim, "T5")
+    return f"{embed_dim}-wide"
+
+
+def _model_label(family: str) -> str:
+    return FAMILY_LABEL.get(family, family)
+
+
+def to_runtime(
+    conditioning: Any, expected: Mapping[str, int | None], family: str, role: str = "positive"
+) -> tuple[Conditioning, dict[str, Any]]:
+    """One ComfyUI CONDITIONING -> (runtime Conditioning, extras such as {"guidance": 3.5}).
+
+    ``expected`` is ``ParallelModel.expected_conditioning()``: ``{"embed_dim", "pooled_dim"}``."""
+    import torch
+
+    from parallel_runtime.models.base import Conditioning
+
+    label = _model_label(family)
+    if not isinstance(conditioning, (list, tuple)) or not conditioning:
+        raise ConfigError(
+            f"the {role} input is not a CONDITIONING (got {type(conditioning).__name__})",
+            "the sampler needs ComfyUI conditioning: a list of [embeddings, options] pairs",
+            f"connect a text encoder (Parallel Text Encode) to {role}",
+        )
+    if len(conditioning) != 1:
+        raise ConfigError(
+            f"the {role} conditioning holds {len(conditioning)} entries (e.g. from Conditioning (Combine))",
+            "the parallel sampler runs one prompt per branch; combined prompts would need one model pass each",
+            "use a single text encode per branch, or Conditioning (Concat) to join prompts into one entry",
+        )
+    entry = conditioning[0]
+    if not (isinstance(entry, (list, tuple)) and len(entry) == 2 and isinstance(entry[0], torch.Tensor)):
+        raise ConfigError(
+            f"the {role} conditioning entry is malformed ({type(entry).__name__})",
+            "each entry must be [embeddings tensor, options dict]",
+            "connect the output of a text encoder node",
+        )
+    embeds, options = entry[0], dict(entry[1] or {})
+    for key, what in UNSUPPORTED_KEYS.items():
+        if options.get(key) is not None:
+            raise ConfigError(
+                f"the {role} conditioning carries {what} ({key!r})",
+                "the parallel sampler applies text conditioning only; it would silently ignore this",
+                "remove that node from the graph, or use ComfyUI's own KSampler for this feature",
+            )
+    if options.get("start_percent", 0.0) > 0.0 or options.get("end_percent", 1.0) < 1.0:
+        raise ConfigError(
+            f"the {role} conditioning has a timestep range ({options.get('start_percent', 0.0)}..{options.get('end_percent', 1.0)})",
+            "the parallel sampler applies one conditioning for every step",
+            "remove ConditioningSetTimestepRange, or use ComfyUI's KSampler",
+        )
+    if embeds.ndim == 2:
+        embeds = embeds.unsqueeze(0)
+    if embeds.ndim != 3:
+        raise ConfigError(
+            f"the {role} text embeddings have shape {tuple(embeds.shape)}",
+            "text embeddings are [batch, tokens, width]",
+            "connect a text encoder's CONDITIONING",
+        )
+    pooled = options.get("pooled_output")
+    pooled_dim = int(pooled.shape[-1]) if isinstance(pooled, torch.Tensor) else None
+    want_dim, want_pooled = expected.get("embed_dim"), expected.get("pooled_dim")
+    width = int(embeds.shape[-1])
+    if want_dim is not None and width != int(want_dim):
+        source = guess_source(width, pooled_dim)
+        raise ConfigError(
+            f"{source} conditioning given to a {label} model: the {role} text embeddings are {width} wide, "
+            f"this model expects {want_dim}",
+            f"the {label} transformer projects text embeddings of its own text encoders ({want_dim} wide)",
+            f"encode the prompt with Parallel Text Encode on this PARALLEL_MODEL, or with ComfyUI's "
+            f"{COMFY_ENCODER_HINT.get(family, 'text encoder for this model')}",
+        )
+    if want_pooled is not None:
+        if pooled_dim is None:
+            raise ConfigError(
+                f"the {role} conditioning has no pooled_output, which a {label} model needs",
+                f"{label} adds a pooled text vector ({want_pooled} wide) to the timestep embedding",
+                f"use Parallel Text Encode, or ComfyUI's {COMFY_ENCODER_HINT.get(family, 'text encoder')}",
+            )
+        if pooled_dim != int(want_pooled):
+            raise ConfigError(
+                f"{guess_source(width, pooled_dim)} conditioning given to a {label} model: the {role} pooled output "
+                f"is {pooled_dim} wide, this model expects {want_pooled}",
+                f"the {label} transformer's pooled projection takes {want_pooled} features",
+                f"encode the prompt with Parallel Text Encode or ComfyUI's {COMFY_ENCODER_HINT.get(family, 'text encoder')}",
+            )
+        pooled = pooled.reshape(pooled.shape[0] if pooled.ndim > 1 else 1, -1).float().cpu()
+    else:
+        pooled = None
+    mask = options.get("attention_mask")
+    mask = mask.reshape(embeds.shape[0], -1).cpu() if isinstance(mask, torch.Tensor) else None
+    if mask is not None and mask.shape[1] != embeds.shape[1]:
+        mask = None  # a mask for other tokens (e.g. a padded encoder) cannot be applied: run unmasked
+    extras = {k: options[k] for k in ("guidance",) if options.get(k) is not None}
+    return Conditioning(embeds.float().cpu(), pooled, mask), extras
+
+
+def from_runtime(cond: Conditioning, **extras: Any) -> list[list[Any]]:
+    """Runtime Conditioning -> ComfyUI CONDITIONING (one entry)."""
+    options: dict[str, Any] = {}
+    if cond.pooled is not None:
+        options["pooled_output"] = cond.pooled
+    if cond.attention_mask is not None:
+        options["attention_mask"] = cond.attention_mask
+    options.update({k: v for k, v in extras.items() if v is not None})
+    return [[cond.prompt_embeds, options]]

@@ -1,0 +1,69 @@
+"""NodeContext: the pool registry, bridge and status board the nodes share.
+
+ComfyUI creates node objects itself (``NodeClass()``, no arguments) and keeps worker pools alive
+between prompts only if every node finds the same registry, so one process-wide context is
+unavoidable. It lives here and nowhere else: created on first use by ``shared_context()``; it is
+the pack's only module-level mutable state. Tests (and scripts) build their own ``NodeContext``
+and pass it to the node constructors instead.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+from typing import TYPE_CHECKING
+
+from .bridge import Bridge, ComfyBridge
+from .status import StatusBoard
+
+if TYPE_CHECKING:
+    from parallel_runtime.pools import PoolRegistry
+
+log = logging.getLogger("dit_parallel.nodes")
+
+
+@dataclasses.dataclass
+class NodeContext:
+    """Everything a node needs besides its inputs."""
+
+    registry: PoolRegistry
+    bridge: Bridge
+    status: StatusBoard
+
+    @classmethod
+    def create(cls, registry: PoolRegistry | None = None, bridge: Bridge | None = None) -> NodeContext:
+        if registry is None:
+            from parallel_runtime.pools import PoolRegistry
+
+            registry = PoolRegistry(max_pools=2)
+        bridge = bridge or ComfyBridge()
+        return cls(registry, bridge, StatusBoard(bridge))
+
+    def unload_all(self) -> None:
+        """Close every worker pool (frees the GPUs) and tell the panel."""
+        self.registry.close_all()
+        self.status.reset()
+        log.info("dit-parallel: all worker pools closed")
+
+
+_SHARED: NodeContext | None = None
+_SHARED_LOCK = threading.Lock()
+
+
+def shared_context() -> NodeContext:
+    """The process-wide context (created on first call; hooks ComfyUI's model unloading so the
+    workers are freed together with ComfyUI's own models)."""
+    global _SHARED
+    with _SHARED_LOCK:
+        if _SHARED is None:
+            ctx = NodeContext.create()
+            ctx.bridge.on_unload_models(ctx.unload_all)
+            _SHARED = ctx
+        return _SHARED
+
+
+def install_web_routes() -> None:
+    """Register the panel's HTTP routes with ComfyUI's server (a no-op without ComfyUI). Called
+    once from the pack's ``__init__``: ComfyUI adds routes only before its server starts."""
+    ComfyBridge().add_routes(lambda: shared_context().status.snapshot(), lambda: shared_context().unload_all())

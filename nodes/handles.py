@@ -1,0 +1,64 @@
+"""PARALLEL_MODEL: the handle a loader hands to the other nodes.
+
+ComfyUI caches node outputs, so the loader may not run again after the workers were unloaded
+(Unload node, "Free memory" button). The handle therefore keeps the load request and asks the
+runtime for the model every time it is used: the same request returns the same warm pool, and
+a closed one is started again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from parallel_runtime.api import LoadRequest, ParallelModel
+
+    from .context import NodeContext
+
+PARALLEL_MODEL = "PARALLEL_MODEL"
+
+
+@dataclasses.dataclass(eq=False)
+class ParallelModelHandle:
+    """A loaded (or reloadable) parallel model plus what the panel shows about it."""
+
+    request: LoadRequest
+    context: NodeContext
+    name: str  # what the user picked, e.g. "FLUX.1-dev" or "tiny-flux"
+    family: str
+    devices: tuple[str, ...]
+    layout: str  # e.g. "cfg=2 x ulysses=2"
+    reason: str
+    _last: Any = dataclasses.field(default=None, repr=False)  # the model returned last time
+
+    @property
+    def pool_id(self) -> str:
+        """Stable id of the worker pool behind this handle (used by the status panel)."""
+        return hashlib.sha1(repr((self.name, self.devices, self.layout, self.request)).encode()).hexdigest()[:10]
+
+    def model(self) -> ParallelModel:
+        """The runtime model (warm pool reused; started again after an unload)."""
+        from parallel_runtime.api import load_parallel_model
+
+        last_pool = getattr(self._last, "pool", None)
+        if not getattr(last_pool, "is_alive", False):  # (re)starting workers: make room on their GPUs first
+            self.context.bridge.free_memory_for(self.devices)
+        model = load_parallel_model(self.request, self.context.registry, reason=self.reason)
+        self._last = model
+        self.context.status.pool_loaded(self.pool_id, self.name, self.family, self.devices, self.layout, self.reason)
+        memory = getattr(model, "info", {}).get("memory")
+        if isinstance(memory, dict):  # rank 0's memory after loading (ranks report more while sampling)
+            self.context.status.memory(self.pool_id, 0, memory)
+        return model
+
+    def unload(self) -> None:
+        """Stop this model's workers (a later use starts them again)."""
+        model, self._last = self._last, None
+        if model is not None:
+            model.unload()
+        self.context.status.pool_closed(self.pool_id)
+
+    def __repr__(self) -> str:
+        return f"ParallelModel({self.name}, {self.family}, {self.layout} on {','.join(self.devices)})"

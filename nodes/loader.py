@@ -1,0 +1,241 @@
+"""Parallel Model Loader: pick a model, devices and a layout; start (or reuse) the worker pool."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from parallel_runtime.config import ParallelConfig, parse_devices, validate_layout
+from parallel_runtime.errors import ConfigError
+
+from .bridge import ComfyBridge
+from .context import NodeContext, shared_context
+from .handles import PARALLEL_MODEL, ParallelModelHandle
+from .model_files import TINY_MODELS, model_choices, resolve_model
+
+log = logging.getLogger("dit_parallel.nodes")
+
+CATEGORY = "DiT Parallel"
+FAMILIES = ("auto", "flux", "sd3", "pixart")
+DTYPES = ("bf16", "fp16", "fp32")
+ATTENTION = ("auto", "sdpa", "flash")
+LAYOUTS = ("auto", "manual")
+MAX_DEGREE = 64
+
+
+def _degree(tooltip: str, maximum: int = MAX_DEGREE) -> tuple[str, dict[str, Any]]:
+    return ("INT", {"default": 1, "min": 1, "max": maximum, "tooltip": tooltip + " Used when layout is manual."})
+
+
+def resolve_devices(devices: str) -> list[str]:
+    """ "all" -> every visible GPU; otherwise a list such as "cuda:0,cuda:1" or "cpu:2"."""
+    text = (devices or "").strip()
+    if text.lower() in ("", "all", "all gpus"):
+        import torch
+
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise ConfigError(
+                'devices is "all" but no CUDA GPU is visible',
+                "the workers run one per GPU and this process sees none (no driver, or CUDA_VISIBLE_DEVICES is empty)",
+                'to try the pack on CPU write devices "cpu:2" (two CPU workers; only practical with tiny models)',
+            )
+        return [f"cuda:{i}" for i in range(count)]
+    return parse_devices(text)
+
+
+def devices_spec(devices: list[str] | tuple[str, ...]) -> str:
+    return f"cpu:{len(devices)}" if all(d == "cpu" for d in devices) else ",".join(devices)
+
+
+def _check_range(name: str, value: Any, low: int, high: int) -> str | None:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        return f"{name} is {value!r}; it must be a whole number from {low} to {high}"
+    return None
+
+
+class ParallelModelLoader:
+    """Loads a Flux / SD3 / PixArt pipeline onto worker processes, one per device."""
+
+    DESCRIPTION = (
+        "Starts one worker process per device and loads the model split across them. The layout (how the work "
+        "is split) is chosen automatically from the GPUs and their links, or set by hand."
+    )
+    CATEGORY = CATEGORY
+    RETURN_TYPES = (PARALLEL_MODEL,)
+    RETURN_NAMES = ("parallel_model",)
+    OUTPUT_TOOLTIPS = ("The model running on the worker pool; connect it to the other DiT Parallel nodes.",)
+    FUNCTION = "load"
+
+    def __init__(self, context: NodeContext | None = None):
+        self._context = context
+
+    @property
+    def context(self) -> NodeContext:
+        return self._context or shared_context()
+
+    @classmethod
+    def INPUT_TYPES(cls) -> dict[str, Any]:
+        return {
+            "required": {
+                "model": (
+                    model_choices(ComfyBridge()),
+                    {
+                        "tooltip": "A diffusers folder (models/diffusers), a single transformer .safetensors file "
+                        "(models/diffusion_models), or a tiny random model for trying the pack without downloads."
+                    },
+                ),
+                "family": (FAMILIES, {"default": "auto", "tooltip": "Model family; 'auto' detects it from the files."}),
+                "devices": (
+                    "STRING",
+                    {
+                        "default": "all",
+                        "tooltip": '"all" (every visible GPU), a list such as "cuda:0,cuda:1", or "cpu:2" for CPU workers.',
+                    },
+                ),
+                "layout": (
+                    LAYOUTS,
+                    {
+                        "default": "auto",
+                        "tooltip": "auto: chosen from GPU count, NVLink/P2P links, free memory, heads and resolution. "
+                        "manual: the degrees below (their product must equal the number of devices).",
+                    },
+                ),
+                "ulysses": _degree("Ulysses sequence parallel degree (all-to-all over heads; wants NVLink/P2P)."),
+                "ring": _degree("Ring attention degree (K/V passed around; for the rest of the sequence split)."),
+                "cfg_parallel": _degree("CFG parallel degree: 2 runs cond and uncond on different devices.", 2),
+                "pipefusion": _degree("PipeFusion degree: transformer layers split into this many stages."),
+                "pp_patches": (
+                    "INT",
+                    {"default": 0, "min": 0, "max": 256, "tooltip": "PipeFusion patches (row bands); 0 = automatic."},
+                ),
+                "pp_warmup": (
+                    "INT",
+                    {"default": 1, "min": 0, "max": 100, "tooltip": "PipeFusion steps run on the whole image first."},
+                ),
+                "dtype": (DTYPES, {"default": "bf16", "tooltip": "Weight and compute precision."}),
+                "attention": (
+                    ATTENTION,
+                    {"default": "auto", "tooltip": "Attention kernel: flash-attn when available, else SDPA."},
+                ),
+            }
+        }
+
+    @classmethod
+    def VALIDATE_INPUTS(
+        cls,
+        devices: str,
+        layout: str,
+        ulysses: int,
+        ring: int,
+        cfg_parallel: int,
+        pipefusion: int,
+        pp_patches: int,
+        pp_warmup: int,
+    ) -> bool | str:
+        """Reject impossible layouts before the prompt runs (ComfyUI skips its own range checks for
+        the inputs named here, so they are checked here too)."""
+        for name, value, low, high in (
+            ("ulysses", ulysses, 1, MAX_DEGREE),
+            ("ring", ring, 1, MAX_DEGREE),
+            ("cfg_parallel", cfg_parallel, 1, 2),
+            ("pipefusion", pipefusion, 1, MAX_DEGREE),
+            ("pp_patches", pp_patches, 0, 256),
+            ("pp_warmup", pp_warmup, 0, 100),
+        ):
+            problem = _check_range(name, value, low, high)
+            if problem:
+                return problem
+        if layout not in LAYOUTS:
+            return f"layout {layout!r} is not one of {list(LAYOUTS)}"
+        try:
+            devs = resolve_devices(devices)
+            if layout == "manual":
+                config = ParallelConfig(cfg=cfg_parallel, pp=pipefusion, ring=ring, ulysses=ulysses)
+                validate_layout(devs, config)
+                if pp_patches and pipefusion > 1 and pp_patches < pipefusion:
+                    return f"pp_patches {pp_patches} is fewer than the {pipefusion} PipeFusion stages; use 0 (automatic) or at least {pipefusion}"
+        except ConfigError as exc:
+            return str(exc)
+        return True
+
+    def load(
+        self,
+        model: str,
+        family: str,
+        devices: str,
+        layout: str,
+        ulysses: int,
+        ring: int,
+        cfg_parallel: int,
+        pipefusion: int,
+        pp_patches: int,
+        pp_warmup: int,
+        dtype: str,
+        attention: str,
+    ) -> dict[str, Any]:
+        from parallel_runtime.layout import LayoutRequest, MachineInfo, ModelInfo, plan_layout
+
+        ctx = self.context
+        target = resolve_model(model, ctx.bridge)
+        chosen = None if family == "auto" else family
+        info = ModelInfo.from_path(_local_path(target), family=chosen, dtype=dtype)
+        if chosen is not None and info.family != chosen:
+            raise ConfigError(
+                f"{model} is a {info.family} model but family {chosen!r} was chosen",
+                "the family decides which adapter splits the model; a wrong one cannot load it",
+                f"set family to {info.family!r} or 'auto'",
+            )
+        devs = resolve_devices(devices)
+        patches, weights = (pp_patches or None), None
+        if layout == "manual":
+            config = ParallelConfig(cfg=cfg_parallel, pp=pipefusion, ring=ring, ulysses=ulysses)
+            validate_layout(devs, config)
+            reason = f"manual layout {config.describe()}"
+        else:
+            plan = plan_layout(MachineInfo.detect(devices_spec(devs)), info, LayoutRequest())
+            config, devs, weights, reason = plan.config, list(plan.devices), plan.pp_stage_weights, plan.reason
+            patches = patches or plan.pp_patches
+        request = build_request(
+            model=target,
+            family=info.family,
+            devices=devices_spec(devs),
+            layout=config,
+            pp_patches=patches if config.pp > 1 else None,
+            pp_warmup=pp_warmup,
+            pp_stage_weights=weights if config.pp > 1 else None,
+            dtype=dtype,
+            attention=attention,
+        )
+        handle = ParallelModelHandle(request, ctx, model, info.family, tuple(devs), config.describe(), reason)
+        handle.model()  # start the workers now, so load errors show on this node
+        text = f"{model} ({info.family}) on {devices_spec(devs)}: {reason}"
+        log.info("dit-parallel layout: %s", text)
+        return {"ui": {"text": [text]}, "result": (handle,)}
+
+
+def _local_path(target: str) -> str:
+    """A tiny model name -> its local folder (built once); paths unchanged."""
+    if target in TINY_MODELS:
+        from parallel_runtime.testing import ensure_tiny_model
+
+        return str(ensure_tiny_model(target))
+    return target
+
+
+def build_request(**fields: Any) -> Any:
+    """A ``LoadRequest`` with the fields this runtime version has. PipeFusion settings are only
+    dropped when they are unused; a layout that needs them fails with a clear error instead."""
+    import dataclasses
+
+    from parallel_runtime.api import LoadRequest
+
+    known = {f.name for f in dataclasses.fields(LoadRequest)}
+    layout = fields.get("layout")
+    if layout is not None and layout.pp > 1 and "pp_patches" not in known:
+        raise ConfigError(
+            f"the layout {layout.describe()} uses PipeFusion, which this runtime version does not provide yet",
+            "parallel_runtime.api.LoadRequest has no PipeFusion settings (pp_patches, pp_warmup, pp_stage_weights)",
+            "choose a manual layout without pipefusion (ulysses / ring / cfg_parallel), or update dit-parallel",
+        )
+    return LoadRequest(**{k: v for k, v in fields.items() if k in known})

@@ -1,0 +1,67 @@
+"""Which models the loader offers and where they are: ComfyUI's model folders plus tiny models.
+
+- diffusers folders (with model_index.json) under ``models/diffusers``: offered by their path
+  relative to that folder, e.g. ``FLUX.1-dev``;
+- single ``.safetensors`` transformer files under ``models/diffusion_models`` (and ``unet``);
+- the embedded ``tiny-flux`` / ``tiny-sd3`` / ``tiny-pixart`` (random weights, built once
+  locally) for trying the pack without downloads.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from parallel_runtime.errors import ConfigError
+
+from .bridge import Bridge
+
+TINY_MODELS: tuple[str, ...] = ("tiny-flux", "tiny-sd3", "tiny-pixart")
+SINGLE_FILE_SUFFIXES: tuple[str, ...] = (".safetensors", ".sft")
+
+
+def diffusers_folders(bridge: Bridge) -> list[str]:
+    found: list[str] = []
+    for root in bridge.folder_paths("diffusers"):
+        for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
+            if "model_index.json" in filenames:
+                found.append(Path(os.path.relpath(dirpath, root)).as_posix())
+                dirnames.clear()  # a pipeline's sub-folders are its components, not more models
+    return sorted(set(found))
+
+
+def single_files(bridge: Bridge) -> list[str]:
+    found: list[str] = []
+    for root in bridge.folder_paths("diffusion_models"):
+        for dirpath, _, filenames in os.walk(root, followlinks=True):
+            for name in filenames:
+                if name.endswith(SINGLE_FILE_SUFFIXES):
+                    found.append(Path(os.path.relpath(os.path.join(dirpath, name), root)).as_posix())
+    return sorted(set(found))
+
+
+def model_choices(bridge: Bridge) -> list[str]:
+    """The loader's model list: diffusers folders, then single files, then the tiny models."""
+    return [*diffusers_folders(bridge), *single_files(bridge), *TINY_MODELS]
+
+
+def resolve_model(name: str, bridge: Bridge) -> str:
+    """What the runtime loads for ``name``: a tiny model name, or an absolute path."""
+    name = name.strip()
+    if name in TINY_MODELS:
+        return name
+    kinds = ("diffusion_models",) if name.endswith(SINGLE_FILE_SUFFIXES) else ("diffusers",)
+    for kind in kinds:
+        for root in bridge.folder_paths(kind):
+            candidate = Path(root) / name
+            if candidate.exists():
+                return str(candidate)
+    if os.path.isabs(name) and os.path.exists(name):
+        return name
+    searched = [p for kind in ("diffusers", "diffusion_models") for p in bridge.folder_paths(kind)]
+    raise ConfigError(
+        f"model {name!r} was not found",
+        "the loader looks for diffusers folders in models/diffusers and single .safetensors transformer files "
+        f"in models/diffusion_models (searched: {', '.join(searched) or 'no model folder is configured'})",
+        "put the model there and refresh the page (R), pick another model, or try one of " + ", ".join(TINY_MODELS),
+    )

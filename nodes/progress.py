@@ -1,0 +1,105 @@
+"""Run a runtime job while the node's own thread feeds ComfyUI: progress bar, previews, cancel.
+
+The runtime calls ``on_event`` from its monitor thread, but ComfyUI must be called from the
+thread executing the node (it finds the node through a context variable, and its progress hook
+raises on interrupt in the calling thread). So the job runs in a helper thread, events are queued,
+and the node thread drains them, updates ComfyUI, and polls the interrupt flag; ``should_cancel``
+only reads an Event that the node thread sets.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from .bridge import Bridge
+from .status import StatusBoard
+
+T = TypeVar("T")
+EventFn = Callable[[int, str, Any], None]
+
+
+class JobMonitor:
+    """Turns runtime events into ComfyUI progress/previews and status-panel events."""
+
+    def __init__(self, bridge: Bridge, status: StatusBoard, pool: str, family: str, total: int):
+        self.bridge, self.status, self.pool, self.family = bridge, status, pool, family
+        self.total = max(int(total), 1)
+        self.bar = bridge.progress_bar(self.total)
+        self.rank_step: dict[int, int] = {}
+        self.shown = 0
+        self.previews = 0
+
+    def handle(self, rank: int, kind: str, payload: Any) -> None:
+        payload = payload if isinstance(payload, dict) else {}
+        if kind == "progress":
+            self.status.progress(self.pool, rank, payload)
+            if "step" in payload:
+                self.total = int(payload.get("total") or self.total)
+                self.rank_step[rank] = int(payload["step"])
+                done = min(self.rank_step.values())  # the slowest rank that reports
+                if done > self.shown:
+                    self.shown = done
+                    self.bar.update_absolute(done, self.total)
+        elif kind == "preview" and payload.get("latent") is not None:
+            image = self.bridge.preview_image(self.family, payload["latent"])
+            self.previews += 1
+            step = int(payload.get("step", self.shown))
+            self.bar.update_absolute(max(min(step, self.total), self.shown), self.total, image)
+        elif kind == "memory":
+            self.status.memory(self.pool, rank, payload)
+
+
+def run_with_events(
+    job: Callable[[EventFn, Callable[[], bool]], T],
+    on_event: EventFn,
+    bridge: Bridge,
+    poll_s: float = 0.05,
+) -> T:
+    """Run ``job(on_event, should_cancel)`` in a helper thread; deliver its events to
+    ``on_event`` on this thread; cancel it when ComfyUI's interrupt flag is raised. An exception
+    raised while handling an event (ComfyUI's progress hook raises on interrupt) cancels the job
+    and is re-raised once it has stopped, unless the job itself failed."""
+    events: queue.SimpleQueue = queue.SimpleQueue()
+    cancel = threading.Event()
+    outcome: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            outcome["value"] = job(lambda rank, kind, payload: events.put((rank, kind, payload)), cancel.is_set)
+        except BaseException as exc:  # handed to the node thread
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=target, name="dit-parallel-job", daemon=True)
+    thread.start()
+    handler_error: BaseException | None = None
+    while thread.is_alive() or not events.empty():
+        try:
+            event = events.get(timeout=poll_s)
+        except queue.Empty:
+            event = None
+        if event is not None and handler_error is None:
+            try:
+                on_event(*event)
+            except BaseException as exc:
+                handler_error = exc
+                cancel.set()
+        if not cancel.is_set() and bridge.interrupted():
+            cancel.set()
+    thread.join()
+    if "error" in outcome:
+        error = outcome["error"]
+        if handler_error is not None and _is_cancel(error):
+            raise handler_error from error
+        raise error
+    if handler_error is not None:
+        raise handler_error
+    return outcome["value"]
+
+
+def _is_cancel(exc: BaseException) -> bool:
+    from parallel_runtime.errors import JobCancelled
+
+    return isinstance(exc, JobCancelled)
