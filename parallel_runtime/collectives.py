@@ -274,3 +274,102 @@ def ring_shift_start(
     works = dist.batch_isend_irecv(ops)
     stats.add(op, tensor.numel() * tensor.element_size())
     return PendingShift(works, out, tensor)
+
+
+# -- point to point (PipeFusion) ------------------------------------------------------------------
+class PendingP2P:
+    """A point-to-point send or receive in flight (see :func:`send_start` / :func:`recv_start`).
+
+    ``wait(timeout_s)`` returns the tensor (the received data, or the sent tensor) and raises
+    :class:`~parallel_runtime.errors.RuntimeTimeout` naming ``what`` when the peer does not answer."""
+
+    def __init__(self, work: object | None, tensor: torch.Tensor, what: str):
+        self._work, self.tensor, self.what = work, tensor, what
+
+    def wait(self, timeout_s: float | None = None) -> torch.Tensor:
+        if self._work is not None:
+            import datetime
+
+            from .errors import RuntimeTimeout
+
+            try:
+                if timeout_s is None:
+                    self._work.wait()
+                else:
+                    self._work.wait(timeout=datetime.timedelta(seconds=timeout_s))
+            except RuntimeError as exc:
+                if "timed out" in str(exc).lower() or "timeout" in str(exc).lower():
+                    raise RuntimeTimeout(f"waited {timeout_s} s for {self.what}: {exc}") from exc
+                raise
+            self._work = None
+        return self.tensor
+
+
+def send_start(
+    tensor: torch.Tensor,
+    peer: int,
+    group: dist.ProcessGroup | None,
+    stats: CommStats,
+    op: str = "p2p",
+    tag: int = 0,
+) -> PendingP2P:
+    """Post a non-blocking send of ``tensor`` to group rank ``peer``; bytes are counted under ``op``.
+
+    ``tensor`` must stay unmodified until the returned handle's ``wait()``."""
+    tensor = tensor.contiguous()
+    if group_size(group) == 1:
+        raise ValueError("send_start: a group of one rank has no peer to send to")
+    work = dist.isend(tensor, group=group, group_dst=peer, tag=tag)
+    stats.add(op, tensor.numel() * tensor.element_size())
+    return PendingP2P(work, tensor, f"the send of {op} ({tuple(tensor.shape)}) to group rank {peer}")
+
+
+def recv_start(
+    buffer: torch.Tensor, peer: int, group: dist.ProcessGroup | None, op: str = "p2p", tag: int = 0
+) -> PendingP2P:
+    """Post a non-blocking receive into ``buffer`` (its shape and dtype must match the send) from
+    group rank ``peer``. Posting receives ahead lets the transfer overlap compute."""
+    if group_size(group) == 1:
+        raise ValueError("recv_start: a group of one rank has no peer to receive from")
+    work = dist.irecv(buffer, group=group, group_src=peer, tag=tag)
+    return PendingP2P(work, buffer, f"{op} ({tuple(buffer.shape)}) from group rank {peer}")
+
+
+def send_object(
+    obj: object,
+    peer: int,
+    group: dist.ProcessGroup | None,
+    stats: CommStats,
+    device: torch.device,
+    op: str = "p2p_object",
+    tag: int = 0,
+    timeout_s: float | None = None,
+) -> None:
+    """Send a picklable object (tensors inside are saved with torch.save) to group rank ``peer``:
+    its length, then its bytes. Blocking; for one-off setup messages, not the per-item stream."""
+    import io
+
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    payload = torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8).to(device)
+    length = torch.tensor([payload.numel()], dtype=torch.int64, device=device)
+    for t in (length, payload):
+        send_start(t, peer, group, stats, op, tag).wait(timeout_s)
+
+
+def recv_object(
+    peer: int,
+    group: dist.ProcessGroup | None,
+    device: torch.device,
+    op: str = "p2p_object",
+    tag: int = 0,
+    timeout_s: float | None = None,
+) -> object:
+    """Receive an object sent with :func:`send_object` (tensors come back on the CPU)."""
+    import io
+
+    length = torch.empty(1, dtype=torch.int64, device=device)
+    recv_start(length, peer, group, op, tag).wait(timeout_s)
+    payload = torch.empty(int(length.item()), dtype=torch.uint8, device=device)
+    recv_start(payload, peer, group, op, tag).wait(timeout_s)
+    return torch.load(io.BytesIO(payload.cpu().numpy().tobytes()), map_location="cpu", weights_only=False)

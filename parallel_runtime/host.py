@@ -304,6 +304,8 @@ class _Runtime:
             if status == "ok":
                 fut._values[rank] = payload
             elif status == "error":
+                if self._peer_died(payload["message"]):
+                    return  # the death itself is the error; _check_processes has failed the job
                 err = WorkerError(fut.name, rank, payload["type"], payload["message"], payload["traceback"])
                 if fut.error is None:
                     fut._finish("error", err)
@@ -319,6 +321,20 @@ class _Runtime:
                     (cid,) = struct.unpack_from("<q", self.ctrl.mm, 0)
                     if cid == job_id:
                         struct.pack_into("<q", self.ctrl.mm, 0, -1)
+
+    _LINK_ERRORS = ("Connection reset", "Connection closed", "Broken pipe", "pair.cc", "NCCL", "connection")
+
+    def _peer_died(self, message: str, wait_s: float = 1.0) -> bool:
+        """A collective failing because a peer vanished is a symptom: report the death instead.
+        Gives a killed process a moment to be reaped when the message looks like a lost link."""
+        deadline = time.monotonic() + (wait_s if any(k in message for k in self._LINK_ERRORS) else 0.0)
+        while True:
+            self._check_processes()
+            if self.dead is not None:
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.01)
 
     def _check_processes(self) -> None:
         if self.dead is not None:

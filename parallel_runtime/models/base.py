@@ -12,7 +12,8 @@ import abc
 import contextlib
 import dataclasses
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from types import MappingProxyType
 from typing import Any, Literal, Protocol
 
 import torch
@@ -100,6 +101,15 @@ class Conditioning:
 
 
 Rope = tuple[torch.Tensor, torch.Tensor]
+
+JOINT_TEXT_ORDER: Mapping[str, Literal["first", "last"]] = MappingProxyType(
+    {
+        "FluxAttnProcessor": "first",  # [text, image]
+        "JointAttnProcessor2_0": "last",  # [image, text] (SD3)
+        "AttnProcessor2_0": "last",  # self-attention over image tokens only (PixArt attn1)
+    }
+)
+"""Where a diffusers attention processor puts the text tokens of joint attention."""
 
 
 @dataclasses.dataclass
@@ -207,13 +217,19 @@ class ModelAdapter(abc.ABC):
         """Output layer on local image tokens: [B, S_img_local, patch*patch*out_channels]."""
 
     # -- common ----------------------------------------------------------------------------------
+    def _first_parameter(self) -> torch.Tensor:
+        """The first loaded parameter (a PipeFusion stage leaves other stages' weights on "meta")."""
+        params = self.transformer.parameters()
+        first = next(params)
+        return first if first.device.type != "meta" else next((p for p in params if p.device.type != "meta"), first)
+
     @property
     def dtype(self) -> torch.dtype:
-        return next(self.transformer.parameters()).dtype
+        return self._first_parameter().dtype
 
     @property
     def device(self) -> torch.device:
-        return next(self.transformer.parameters()).device
+        return self._first_parameter().device
 
     @property
     def num_blocks(self) -> int:
@@ -242,6 +258,62 @@ class ModelAdapter(abc.ABC):
         guidance = None if guidance is None else _batched(guidance, batch, x.device)
         acts = self.embed_full(x, timestep, cond.to(x.device, self.dtype), guidance)
         return shard_activations(acts, self.plan.splits, mesh)
+
+    def embed_rows(
+        self,
+        x_band: torch.Tensor,
+        rows: tuple[int, int],
+        full_size: tuple[int, int],
+        timestep: torch.Tensor | float,
+        cond: Conditioning,
+        mesh: ParallelMesh,
+        guidance: torch.Tensor | float | None = None,
+    ) -> Activations:
+        """Embeddings of a row band (PipeFusion patch): latent rows ``rows[0]:rows[1]`` (multiples of the
+        patch size) of a latent of size ``full_size`` (H, W), of which ``x_band`` [B,C,rows,W] holds the band.
+
+        Image-token fields (``img``, ``img_rope``) cover only the band's tokens and ``grid`` is the band's
+        token grid; text fields are the full text. Split over "sp" like :meth:`embed`. This default embeds
+        the band placed in an otherwise zero latent and keeps the band's tokens, which is exact when each
+        token's embedding depends only on its own latent patch and its position (Flux, SD3, PixArt);
+        a family may override it with a cheaper band-only computation."""
+        p = self.plan.patch_size
+        (r0, r1), (h, w) = rows, full_size
+        if r0 % p or r1 % p or not 0 <= r0 < r1 <= h or x_band.shape[-2] != r1 - r0 or x_band.shape[-1] != w:
+            raise ConfigError(
+                f"row band {r0}:{r1} (a tensor of {x_band.shape[-2]}x{x_band.shape[-1]}) of a {h}x{w} latent",
+                f"a patch is a band of whole {p}x{p} token rows inside the latent",
+                f"give rows that are multiples of {p} within 0..{h}, with x_band holding exactly those rows",
+            )
+        cols = self.grid_of(x_band)[1]
+        full = x_band
+        if (r0, r1) != (0, h):
+            full = x_band.new_zeros((*x_band.shape[:-2], h, w))
+            full[..., r0:r1, :] = x_band
+        batch = full.shape[0]
+        full = full.to(self.device, self.dtype)
+        timestep = _batched(timestep, batch, full.device)
+        guidance = None if guidance is None else _batched(guidance, batch, full.device)
+        acts = self.embed_full(full, timestep, cond.to(full.device, self.dtype), guidance)
+        t0, t1 = r0 // p * cols, r1 // p * cols
+        rope = None if acts.img_rope is None else tuple(t[t0:t1] for t in acts.img_rope)
+        acts = acts.replace(img=acts.img[:, t0:t1], img_rope=rope, grid=((r1 - r0) // p, cols))
+        return shard_activations(acts, self.plan.splits, mesh)
+
+    def joint_text_order(self, module: nn.Module) -> Literal["first", "last"]:
+        """Where a self/joint attention module puts the text tokens in the sequence it hands to
+        scaled_dot_product_attention (PipeFusion's stale K/V buffers must tell them from image tokens).
+        The default reads it from the module's diffusers attention processor."""
+        name = type(module.processor).__name__
+        order = JOINT_TEXT_ORDER.get(name)
+        if order is None:
+            raise ConfigError(
+                f"{self.family}: attention processor {name} is unknown to PipeFusion",
+                "PipeFusion keeps a K/V buffer of the image tokens and needs to know where the text tokens sit "
+                "in the joint attention sequence",
+                f"use one of the processors {', '.join(JOINT_TEXT_ORDER)}, or override joint_text_order in the adapter",
+            )
+        return order
 
     def run_block(self, acts: Activations, i: int, attention: AttentionScope) -> Activations:
         """Block ``i`` (execution order over all block lists); self/joint attention goes to ``attention``."""
