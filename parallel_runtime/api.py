@@ -36,6 +36,13 @@ class LoadRequest:
     attention: str = "auto"
     family: str | None = None
     threads_per_worker: int | None = None
+    pp_patches: int | None = None  # PipeFusion row bands (None: automatic); used when layout.pp > 1
+    pp_warmup: int = 1  # PipeFusion steps run synchronously on the whole image first
+    pp_stage_weights: tuple[float, ...] | None = None  # relative blocks per stage (None: equal)
+
+    def load_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments of the load_model job beyond (path, dtype, attention)."""
+        return {"pp_stage_weights": tuple(self.pp_stage_weights)} if self.pp_stage_weights else {}
 
 
 def resolve_model_path(model: str) -> Path:
@@ -113,7 +120,11 @@ class ParallelModel:
         """A restarted pool (after a worker death) has lost the model: load it again."""
         if self.pool.starts != self.info.get("_pool_start"):
             info = self.pool.submit(
-                JOB + "load_model", str(self.path), self.request.dtype, self.request.attention
+                JOB + "load_model",
+                str(self.path),
+                self.request.dtype,
+                self.request.attention,
+                **self.request.load_kwargs(),
             ).result()
             self.info.update(info, _pool_start=self.pool.starts)
 
@@ -165,7 +176,13 @@ class ParallelModel:
             height,
             on_event=on_event,
             should_cancel=should_cancel,
+            **self._pipefusion_kwargs(),
         )
+
+    def _pipefusion_kwargs(self) -> dict[str, Any]:
+        if self.config.pp <= 1:
+            return {}
+        return {"patches": self.request.pp_patches, "warmup": self.request.pp_warmup}
 
     def decode(self, latent: torch.Tensor) -> torch.Tensor:
         """Raw VAE latent [B,C,H,W] -> IMAGE [B,H,W,3] in 0..1 (exact parallel decode)."""
@@ -221,6 +238,35 @@ def check_sampling_args(
             )
 
 
+def check_pipefusion_request(request: LoadRequest, config: ParallelConfig) -> None:
+    """Reject PipeFusion settings that cannot work with ``config`` (before any model is loaded)."""
+    if config.pp <= 1:
+        return
+    if request.pp_patches is not None and (
+        isinstance(request.pp_patches, bool)
+        or not isinstance(request.pp_patches, int)
+        or request.pp_patches < config.pp
+    ):
+        raise ConfigError(
+            f"pp_patches={request.pp_patches!r} with {config.pp} PipeFusion stages",
+            "each stage needs a patch of its own to work on, so there are at least as many patches as stages",
+            f"use pp_patches >= {config.pp}, or None for the automatic choice",
+        )
+    if isinstance(request.pp_warmup, bool) or not isinstance(request.pp_warmup, int) or request.pp_warmup < 0:
+        raise ConfigError(
+            f"pp_warmup={request.pp_warmup!r}",
+            "warmup counts the first steps that run synchronously on the whole image",
+            "use a whole number >= 0 (1 is a good default)",
+        )
+    weights = request.pp_stage_weights
+    if weights is not None and len(tuple(weights)) != config.pp:
+        raise ConfigError(
+            f"{len(tuple(weights))} pp_stage_weights for {config.pp} PipeFusion stages",
+            "each stage needs one weight (its relative share of the transformer blocks)",
+            f"give {config.pp} positive numbers, or None for an equal split",
+        )
+
+
 def default_layout(devices: list[str], request: LoadRequest) -> tuple[ParallelConfig, str]:
     if len(devices) == 1:
         return ParallelConfig(), "one device: no parallelism"
@@ -236,7 +282,10 @@ def load_parallel_model(request: LoadRequest, registry: PoolRegistry, reason: st
     )
     opts = {} if request.threads_per_worker is None else {"threads_per_worker": request.threads_per_worker}
     pool = registry.get(devices, config, key=(str(path), request.dtype), **opts)
-    info = pool.submit(JOB + "load_model", str(path), request.dtype, request.attention).result()
+    check_pipefusion_request(request, config)
+    info = pool.submit(
+        JOB + "load_model", str(path), request.dtype, request.attention, **request.load_kwargs()
+    ).result()
     info["_pool_start"] = pool.starts
     if request.family and request.family != info["family"]:
         raise ConfigError(

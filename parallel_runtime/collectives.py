@@ -286,6 +286,10 @@ class PendingP2P:
     def __init__(self, work: object | None, tensor: torch.Tensor, what: str):
         self._work, self.tensor, self.what = work, tensor, what
 
+    def done(self) -> bool:
+        """True once the transfer has completed (never blocks)."""
+        return self._work is None or bool(self._work.is_completed())
+
     def wait(self, timeout_s: float | None = None) -> torch.Tensor:
         if self._work is not None:
             import datetime
@@ -345,8 +349,8 @@ def send_object(
     tag: int = 0,
     timeout_s: float | None = None,
 ) -> None:
-    """Send a picklable object (tensors inside are saved with torch.save) to group rank ``peer``:
-    its length, then its bytes. Blocking; for one-off setup messages, not the per-item stream."""
+    """Send an object made of plain containers, numbers, strings and tensors (saved with torch.save)
+    to group rank ``peer``: its length, then its bytes. Blocking; for one-off setup messages."""
     import io
 
     buf = io.BytesIO()
@@ -372,4 +376,4 @@ def recv_object(
     recv_start(length, peer, group, op, tag).wait(timeout_s)
     payload = torch.empty(int(length.item()), dtype=torch.uint8, device=device)
     recv_start(payload, peer, group, op, tag).wait(timeout_s)
-    return torch.load(io.BytesIO(payload.cpu().numpy().tobytes()), map_location="cpu", weights_only=False)
+    return torch.load(io.BytesIO(payload.cpu().numpy().tobytes()), map_location="cpu", weights_only=True)

@@ -30,6 +30,8 @@ class LoadedModel:
     components: PipelineComponents
     adapter: ModelAdapter
     attention: str
+    stages: Any = None  # PipeFusion StagePlan when the mesh has pp > 1 (this rank holds one stage)
+    stage_weights: Any = None  # what this rank's stage loaded (partial_loading.StageWeights)
 
 
 def _dtype(name: str) -> torch.dtype:
@@ -54,23 +56,47 @@ def _loaded(ctx: JobContext) -> LoadedModel:
     return model
 
 
-def load_model(ctx: JobContext, path: str, dtype: str = "fp32", attention: str = "auto") -> dict[str, Any]:
+def load_model(
+    ctx: JobContext,
+    path: str,
+    dtype: str = "fp32",
+    attention: str = "auto",
+    pp_stage_weights: tuple[float, ...] | None = None,
+) -> dict[str, Any]:
     """Load the pipeline onto this rank's device (text encoders only on TEXT_RANK). Reuses it when
-    the same model and dtype are already loaded."""
-    key = (str(path), dtype)
+    the same model and dtype are already loaded. With pp > 1 each rank loads only its PipeFusion
+    stage's blocks (``pp_stage_weights``: relative share of blocks per stage; None: equal)."""
+    pp = ctx.mesh.size("pp")
+    weights = tuple(pp_stage_weights) if pp > 1 and pp_stage_weights else None
+    key = (str(path), dtype, pp, weights)
     model = ctx.state.get("model")
     if model is None or model.key != key:
         ctx.state.pop("model", None)
-        parts = ("transformer", "vae", "text") if ctx.rank == TEXT_RANK else ("transformer", "vae")
-        comps = load_pipeline_components(path, ctx.device, _dtype(dtype), parts)
+        text = ("text",) if ctx.rank == TEXT_RANK else ()
+        stages = stage_weights = None
+        if pp > 1:
+            from .partial_loading import load_pipeline_stage
+
+            comps, stages, stage_weights = load_pipeline_stage(
+                path, pp, ctx.mesh.rank("pp"), ctx.device, _dtype(dtype), weights, ("vae", *text)
+            )
+        else:
+            comps = load_pipeline_components(path, ctx.device, _dtype(dtype), ("transformer", "vae", *text))
         if comps.vae is not None:
             comps.vae.to(torch.float32 if dtype == "fp16" else _dtype(dtype))
-        model = LoadedModel(key, comps, comps.adapter(), attention)
+        model = LoadedModel(key, comps, comps.adapter(), attention, stages, stage_weights)
         ctx.state["model"] = model
     model.attention = attention
     adapter, cfg = model.adapter, model.components.transformer_config
-    weight_bytes = sum(p.numel() * p.element_size() for p in model.components.transformer.parameters())
+    params = model.components.transformer.parameters()
+    weight_bytes = sum(p.numel() * p.element_size() for p in params if p.device.type != "meta")
+    pipefusion = None
+    if model.stages is not None:
+        from .pipefusion import describe_stages
+
+        pipefusion = describe_stages(ctx.mesh, model.stages, model.stage_weights)
     return {
+        "pipefusion": pipefusion,
         "family": adapter.plan.family,
         "latent_channels": adapter.plan.latent_channels,
         "spatial_factor": adapter.plan.vae_scale_factor,
@@ -116,12 +142,41 @@ def generate(
     width: int,
     height: int,
     preview: bool = True,
+    patches: int | None = None,
+    warmup: int = 1,
 ) -> torch.Tensor:
     """Denoise ``latent`` (raw VAE latent, [B,C,H,W]) with KSampler semantics; returns the raw latent
-    (CPU). Emits one progress (and preview) event per step from rank 0 and checks cancel each step."""
+    (CPU). Emits one progress (and preview) event per step from rank 0 and checks cancel each step.
+    With pp > 1 it runs PipeFusion (``patches`` row bands, ``warmup`` whole-image steps); progress then
+    comes from the last stage and cancel is checked at every patch boundary."""
     model = _loaded(ctx)
     adapter = model.adapter
     ms = model_sampling_for(adapter, model.components.scheduler_config, width, height)
+    if model.stages is not None:
+        from .pipefusion import PipeFusionSettings, run_pipefusion
+
+        def on_patch_step(step: int, total: int, denoised: torch.Tensor) -> None:
+            ctx.emit("progress", {"step": step + 1, "total": total})
+            if preview:
+                ctx.emit("preview", {"step": step + 1, "total": total, "latent": _preview(adapter, denoised)})
+
+        device_cond = [None if c is None else c.to(ctx.device) for c in (positive, negative)]
+        out, _ = run_pipefusion(
+            adapter,
+            ctx.mesh,
+            model.stages,
+            ms,
+            device_cond[0],
+            device_cond[1],
+            latent.to(ctx.device),
+            settings,
+            PipeFusionSettings(patches=patches, warmup=warmup),
+            attention_backend=model.attention,
+            check_cancel=ctx.check_cancel,
+            on_step=on_patch_step,
+            message_tag=ctx.job_id,
+        )
+        return out
 
     def on_step(step: int, total: int, x: torch.Tensor, denoised: torch.Tensor) -> None:
         ctx.check_cancel()  # collective: every rank calls it at the same step

@@ -120,24 +120,30 @@ def sweep_segments(prefix: str) -> list[str]:
 # -- message encoding ---------------------------------------------------------------------------
 
 
+class _TensorPickler(pickle.Pickler):
+    """Pickles tensors as descriptors and collects their data in ``self.tensors``."""
+
+    def __init__(self, file: io.BytesIO):
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+        self.tensors: list[torch.Tensor] = []
+
+    def persistent_id(self, o):
+        if isinstance(o, torch.Tensor):
+            t = o.detach()
+            if t.device.type != "cpu":
+                t = t.cpu()
+            t = t.contiguous()
+            self.tensors.append(t)
+            return ("T", len(self.tensors) - 1, str(t.dtype).removeprefix("torch."), tuple(t.shape))
+        return None
+
+
 def encode(obj: object) -> tuple[bytes, list[torch.Tensor]]:
     """Pickle ``obj`` with tensors replaced by descriptors; returns (header, tensors to append)."""
-    tensors: list[torch.Tensor] = []
-
-    class _Pickler(pickle.Pickler):
-        def persistent_id(self, o):
-            if isinstance(o, torch.Tensor):
-                t = o.detach()
-                if t.device.type != "cpu":
-                    t = t.cpu()
-                t = t.contiguous()
-                tensors.append(t)
-                return ("T", len(tensors) - 1, str(t.dtype).removeprefix("torch."), tuple(t.shape))
-            return None
-
     buf = io.BytesIO()
-    _Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
-    return buf.getvalue(), tensors
+    pickler = _TensorPickler(buf)
+    pickler.dump(obj)
+    return buf.getvalue(), pickler.tensors
 
 
 def encoded_size(header: bytes, tensors: list[torch.Tensor]) -> int:
@@ -157,34 +163,46 @@ def write_encoded(buf, offset: int, header: bytes, tensors: list[torch.Tensor]) 
         pos += _align(n)
 
 
-def read_encoded(buf, offset: int, copy: bool) -> object:
-    """Inverse of :func:`write_encoded`. ``copy=False`` returns tensors that view ``buf``."""
-    (hlen,) = struct.unpack_from("<Q", buf, offset)
-    header = bytes(buf[offset + 8 : offset + 8 + hlen])
-    pos = [offset + _align(8 + hlen)]
-    tensors: dict[int, torch.Tensor] = {}
+class _TensorUnpickler(pickle.Unpickler):
+    """Rebuilds tensors from descriptors; their bytes follow the header in ``buf``, in order."""
 
-    class _Unpickler(pickle.Unpickler):
-        def persistent_load(self, pid):
-            _, idx, dtype_name, shape = pid
+    def __init__(self, header: bytes, buf, pos: int, copy: bool):
+        super().__init__(io.BytesIO(header))
+        self.buf, self.pos, self.copy = buf, pos, copy
+        self.tensors: dict[int, torch.Tensor] = {}
+
+    def persistent_load(self, pid):
+        _, idx, dtype_name, shape = pid
+        if idx not in self.tensors:
             dtype = getattr(torch, dtype_name)
             numel = 1
             for s in shape:
                 numel *= s
-            nbytes = numel * torch.empty((), dtype=dtype).element_size()
-            if idx not in tensors:
-                if nbytes == 0:
-                    t = torch.empty(shape, dtype=dtype)
-                else:
-                    raw = torch.frombuffer(buf, dtype=torch.uint8, count=nbytes, offset=pos[0])
-                    t = raw.view(dtype).reshape(shape)
-                    if copy:
-                        t = t.clone()
-                tensors[idx] = t
-                pos[0] += _align(nbytes)
-            return tensors[idx]
+            nbytes = numel * _itemsize(dtype)
+            if nbytes == 0:
+                t = torch.empty(shape, dtype=dtype)
+            else:
+                t = (
+                    torch.frombuffer(self.buf, dtype=torch.uint8, count=nbytes, offset=self.pos)
+                    .view(dtype)
+                    .reshape(shape)
+                )
+                if self.copy:
+                    t = t.clone()
+            self.tensors[idx] = t
+            self.pos += _align(nbytes)
+        return self.tensors[idx]
 
-    return _Unpickler(io.BytesIO(header)).load()
+
+def _itemsize(dtype: torch.dtype) -> int:
+    return dtype.itemsize
+
+
+def read_encoded(buf, offset: int, copy: bool) -> object:
+    """Inverse of :func:`write_encoded`. ``copy=False`` returns tensors that view ``buf``."""
+    (hlen,) = struct.unpack_from("<Q", buf, offset)
+    header = bytes(buf[offset + 8 : offset + 8 + hlen])
+    return _TensorUnpickler(header, buf, offset + _align(8 + hlen), copy).load()
 
 
 # -- doorbells ------------------------------------------------------------------------------------

@@ -244,12 +244,16 @@ def test_bad_configuration_rejected_before_start(kwargs, needle):
 
 
 def _children() -> set[int]:
-    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(os.getpid())], capture_output=True, text=True)
-    return {int(x) for x in out.stdout.split()} - {_ps_pid(out)}
-
-
-def _ps_pid(_out) -> int:
-    return -1
+    """Live child processes of this test process (read from /proc, so no helper process counts)."""
+    me, kids = os.getpid(), set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(") ", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == me and fields[0] != "Z":
+            kids.add(int(stat.parent.name))
+    return kids
 
 
 def test_idle_worker_does_not_spin(cpu_pool):
