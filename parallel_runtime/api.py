@@ -29,7 +29,7 @@ JOB = "parallel_runtime.model_jobs:"
 class LoadRequest:
     """What to load and how to split it."""
 
-    model: str  # "tiny-flux" | a diffusers folder (with model_index.json)
+    model: str  # "tiny-flux" | a diffusers folder (with model_index.json) | a single .safetensors transformer
     devices: str = "cpu:2"
     layout: ParallelConfig | None = None  # None: Ulysses over every device (the planner picks otherwise)
     dtype: str = "fp32"
@@ -46,7 +46,8 @@ class LoadRequest:
 
 
 def resolve_model_path(model: str) -> Path:
-    """A diffusers folder for ``model`` (building the embedded tiny models on first use)."""
+    """A diffusers folder or a single transformer file for ``model`` (building the embedded tiny
+    models on first use)."""
     if model in TINY_MODELS:
         from .testing import ensure_tiny_model
 
@@ -58,6 +59,16 @@ def resolve_model_path(model: str) -> Path:
             "the loader reads diffusers folders (with model_index.json) from disk; nothing is downloaded",
             f"pass an existing folder, or one of the built-in test models {', '.join(TINY_MODELS)}",
         )
+    if path.is_file():
+        from .single_file import SINGLE_FILE_SUFFIXES
+
+        if not path.name.endswith(SINGLE_FILE_SUFFIXES):
+            raise ConfigError(
+                f"{path.name} is not a model file",
+                f"a model is a diffusers folder or a single transformer file ({', '.join(SINGLE_FILE_SUFFIXES)})",
+                "pick a .safetensors file from models/diffusion_models, or a diffusers folder",
+            )
+        return path
     if path.is_dir() and not (path / "model_index.json").exists():
         raise ConfigError(
             f"{path} has no model_index.json",
@@ -281,8 +292,8 @@ def load_parallel_model(request: LoadRequest, registry: PoolRegistry, reason: st
         (request.layout, reason or "layout chosen explicitly") if request.layout else default_layout(devices, request)
     )
     opts = {} if request.threads_per_worker is None else {"threads_per_worker": request.threads_per_worker}
-    pool = registry.get(devices, config, key=(str(path), request.dtype), **opts)
     check_pipefusion_request(request, config)
+    pool = registry.get(devices, config, key=(str(path), request.dtype), **opts)
     info = pool.submit(
         JOB + "load_model", str(path), request.dtype, request.attention, **request.load_kwargs()
     ).result()

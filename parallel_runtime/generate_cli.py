@@ -35,9 +35,21 @@ def main(args: argparse.Namespace) -> int:
     registry = PoolRegistry()
     try:
         t0 = time.perf_counter()
-        request = LoadRequest(args.model, args.devices, _layout(args), args.dtype, args.attention)
+        request = LoadRequest(
+            args.model,
+            args.devices,
+            _layout(args),
+            args.dtype,
+            args.attention,
+            pp_patches=getattr(args, "patches", None),
+            pp_warmup=getattr(args, "warmup", 1),
+        )
         model = load_parallel_model(request, registry)
         print(f"loaded {model.describe()} in {time.perf_counter() - t0:.1f} s")
+        stages = model.info.get("pipefusion")
+        if stages:
+            per_rank = ", ".join(f"rank {r['rank']}: {r['param_bytes'] / 2**20:.1f} MiB" for r in stages["ranks"])
+            print(f"  PipeFusion stages (blocks) {stages['stages']}; weights loaded {per_rank}")
         cfg = args.cfg_scale if args.cfg_scale is not None else DEFAULT_CFG.get(model.family, 1.0)
         positive = model.encode_text(args.prompt)
         negative = model.encode_text(args.negative) if cfg != 1.0 else None

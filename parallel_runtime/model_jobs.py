@@ -7,6 +7,7 @@ on every rank; collectives inside happen in the same order everywhere.
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -56,6 +57,14 @@ def _loaded(ctx: JobContext) -> LoadedModel:
     return model
 
 
+def _require_part(model: LoadedModel, part: str) -> None:
+    """A single-file model holds only the transformer: name the ComfyUI nodes that do ``part``."""
+    if model.components.path.is_file():
+        from .single_file import missing_part_error
+
+        raise missing_part_error(model.components.path, part)
+
+
 def load_model(
     ctx: JobContext,
     path: str,
@@ -65,7 +74,8 @@ def load_model(
 ) -> dict[str, Any]:
     """Load the pipeline onto this rank's device (text encoders only on TEXT_RANK). Reuses it when
     the same model and dtype are already loaded. With pp > 1 each rank loads only its PipeFusion
-    stage's blocks (``pp_stage_weights``: relative share of blocks per stage; None: equal)."""
+    stage's blocks (``pp_stage_weights``: relative share of blocks per stage; None: equal). A single
+    transformer file (``path`` is a file) loads the transformer only (single_file.py)."""
     pp = ctx.mesh.size("pp")
     weights = tuple(pp_stage_weights) if pp > 1 and pp_stage_weights else None
     key = (str(path), dtype, pp, weights)
@@ -74,7 +84,11 @@ def load_model(
         ctx.state.pop("model", None)
         text = ("text",) if ctx.rank == TEXT_RANK else ()
         stages = stage_weights = None
-        if pp > 1:
+        if Path(path).is_file():  # a single-file transformer: no VAE or text encoders
+            from .single_file import load_single_file_components
+
+            comps = load_single_file_components(path, ctx.device, _dtype(dtype), pipefusion_degree=pp)
+        elif pp > 1:
             from .partial_loading import load_pipeline_stage
 
             comps, stages, stage_weights = load_pipeline_stage(
@@ -123,6 +137,7 @@ def encode_text(
     from .text_encoding import encode_prompt
 
     model = _loaded(ctx)
+    _require_part(model, "text")
     if ctx.rank != TEXT_RANK:
         return None
     out = []
@@ -215,6 +230,7 @@ def decode(ctx: JobContext, latent: torch.Tensor) -> torch.Tensor | None:
     from .vae import decode_to_image_tensor
 
     model = _loaded(ctx)
+    _require_part(model, "vae")
     vae = model.components.vae
     group = dist.group.WORLD if ctx.world_size > 1 else None
     with torch.no_grad():

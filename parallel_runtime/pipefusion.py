@@ -1,0 +1,549 @@
+"""PipeFusion: patch-level pipeline parallelism over transformer blocks, with stale K/V.
+
+Roles on the "pp" dimension of the mesh (each stage may itself be a group of sp ranks, and the
+whole pipeline exists once per cfg rank):
+
+- every stage runs its contiguous range of blocks (:mod:`pipefusion_stages`), with a stale-KV
+  buffer per attention layer (:mod:`pipefusion_attention`);
+- stage 0 embeds each item (the whole image during warmup, else one patch = row band);
+- the last stage applies the output layer, CFG and the sampler step. It holds one sampler
+  generator per patch (``sampling.sampler_steps``; noise from one ``SharedNoise`` draw), so every
+  sampler works, heun's two evaluations per step included, and sends each patch's next latent
+  straight back to stage 0: the pipeline fills once per generation, not once per step.
+
+Items flow stage to stage point to point following a lockstep schedule every rank computes for
+itself (:mod:`pipefusion_schedule`). Sends are non-blocking; each receive is posted ahead, at the
+start of the slot in which its sender computes the item, so the transfer overlaps compute and the
+receiver finds the data waiting one slot later. After every slot all ranks join one tiny
+all-reduce that agrees on cancel: a cancel ends the job at a patch boundary on every rank, and
+since every posted receive then has its send, nothing is left in flight for the next job. Every
+point-to-point wait has a timeout; messages carry a per-generation tag. Warmup steps (``warmup``) run synchronously on the whole image through the
+same stages, which fills the K/V buffers; with ``warmup >= steps`` the result equals the
+single-device engine's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from .collectives import PendingP2P, all_gather_cat, recv_object, recv_start, send_object, send_start
+from .engine import SamplingSettings, _batchable, _concat, _expand_batch, schedule
+from .errors import ConfigError, JobCancelled
+from .mesh import ParallelMesh
+from .models.base import Activations, Conditioning, ModelAdapter
+from .partial_loading import StageWeights
+from .pipefusion_attention import ItemTokens, StaleKVCache, run_block_stale
+from .pipefusion_schedule import Band, Item, PipelineSchedule, build_schedule, default_patches, sampler_rounds
+from .pipefusion_stages import StagePlan
+from .pipefusion_transport import BandLayout
+from .sampling import (
+    ModelCall,
+    ModelSampling,
+    SharedNoise,
+    cfg_combine,
+    cfg_needs_uncond,
+    default_noise,
+    initial_noise,
+    noise_latent,
+    sampler_steps,
+)
+
+log = logging.getLogger(__name__)
+
+StepReport = Callable[[int, int, torch.Tensor], None]  # (step, total, denoised of the whole latent)
+
+
+@dataclasses.dataclass(frozen=True)
+class PipeFusionSettings:
+    """PipeFusion options of one generation."""
+
+    patches: int | None = None  # row bands; None: default_patches(pp, token rows)
+    warmup: int = 1  # first steps run synchronously on the whole image
+    timeout_s: float = 600.0  # longest wait for one message from a neighbouring stage
+
+
+@dataclasses.dataclass
+class PipeFusionStats:
+    """What one rank saw (returned for benchmarks and tests)."""
+
+    stage: int
+    patches: int
+    items: int
+    slots: int
+    bubble_fraction: float
+    sent_bytes: dict[str, int]
+    kv_buffer_bytes: int
+    seconds: dict[str, float] = dataclasses.field(default_factory=dict)  # compute / receive / agree / total
+
+
+class _Branches:
+    """The conditioning branches this rank's pipeline evaluates per item and how they combine."""
+
+    def __init__(
+        self, mesh: ParallelMesh, positive: Conditioning, negative: Conditioning | None, cfg: float, batch: int
+    ):
+        self.cfg = cfg
+        self.use_uncond = cfg_needs_uncond(cfg)
+        if self.use_uncond and negative is None:
+            raise ConfigError(
+                f"cfg={cfg} needs a negative conditioning but none was given",
+                "classifier-free guidance extrapolates from the negative (unconditional) prediction",
+                "connect a negative prompt (an empty prompt is fine) or set cfg to 1.0",
+            )
+        positive = _expand_batch(positive, batch)
+        negative = _expand_batch(negative, batch)
+        self.mode = "single"
+        self.conds: list[Conditioning] = [positive]
+        if self.use_uncond:
+            if mesh.size("cfg") == 2:
+                self.mode = "cfg_parallel"
+                self.conds = [positive if mesh.rank("cfg") == 0 else negative]
+            elif _batchable(positive, negative):
+                self.mode = "batched"
+                self.conds = [_concat(positive, negative)]
+            else:
+                self.mode = "separate"
+                self.conds = [positive, negative]
+
+    def model_input(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([x, x]) if self.mode == "batched" else x
+
+    def combine(self, denoised: list[torch.Tensor], mesh: ParallelMesh) -> torch.Tensor:  # denoised per branch, float32
+        if self.mode == "single":
+            return denoised[0]
+        if self.mode == "batched":
+            cond, uncond = denoised[0].chunk(2, dim=0)
+            return cfg_combine(cond, uncond, self.cfg)
+        if self.mode == "separate":
+            return cfg_combine(denoised[0], denoised[1], self.cfg)
+        both = all_gather_cat(denoised[0].contiguous(), mesh.group("cfg"), mesh.stats, dim=0, op="cfg")
+        cond, uncond = both.chunk(2, dim=0)
+        return cfg_combine(cond, uncond, self.cfg)
+
+
+def run_pipefusion(
+    adapter: ModelAdapter,
+    mesh: ParallelMesh,
+    stages: StagePlan,
+    model_sampling: ModelSampling,
+    positive: Conditioning,
+    negative: Conditioning | None,
+    latent_raw: torch.Tensor,
+    settings: SamplingSettings,
+    options: PipeFusionSettings,
+    *,
+    attention_backend: str = "auto",
+    check_cancel: Callable[[], None] | None = None,
+    on_step: StepReport | None = None,
+    message_tag: int = 1,
+) -> tuple[torch.Tensor | None, PipeFusionStats]:
+    """KSampler on a raw VAE latent with PipeFusion over the mesh's "pp" dimension.
+
+    Every rank of the mesh calls it with the same arguments. Returns (the raw latent on global
+    rank 0, else None; this rank's stats). ``check_cancel`` is called by every rank after every
+    slot (it must be collective over all ranks, like ``JobContext.check_cancel``); ``on_step`` only
+    on the reporting rank (last stage, cfg 0, sp 0), once per step. ``message_tag`` (equal on all
+    ranks, different for every generation, e.g. the job id) keeps one generation's point-to-point
+    messages apart from another's, should an error have left a receive posted."""
+    runner = _Pipeline(
+        adapter, mesh, stages, model_sampling, positive, negative, latent_raw, settings, options, message_tag
+    )
+    return runner.run(attention_backend, check_cancel, on_step)
+
+
+class _Pipeline:
+    """One generation on one rank (created per call: no state survives between generations)."""
+
+    def __init__(
+        self,
+        adapter: ModelAdapter,
+        mesh: ParallelMesh,
+        stages: StagePlan,
+        ms: ModelSampling,
+        positive: Conditioning,
+        negative: Conditioning | None,
+        latent_raw: torch.Tensor,
+        settings: SamplingSettings,
+        options: PipeFusionSettings,
+        message_tag: int,
+    ):
+        self.adapter, self.mesh, self.stages, self.ms = adapter, mesh, stages, ms
+        self.settings, self.options = settings, options
+        self.pp, self.stage = mesh.size("pp"), mesh.rank("pp")
+        if stages.num_stages != self.pp:
+            raise ConfigError(
+                f"a stage plan of {stages.num_stages} stages on a mesh with pp={self.pp}",
+                "each pp rank runs one stage",
+                "plan the stages with the mesh's pp degree",
+            )
+        if self.pp < 2:
+            raise ConfigError(
+                "PipeFusion with pp=1",
+                "a pipeline needs at least two stages; one stage is the ordinary engine",
+                "use engine.denoise_latent, or a mesh with pp >= 2",
+            )
+        self.first, self.last = self.stage == 0, self.stage == self.pp - 1
+        self.group = mesh.group("pp")
+        self.device = mesh.device
+        self.timeout = options.timeout_s
+        self.tags = {kind: message_tag * 8 + i for i, kind in enumerate(("setup", "act", "latent", "final"))}
+        self.fmt = adapter.plan.latent_format
+        self.latent_raw = latent_raw
+        self.batch = latent_raw.shape[0]
+        neg = None if negative is None else negative.to(self.device)
+        self.branches = _Branches(mesh, positive.to(self.device), neg, settings.cfg, self.batch)
+        guidance = settings.guidance
+        if adapter.plan.guidance_embed and guidance is None:
+            guidance = 3.5
+        self.guidance = guidance if adapter.plan.guidance_embed else None
+        self.sigmas = schedule(ms, settings)
+        self.latent = self.fmt.to_model(latent_raw.float())
+        self.rows, self.cols = adapter.grid_of(self.latent)  # raises for sizes that do not form patches
+        self.size = tuple(self.latent.shape[-2:])
+        self.patches = options.patches or default_patches(self.pp, self.rows)
+        self.sched: PipelineSchedule | None = None
+        if self.sigmas.numel() >= 2:
+            rounds = sampler_rounds(settings.sampler, self.sigmas, ms)
+            self.sched = build_schedule(rounds, (self.rows, self.cols), self.patches, self.pp, options.warmup)
+        self.joint = adapter.plan.text_attention == "joint"
+        self.text_tokens: list[int] = []
+        self.reporter = self.last and mesh.rank("cfg") == 0 and mesh.rank("sp") == 0
+        self.cache: StaleKVCache | None = None
+        self.sends: list[PendingP2P] = []
+        self.inbox: dict[tuple[str, int], list[PendingP2P]] = {}
+        self.final_latent: torch.Tensor | None = None
+        self.seconds = dict.fromkeys(("compute", "receive", "agree", "total"), 0.0)
+
+    # -- driver ------------------------------------------------------------------------------------
+    def run(
+        self, backend: str, check_cancel: Callable[[], None] | None, on_step: StepReport | None
+    ) -> tuple[torch.Tensor | None, PipeFusionStats]:
+        sched = self.sched
+        if sched is None:  # nothing to sample
+            out = self.latent_raw.clone() if self.mesh.global_rank == 0 else None
+            return out, self._stats(0)
+        check = check_cancel or (lambda: None)
+        start = time.perf_counter()
+        self.cache = StaleKVCache(self.mesh, self.rows * self.cols, backend)
+        log.debug(
+            "PipeFusion stage %d/%d: blocks %s, %d patches, warmup %d, %d items in %d slots",
+            self.stage,
+            self.pp,
+            self.stages.describe(),
+            self.patches,
+            self.options.warmup,
+            len(sched.stage_items(self.stage)),
+            sched.num_slots,
+        )
+        with torch.no_grad():
+            layouts = self._setup()
+            samplers = _PatchSamplers(self, sched) if self.last else None
+            posts = self._receive_plan(sched)
+            if samplers is not None:
+                samplers.send_initial()
+            for k in posts.get(-1, []):
+                self._post(k, layouts)
+            statics = {key: layout.static_on(self.device) for key, layout in layouts.items()}
+            try:
+                check()
+                for t in range(sched.num_slots):
+                    for k in posts.get(t, []):
+                        self._post(k, layouts)
+                    k = sched.slots[self.stage][t]
+                    if k is not None:
+                        t0 = time.perf_counter()
+                        self._process(sched.items[k], layouts, statics, samplers, on_step)
+                        self.seconds["compute"] += time.perf_counter() - t0
+                    self.sends = [h for h in self.sends if not h.done()]
+                    t0 = time.perf_counter()
+                    check()
+                    self.seconds["agree"] += time.perf_counter() - t0
+            except JobCancelled:
+                self._drain()  # every message posted so far has its partner: nothing is left in flight
+                raise
+            self._drain()
+            if samplers is not None:
+                self.final_latent = samplers.final()
+            result = self._final_result()
+        self.seconds["total"] = time.perf_counter() - start
+        return result, self._stats(sched.num_slots)
+
+    def _stats(self, slots: int) -> PipeFusionStats:
+        sched = self.sched
+        return PipeFusionStats(
+            stage=self.stage,
+            patches=self.patches,
+            items=0 if sched is None else len(sched.stage_items(self.stage)),
+            slots=slots,
+            bubble_fraction=0.0 if sched is None else sched.bubble_fraction(),
+            sent_bytes=self.mesh.stats.snapshot(),
+            kv_buffer_bytes=0 if self.cache is None else self.cache.buffer_bytes,
+            seconds=dict(self.seconds),
+        )
+
+    # -- messages ----------------------------------------------------------------------------------
+    def _receive_plan(self, sched: PipelineSchedule) -> dict[int, list[int]]:
+        """slot -> items whose message to this rank is sent in that slot (-1: during setup).
+
+        A receive is posted at the start of the slot in which its sender sends, so it overlaps the
+        sender's compute, and at a cancel (agreed at the end of a slot) every posted receive has
+        its send: nothing is left in flight for the next job."""
+        plan: dict[int, list[int]] = {}
+        if self.first:  # latents from the last stage, sent when all of an item's deps are done
+            when = {k: t for t, k in enumerate(sched.slots[self.pp - 1]) if k is not None}
+            for item in sched.items:
+                t = max((when[d] for d in item.deps), default=-1)
+                plan.setdefault(t, []).append(item.index)
+        else:  # activations from the previous stage, sent in the slot it computes them
+            for t, k in enumerate(sched.slots[self.stage - 1]):
+                if k is not None:
+                    plan.setdefault(t, []).append(k)
+        return plan
+
+    def _post(self, k: int, layouts: dict[str, BandLayout]) -> None:
+        assert self.sched is not None
+        band = self.sched.items[k].band
+        if self.first:
+            buf = torch.empty(self._band_shape(band), dtype=torch.float32, device=self.device)
+            self.inbox[("latent", k)] = [recv_start(buf, self.pp - 1, self.group, "pp_latent", self.tags["latent"])]
+        else:
+            bufs = layouts[band.key].empty(self.device)
+            self.inbox[("act", k)] = [
+                recv_start(b, self.stage - 1, self.group, "pp_act", self.tags["act"]) for b in bufs
+            ]
+
+    def _take(self, kind: str, k: int) -> list[torch.Tensor]:
+        t0 = time.perf_counter()
+        out = [h.wait(self.timeout) for h in self.inbox.pop((kind, k))]
+        self.seconds["receive"] += time.perf_counter() - t0
+        return out
+
+    def _send(self, tensor: torch.Tensor, peer: int, kind: str) -> None:
+        self.sends.append(send_start(tensor, peer, self.group, self.mesh.stats, f"pp_{kind}", self.tags[kind]))
+
+    def _drain(self) -> None:
+        for handles in self.inbox.values():
+            for h in handles:
+                h.wait(self.timeout)
+        self.inbox.clear()
+        for h in self.sends:
+            h.wait(self.timeout)
+        self.sends.clear()
+
+    # -- setup: band layouts stage to stage ---------------------------------------------------------
+    def _bands_used(self) -> list[Band]:
+        assert self.sched is not None
+        used: dict[str, Band] = {}
+        for item in self.sched.items:
+            used.setdefault(item.band.key, item.band)
+        return list(used.values())
+
+    def _setup(self) -> dict[str, BandLayout]:
+        """Stage 0 embeds a zero latent of every band once to learn the layouts (shapes of the dynamic
+        fields, the static fields); they travel down the pipeline once."""
+        if self.first:
+            sigma = self.sigmas[0]
+            layouts = {}
+            for band in self._bands_used():
+                acts = self._embed(band, torch.zeros(self._band_shape(band)), sigma)
+                layouts[band.key] = BandLayout.from_activations(acts, self.adapter.plan.text_attention)
+        else:
+            wire = recv_object(self.stage - 1, self.group, self.device, "pp_setup", self.tags["setup"], self.timeout)
+            layouts = {k: BandLayout.from_wire(v) for k, v in wire.items()}  # type: ignore[union-attr]
+        if not self.last:
+            wire = {k: v.to_wire() for k, v in layouts.items()}
+            send_object(
+                wire,
+                self.stage + 1,
+                self.group,
+                self.mesh.stats,
+                self.device,
+                "pp_setup",
+                self.tags["setup"],
+                self.timeout,
+            )
+        first_layout = next(iter(layouts.values()))
+        self.text_tokens = [s["txt_tokens"] if self.joint else 0 for s in first_layout.static]
+        sp = self.mesh.size("sp")
+        if self.joint and sp > 1 and min(self.text_tokens) < sp:
+            raise ConfigError(
+                f"{min(self.text_tokens)} text tokens split over {sp} sequence-parallel ranks inside a PipeFusion stage",
+                "stale-KV joint attention tells text from image tokens on every rank, which needs text on every rank",
+                f"encode the prompt to at least {sp} tokens, or lower ulysses x ring",
+            )
+        return layouts
+
+    def _band_shape(self, band: Band) -> tuple[int, ...]:
+        r0, r1 = band.latent_rows(self.adapter.plan.patch_size)
+        return (self.batch, self.latent.shape[1], r1 - r0, self.size[1])
+
+    # -- per-item work -----------------------------------------------------------------------------
+    def _process(
+        self,
+        item: Item,
+        layouts: dict[str, BandLayout],
+        statics: dict[str, list[dict[str, Any]]],
+        samplers: _PatchSamplers | None,
+        on_step: StepReport | None,
+    ) -> None:
+        assert self.sched is not None
+        rnd = self.sched.rounds[item.round]
+        if self.first:
+            (x,) = self._take("latent", item.index)
+            acts = self._embed(item.band, x, torch.tensor(rnd.sigma))
+        else:
+            acts = layouts[item.band.key].unpack(self._take("act", item.index), statics[item.band.key])
+        acts = self._run_blocks(item, acts)
+        if not self.last:
+            for flat in layouts[item.band.key].pack(acts):
+                self._send(flat, self.stage + 1, "act")
+            return
+        assert samplers is not None
+        denoised = self._denoise(item, acts, samplers.x_of(item))
+        samplers.step(item, denoised)
+        if self.reporter and on_step is not None and samplers.last_of_step[rnd.step] == item.index:
+            on_step(rnd.step, len(self.sigmas) - 1, samplers.preview)
+
+    def _embed(self, band: Band, x: torch.Tensor, sigma: torch.Tensor) -> list[Activations]:
+        out = []
+        p = self.adapter.plan.patch_size
+        for cond in self.branches.conds:
+            xb = self.branches.model_input(x.to(self.device).float())
+            sigma_b = torch.as_tensor(sigma, dtype=torch.float32, device=self.device).reshape(1).expand(xb.shape[0])
+            x_in = self.ms.calculate_input(sigma_b.reshape(-1, 1, 1, 1), xb)
+            timestep = self.ms.timestep(sigma_b)
+            out.append(
+                self.adapter.embed_rows(
+                    x_in, band.latent_rows(p), self.size, timestep, cond, self.mesh, guidance=self.guidance
+                )
+            )
+        return out
+
+    def _run_blocks(self, item: Item, acts: list[Activations]) -> list[Activations]:
+        assert self.cache is not None
+        out = []
+        for b, a in enumerate(acts):
+            self.cache.begin_item(ItemTokens(b, item.band.token_range, self.text_tokens[b]))
+            for i in self.stages.blocks(self.stage):
+                a = run_block_stale(self.adapter, a, i, self.cache)
+            out.append(a)
+        return out
+
+    def _denoise(self, item: Item, acts: list[Activations], x: torch.Tensor) -> torch.Tensor:
+        assert self.sched is not None
+        sigma = torch.tensor(self.sched.rounds[item.round].sigma, dtype=torch.float32, device=self.device)
+        preds = []
+        for a in acts:
+            out = self.adapter.final(a, self.mesh).float()
+            xb = x if out.shape[0] == x.shape[0] else torch.cat([x, x])
+            s = sigma.reshape(1).expand(xb.shape[0]).reshape(-1, 1, 1, 1)
+            preds.append(self.ms.calculate_denoised(s, out, xb))
+        return self.branches.combine(preds, self.mesh)
+
+    # -- result ------------------------------------------------------------------------------------
+    def _final_result(self) -> torch.Tensor | None:
+        """The last stage's (cfg 0, sp 0) rank sends the final latent to global rank 0."""
+        mesh = self.mesh
+        if mesh.rank("cfg") != 0 or mesh.rank("sp") != 0:
+            return None
+        if self.last:
+            assert self.final_latent is not None
+            send_start(self.final_latent, 0, self.group, mesh.stats, "pp_final", self.tags["final"]).wait(self.timeout)
+            return None
+        if not self.first:
+            return None
+        buf = torch.empty(tuple(self.latent.shape), dtype=torch.float32, device=self.device)
+        x = recv_start(buf, self.pp - 1, self.group, "pp_final", self.tags["final"]).wait(self.timeout)
+        x = self.ms.inverse_noise_scaling(self.sigmas[-1], x)
+        return self.fmt.to_raw(x).cpu()
+
+
+class _PatchSamplers:
+    """Per-patch sampler generators on the last stage, and the latents they send back to stage 0."""
+
+    def __init__(self, pipe: _Pipeline, sched: PipelineSchedule):
+        self.pipe, self.sched = pipe, sched
+        settings, ms, sigmas = pipe.settings, pipe.ms, pipe.sigmas
+        noise = initial_noise(settings.seed, pipe.latent_raw.shape)
+        x = noise_latent(ms, sigmas, noise, pipe.latent).to(pipe.device)
+        full = default_noise(settings.sampler, tuple(x.shape), sigmas, settings.seed)
+        shared = None if full is None else SharedNoise(full, tuple(x.shape))
+        p = pipe.adapter.plan.patch_size
+        self.rows = [band.latent_rows(p) for band in sched.bands]
+        views = [None if shared is None else shared.view(r) for r in self.rows]
+        self.gens = [
+            sampler_steps(settings.sampler, x[..., r0:r1, :], sigmas, v, model_sampling=ms)
+            for (r0, r1), v in zip(self.rows, views)
+        ]
+        self.calls: list[ModelCall | None] = [next(g) for g in self.gens]
+        self.finals: list[torch.Tensor | None] = [None] * len(self.gens)
+        self.preview = torch.zeros_like(x)
+        self.done: set[int] = set()
+        self.sent: set[int] = set()
+        self.dependents = sched.dependents()
+        self.last_of_step = sched.last_item_of_step()
+
+    def _patches_of(self, band: Band) -> list[int]:
+        return list(range(len(self.gens))) if band.index is None else [band.index]
+
+    def x_of(self, item: Item) -> torch.Tensor:
+        rnd = self.sched.rounds[item.round]
+        xs = []
+        for p in self._patches_of(item.band):
+            call = self.calls[p]
+            if call is None or (call.step, call.stage) != (rnd.step, rnd.stage):
+                raise RuntimeError(f"patch {p} sampler is at {call} but item {item.index} is round {rnd}")
+            xs.append(call.x)
+        return xs[0] if len(xs) == 1 else torch.cat(xs, dim=-2)
+
+    def step(self, item: Item, denoised: torch.Tensor) -> None:
+        """Feed the item's denoised prediction to its patches' samplers; send ready latents to stage 0."""
+        rnd = self.sched.rounds[item.round]
+        start = self.rows[self._patches_of(item.band)[0]][0]
+        for p in self._patches_of(item.band):
+            r0, r1 = self.rows[p]
+            part = denoised[..., r0 - start : r1 - start, :]
+            if rnd.stage == 0:
+                self.preview[..., r0:r1, :] = part
+            try:
+                self.calls[p] = self.gens[p].send(part)
+            except StopIteration as stop:
+                self.calls[p], self.finals[p] = None, stop.value
+        self.done.add(item.index)
+        for n in self.dependents.get(item.index, []):
+            self._send_if_ready(self.sched.items[n])
+
+    def send_initial(self) -> None:
+        for item in self.sched.items:
+            if item.round == 0:
+                self._send_if_ready(item)
+
+    def _send_if_ready(self, item: Item) -> None:
+        if item.index in self.sent or not all(d in self.done for d in item.deps):
+            return
+        self.sent.add(item.index)
+        self.pipe._send(self.x_of(item).contiguous(), 0, "latent")
+
+    def final(self) -> torch.Tensor:
+        if any(f is None for f in self.finals):
+            raise RuntimeError("PipeFusion ended before every patch's sampler finished")
+        return torch.cat(self.finals, dim=-2).contiguous()  # type: ignore[arg-type]
+
+
+def describe_stages(mesh: ParallelMesh, stages: StagePlan, weights: StageWeights | None) -> dict[str, Any]:
+    """The stage plan and every rank's loaded weight bytes (collective over all ranks: every rank
+    calls it at the same point, e.g. at the end of the load job)."""
+    import torch.distributed as dist
+
+    mine = {"rank": mesh.global_rank, **({} if weights is None else weights.as_dict())}
+    ranks = [mine]
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        ranks = [None] * dist.get_world_size()
+        dist.all_gather_object(ranks, mine)
+    return {"stages": stages.describe(), "blocks_per_stage": list(stages.counts), "ranks": ranks}

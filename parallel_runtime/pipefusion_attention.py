@@ -1,0 +1,221 @@
+"""Stale-KV attention for PipeFusion: every attention layer keeps K/V of the whole image.
+
+For each self/joint attention module of a stage (and each CFG branch run separately) a buffer
+holds K and V of all image tokens, laid out ``[text | image tokens in row-major order]``. When a
+patch runs, its fresh image K/V overwrite their slice and the text K/V are written fresh; its
+queries then attend over the whole buffer: fresh K/V for the patches already processed in this
+round, K/V from the previous round (stale) for the rest. A whole-image item (warmup) writes every
+token, so its attention is exact. Before the first whole round has written every token (warmup 0)
+the not-yet-written tail is left out of the attention.
+
+Sequence parallelism inside a stage (hybrid PipeFusion x USP): the patch's tokens are split over
+the "sp" ranks. Ulysses exchanges heads for tokens with one all-to-all as in USP; over the ring
+dimension the patch K/V are all-gathered (the same bytes as passing them round the ring), since
+each rank keeps the whole image's K/V of its heads in its buffer anyway. Each rank's buffer holds
+its Ulysses share of the heads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Iterator
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+
+from .attention import check_backend
+from .attention_kernels import select_kernel, usable_backends
+from .collectives import all_gather_cat
+from .errors import ConfigError
+from .mesh import ParallelMesh
+from .models.base import Activations, ModelAdapter, intercepted
+from .sharding import split_sizes
+from .ulysses import gather_heads, scatter_heads
+
+
+@dataclasses.dataclass(frozen=True)
+class ItemTokens:
+    """Which tokens the item being computed holds: the image token range and the text count."""
+
+    branch: int  # CFG branch run separately (0 when batched or single)
+    image: tuple[int, int]  # [t0, t1) of the whole image's row-major tokens
+    text: int  # text tokens in the joint attention sequence (0 for cross-attention families)
+
+
+@dataclasses.dataclass
+class _Buffer:
+    k: torch.Tensor  # [B, H_mine, T + S, Dk]
+    v: torch.Tensor
+    filled: int = 0  # image tokens written so far in order (all of them once complete)
+
+
+class StaleKVCache:
+    """The K/V buffers of one stage's attention layers for one generation.
+
+    ``begin_item`` says which tokens the next forward holds; :meth:`layer` gives the attention
+    object a module's scaled_dot_product_attention call goes to (see :func:`run_block_stale`)."""
+
+    def __init__(self, mesh: ParallelMesh, image_tokens: int, backend: str = "auto"):
+        self.mesh = mesh
+        self.image_tokens = image_tokens
+        self.backend = check_backend(backend, mesh.device)
+        self._usable = ("sdpa",) if backend == "sdpa" else usable_backends(mesh.device)
+        self._buffers: dict[tuple, _Buffer] = {}
+        self.item: ItemTokens | None = None
+
+    def begin_item(self, item: ItemTokens) -> None:
+        self.item = item
+
+    def layer(self, key: tuple, order: Literal["first", "last"]) -> LayerAttention:
+        return LayerAttention(self, key, order)
+
+    @property
+    def buffer_bytes(self) -> int:
+        return sum(b.k.numel() * b.k.element_size() + b.v.numel() * b.v.element_size() for b in self._buffers.values())
+
+    # -- the attention itself ---------------------------------------------------------------------
+    def attend(
+        self,
+        key: tuple,
+        order: Literal["first", "last"],
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        scale: float | None,
+    ) -> torch.Tensor:
+        item = self.item
+        if item is None:
+            raise RuntimeError("StaleKVCache.attend called outside a pipeline item (begin_item was not called)")
+        mesh, stats = self.mesh, self.mesh.stats
+        sp, me = mesh.size("sp"), mesh.rank("sp")
+        t0, t1 = item.image
+        img_lens = split_sizes(t1 - t0, sp)
+        txt_lens = split_sizes(item.text, sp)
+        local = q.shape[2]
+        if item.text and local == txt_lens[me] + img_lens[me]:
+            lens = [(txt_lens[r], img_lens[r]) for r in range(sp)]
+        elif local == img_lens[me]:
+            lens = [(0, img_lens[r]) for r in range(sp)]  # image-only attention (PixArt attn1, SD3 attn2)
+        else:
+            raise RuntimeError(
+                f"stale-KV attention got {local} local tokens; the item holds {img_lens[me]} image and "
+                f"{txt_lens[me]} text tokens on this rank"
+            )
+        if k.shape[1] != q.shape[1]:  # grouped-query attention
+            reps = q.shape[1] // k.shape[1]
+            k, v = k.repeat_interleave(reps, dim=1), v.repeat_interleave(reps, dim=1)
+        num_heads = q.shape[1]
+        uly, ring_rank = mesh.size("ulysses"), mesh.rank("ring")
+        seq = [a + b for a, b in lens]
+        uly_lens = seq[ring_rank * uly : (ring_rank + 1) * uly]
+        q, k, v = scatter_heads([q, k, v], mesh.group("ulysses"), stats, uly_lens)
+        if mesh.size("ring") > 1:
+            ring_lens = [sum(seq[r * uly : (r + 1) * uly]) for r in range(mesh.size("ring"))]
+            kv = torch.cat([k, v], dim=-1)
+            kv = all_gather_cat(kv, mesh.group("ring"), stats, dim=2, sizes=ring_lens, op="pp_ring")
+            k, v = kv.split([k.shape[-1], v.shape[-1]], dim=-1)
+        txt_k, img_k = _split_tokens(k, lens, order)
+        txt_v, img_v = _split_tokens(v, lens, order)
+        text = sum(n for n, _ in lens)  # the buffer keeps this layer's text slots in front
+        buf = self._buffer(key, item.branch, text, k, v)
+        if text:
+            buf.k[:, :, :text] = txt_k
+            buf.v[:, :, :text] = txt_v
+        buf.k[:, :, text + t0 : text + t1] = img_k
+        buf.v[:, :, text + t0 : text + t1] = img_v
+        if t0 <= buf.filled:
+            buf.filled = max(buf.filled, t1)
+        end = text + buf.filled
+        kernel = select_kernel(self.backend, q, v, self._usable)
+        out = kernel.attend(q, buf.k[:, :, :end], buf.v[:, :, :end], scale)
+        return gather_heads(out, mesh.group("ulysses"), stats, uly_lens, num_heads)
+
+    def _buffer(self, key: tuple, branch: int, text: int, k: torch.Tensor, v: torch.Tensor) -> _Buffer:
+        full = (branch, *key)
+        buf = self._buffers.get(full)
+        size = text + self.image_tokens
+        if buf is None:
+            b, h = k.shape[0], k.shape[1]
+            buf = _Buffer(k.new_zeros((b, h, size, k.shape[-1])), v.new_zeros((b, h, size, v.shape[-1])))
+            self._buffers[full] = buf
+        elif buf.k.shape[:3] != (k.shape[0], k.shape[1], size):
+            raise RuntimeError(
+                f"stale-KV buffer {full} was made for {tuple(buf.k.shape)} but the item needs batch {k.shape[0]}, "
+                f"{k.shape[1]} heads and {size} tokens"
+            )
+        return buf
+
+
+def _split_tokens(
+    t: torch.Tensor, lens: list[tuple[int, int]], order: Literal["first", "last"]
+) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """Split [B, H, sum(txt_r + img_r), D] (rank pieces in sp order) into (text, image) tokens."""
+    txt, img, at = [], [], 0
+    for n_txt, n_img in lens:
+        if order == "first":
+            txt.append(t.narrow(2, at, n_txt))
+            img.append(t.narrow(2, at + n_txt, n_img))
+        else:
+            img.append(t.narrow(2, at, n_img))
+            txt.append(t.narrow(2, at + n_img, n_txt))
+        at += n_txt + n_img
+    has_text = any(n for n, _ in lens)
+    text = (txt[0] if len(txt) == 1 else torch.cat(txt, dim=2)) if has_text else None
+    image = img[0] if len(img) == 1 else torch.cat(img, dim=2)
+    return text, image
+
+
+class LayerAttention:
+    """The scaled_dot_product_attention of one attention module, served from its stale-KV buffer."""
+
+    def __init__(self, cache: StaleKVCache, key: tuple, order: Literal["first", "last"]):
+        self.cache, self.key, self.order = cache, key, order
+
+    def __call__(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attn_mask: torch.Tensor | None = None,
+        dropout_p: float = 0.0,
+        is_causal: bool = False,
+        scale: float | None = None,
+        enable_gqa: bool = False,
+    ) -> torch.Tensor:
+        if attn_mask is not None or dropout_p or is_causal:
+            raise ConfigError(
+                "PipeFusion attention got an attention mask, dropout or causal masking",
+                "stale-KV attention runs unmasked bidirectional self/joint attention over the whole image",
+                "use the model's default processors in eval mode (DiT self/joint attention has no mask)",
+            )
+        return self.cache.attend(self.key, self.order, query, key, value, scale)
+
+    @contextlib.contextmanager
+    def intercept(self) -> Iterator[LayerAttention]:
+        """Route F.scaled_dot_product_attention calls inside this scope to this layer's buffer."""
+        with _Redirect(self):
+            yield self
+
+
+class _Redirect(TorchFunctionMode):
+    def __init__(self, target: LayerAttention):
+        super().__init__()
+        self.target = target
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is F.scaled_dot_product_attention:
+            return self.target(*args, **kwargs)
+        return func(*args, **kwargs)
+
+
+def run_block_stale(adapter: ModelAdapter, acts: Activations, i: int, cache: StaleKVCache) -> Activations:
+    """Block ``i`` with each of its self/joint attention modules served from its own stale-KV buffer."""
+    name, blk = adapter.block(i)
+    with contextlib.ExitStack() as stack:
+        for j, module in enumerate(adapter.self_attention_modules(name, blk)):
+            stack.enter_context(intercepted([module], cache.layer((i, j), adapter.joint_text_order(module))))
+        return adapter.call_block(name, blk, acts)

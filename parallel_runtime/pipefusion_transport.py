@@ -1,0 +1,152 @@
+"""What travels between PipeFusion stages, and how it is packed.
+
+Per item, stage ``s`` sends stage ``s + 1`` only the *dynamic* Activations fields: the image
+hidden states of the patch, the conditioning vectors (small), and the text hidden states when
+the text takes part in joint attention (they change in every block). Everything that depends
+only on positions or on the prompt (rotary tables, the text mask, cross-attention text) is
+*static*: it goes once per band at setup, in a :class:`BandLayout`, together with the shapes of
+the dynamic fields, so every receive can be posted ahead with a buffer of the right size. The
+dynamic fields of an item go as one flat tensor per dtype (normally one).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from .models.base import Activations
+
+_META = ("grid", "txt_tokens")
+
+
+def dynamic_fields(text_attention: str) -> tuple[str, ...]:
+    """Activations fields sent with every item."""
+    return ("img", "txt", "temb", "temb_out") if text_attention == "joint" else ("img", "temb", "temb_out")
+
+
+def static_fields(text_attention: str) -> tuple[str, ...]:
+    """Activations fields sent once per band (positions, prompt-only data)."""
+    base = ("img_rope", "txt_rope", "txt_mask")
+    return base if text_attention == "joint" else ("txt", *base)
+
+
+@dataclasses.dataclass(frozen=True)
+class FieldSpec:
+    branch: int
+    name: str
+    shape: tuple[int, ...]
+    dtype: str  # e.g. "float32" (names travel more safely than dtype objects)
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return getattr(torch, self.dtype)
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+
+@dataclasses.dataclass(frozen=True)
+class BandLayout:
+    """How to rebuild the Activations of one band (one per CFG branch run separately)."""
+
+    fields: tuple[FieldSpec, ...]  # dynamic fields in packing order
+    static: tuple[dict[str, Any], ...]  # per branch: static fields + grid + txt_tokens
+
+    @classmethod
+    def from_activations(cls, acts: Sequence[Activations], text_attention: str) -> BandLayout:
+        fields, static = [], []
+        for b, a in enumerate(acts):
+            for name in dynamic_fields(text_attention):
+                t = getattr(a, name)
+                if t is not None:
+                    fields.append(FieldSpec(b, name, tuple(t.shape), str(t.dtype).removeprefix("torch.")))
+            entry: dict[str, Any] = {n: getattr(a, n) for n in _META}
+            for name in static_fields(text_attention):
+                value = getattr(a, name)
+                entry[name] = _to_cpu(value)
+            static.append(entry)
+        return cls(tuple(fields), tuple(static))
+
+    # -- wire form (plain containers, for send_object) ---------------------------------------------
+    def to_wire(self) -> dict[str, Any]:
+        return {"fields": [dataclasses.astuple(f) for f in self.fields], "static": list(self.static)}
+
+    @classmethod
+    def from_wire(cls, wire: dict[str, Any]) -> BandLayout:
+        fields = tuple(FieldSpec(int(b), str(n), tuple(int(x) for x in s), str(d)) for b, n, s, d in wire["fields"])
+        return cls(fields, tuple(wire["static"]))
+
+    # -- packing -----------------------------------------------------------------------------------
+    @property
+    def dtypes(self) -> list[str]:
+        seen: list[str] = []
+        for f in self.fields:
+            if f.dtype not in seen:
+                seen.append(f.dtype)
+        return seen
+
+    def nbytes(self) -> int:
+        return sum(f.numel * torch.empty(0, dtype=f.torch_dtype).element_size() for f in self.fields)
+
+    def empty(self, device: torch.device) -> list[torch.Tensor]:
+        """Receive buffers: one flat tensor per dtype."""
+        return [
+            torch.empty(sum(f.numel for f in self.fields if f.dtype == d), dtype=getattr(torch, d), device=device)
+            for d in self.dtypes
+        ]
+
+    def pack(self, acts: Sequence[Activations]) -> list[torch.Tensor]:
+        """The dynamic fields of ``acts`` (one per branch) as flat tensors, one per dtype."""
+        parts: dict[str, list[torch.Tensor]] = {d: [] for d in self.dtypes}
+        for f in self.fields:
+            t = getattr(acts[f.branch], f.name)
+            if t is None or tuple(t.shape) != f.shape or str(t.dtype).removeprefix("torch.") != f.dtype:
+                got = None if t is None else (tuple(t.shape), str(t.dtype))
+                raise RuntimeError(
+                    f"PipeFusion stage output {f.name} (branch {f.branch}) is {got}, but the stage layout "
+                    f"agreed at setup says {f.shape} {f.dtype}; a block changed the activation layout mid-pipeline"
+                )
+            parts[f.dtype].append(t.reshape(-1))
+        return [torch.cat(parts[d]) if len(parts[d]) > 1 else parts[d][0].contiguous() for d in self.dtypes]
+
+    def unpack(self, flats: Sequence[torch.Tensor], static: Sequence[dict[str, Any]]) -> list[Activations]:
+        """Activations per branch from received flat tensors and the (device) static fields."""
+        offsets = dict.fromkeys(self.dtypes, 0)
+        flat_of = dict(zip(self.dtypes, flats))
+        values: list[dict[str, Any]] = [dict(s) for s in static]
+        for f in self.fields:
+            at = offsets[f.dtype]
+            values[f.branch][f.name] = flat_of[f.dtype][at : at + f.numel].view(f.shape)
+            offsets[f.dtype] = at + f.numel
+        out = []
+        for v in values:
+            v.setdefault("txt", None)
+            out.append(Activations(**v))
+        return out
+
+    def static_on(self, device: torch.device) -> list[dict[str, Any]]:
+        """The static fields moved to ``device`` (do once per band and keep)."""
+        return [{k: _to_device(v, device) for k, v in s.items()} for s in self.static]
+
+
+def _to_cpu(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu()
+    if isinstance(value, tuple):
+        return tuple(_to_cpu(v) for v in value)
+    return value
+
+
+def _to_device(value: Any, device: torch.device) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, (tuple, list)):
+        return tuple(_to_device(v, device) for v in value)
+    return value

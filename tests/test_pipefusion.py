@@ -1,0 +1,414 @@
+"""PipeFusion: stage plans, patch schedule, stale-KV attention, partial loading, and the pipeline in
+real worker processes compared with the single-device engine (as in test_parallel_generate.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from parallel_runtime.api import LoadRequest, check_pipefusion_request, load_parallel_model
+from parallel_runtime.config import ParallelConfig
+from parallel_runtime.engine import SamplingSettings, denoise_latent, model_sampling_for
+from parallel_runtime.errors import ConfigError, JobCancelled, WorkerDied, WorkerError
+from parallel_runtime.loading import load_pipeline_components
+from parallel_runtime.mesh import ParallelMesh
+from parallel_runtime.partial_loading import load_stage_transformer
+from parallel_runtime.pipefusion_attention import ItemTokens, StaleKVCache
+from parallel_runtime.pipefusion_schedule import build_schedule, patch_bands, sampler_rounds
+from parallel_runtime.pipefusion_stages import plan_stages
+from parallel_runtime.sampling import flow_sd3
+from parallel_runtime.testing import build_tiny_pipeline, ensure_tiny_model
+from parallel_runtime.text_encoding import encode_prompts
+
+JOB = "parallel_runtime.model_jobs:"
+STATS_JOB = "parallel_runtime.bench_pipefusion:generate_with_stats"
+FAMILIES = ["tiny-flux", "tiny-sd3", "tiny-pixart"]
+PP2 = ParallelConfig(pp=2)
+# 208 x 336 px: a 26 x 42 latent, 13 x 21 tokens: odd token rows, 3 patches (not a multiple of pp).
+WIDTH, HEIGHT = 336, 208
+STEPS = 3
+
+
+def _close(got: torch.Tensor, expected: torch.Tensor) -> bool:
+    """float32 agreement: 1e-4 absolute, scaled by the magnitude when values are large."""
+    return (got - expected).abs().max().item() <= 1e-4 * max(1.0, expected.abs().max().item())
+
+
+def _mean_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    return (a - b).abs().mean().item()
+
+
+class Reference:
+    """Single-device (in-process) results, computed once per case."""
+
+    def __init__(self):
+        self.cache, self.components = {}, {}
+
+    def components_for(self, name):
+        if name not in self.components:
+            self.components[name] = load_pipeline_components(ensure_tiny_model(name), "cpu", torch.float32)
+        return self.components[name]
+
+    def conds(self, name):
+        comps = self.components_for(name)
+        return encode_prompts(comps, comps.family, "a tiny house on a hill", "low quality")
+
+    def case(self, name, cfg=None, steps=STEPS, sampler="euler", seed=7):
+        cfg = (1.0 if name == "tiny-flux" else 4.0) if cfg is None else cfg
+        key = (name, cfg, steps, sampler, seed)
+        if key not in self.cache:
+            comps = self.components_for(name)
+            pos, neg = self.conds(name)
+            adapter = comps.adapter()
+            latent = torch.zeros(1, adapter.plan.latent_channels, HEIGHT // 8, WIDTH // 8)
+            settings = SamplingSettings(seed=seed, steps=steps, cfg=cfg, sampler=sampler, guidance=3.5)
+            ms = model_sampling_for(adapter, comps.scheduler_config, WIDTH, HEIGHT)
+            out = denoise_latent(adapter, ParallelMesh.single(), ms, pos, neg, latent, settings)
+            self.cache[key] = (pos, neg, latent, settings, out)
+        return self.cache[key]
+
+
+@pytest.fixture(scope="module")
+def reference():
+    return Reference()
+
+
+@pytest.fixture(scope="module")
+def deep_pixart(tmp_path_factory):
+    """A 4-block PixArt (uniform blocks), so stages of equal block counts have equal weights."""
+    return build_tiny_pipeline("tiny-pixart", tmp_path_factory.mktemp("pf") / "pixart4", num_layers=4)
+
+
+def _load(pool, name_or_path, **kwargs):
+    path = name_or_path if not isinstance(name_or_path, str) else ensure_tiny_model(name_or_path)
+    return pool.submit(JOB + "load_model", str(path), "fp32", "sdpa", **kwargs).result(300)
+
+
+def _generate(pool, case, patches=3, warmup=STEPS, events=None, **overrides):
+    pos, neg, latent, settings, _ = case
+    if overrides:
+        settings = dataclasses.replace(settings, **overrides)
+    on_event = None if events is None else (lambda *e: events.append(e))
+    fut = pool.submit(
+        JOB + "generate", pos, neg, latent, settings, WIDTH, HEIGHT, patches=patches, warmup=warmup, on_event=on_event
+    )
+    return fut.result(300)
+
+
+# -- plans and schedules (no processes) ----------------------------------------------------------
+def test_stage_plans_equal_weighted_explicit_and_errors():
+    assert plan_stages(10, 3).counts == (4, 3, 3)
+    assert plan_stages(16, 2, (3, 1)).counts == (12, 4)  # the bigger card takes more blocks
+    assert plan_stages(19, 2, (7, 12)).counts == (7, 12)  # integer counts that sum to the total are exact
+    assert plan_stages(5, 3, (100, 1, 1)).counts == (3, 1, 1)  # every stage keeps at least one block
+    plan = plan_stages(57, 4, (24, 24, 16, 12))
+    assert sum(plan.counts) == 57 and plan.blocks(1) == range(plan.bounds[1], plan.bounds[2])
+    for bad in [
+        dict(num_blocks=2, pp=3),
+        dict(num_blocks=8, pp=2, weights=(1,)),
+        dict(num_blocks=8, pp=2, weights=(1, 0)),
+    ]:
+        with pytest.raises(ConfigError) as info:
+            plan_stages(**bad)
+        assert "fix:" in str(info.value)
+
+
+def test_patch_bands_are_balanced_whole_token_rows():
+    bands = patch_bands(13, 21, 3, 2)
+    assert [b.rows for b in bands] == [(0, 5), (5, 9), (9, 13)]
+    assert bands[1].token_range == (105, 189) and bands[2].latent_rows(2) == (18, 26)
+    for patches in (1, 14):
+        with pytest.raises(ConfigError) as info:
+            patch_bands(13, 21, patches, 2)
+        assert "fix:" in str(info.value)
+
+
+def test_schedule_respects_dependencies_and_fills_the_pipeline_once():
+    ms = flow_sd3()
+    sigmas = torch.linspace(1, 0, 9)
+    rounds = sampler_rounds("euler", sigmas, ms)
+    assert len(rounds) == 8
+    heun = sampler_rounds("heun", sigmas, ms)
+    assert len(heun) == 15 and [r.stage for r in heun[:3]] == [0, 1, 0]  # last step: one evaluation
+    for pp, patches, warmup in [(2, 2, 1), (2, 3, 0), (3, 4, 2), (4, 4, 1)]:
+        sched = build_schedule(rounds, (16, 8), patches, pp, warmup)
+        slot = {(k, s): t for s in range(pp) for t, k in enumerate(sched.slots[s]) if k is not None}
+        assert len(slot) == len(sched.items) * pp  # every stage runs every item once
+        for item in sched.items:
+            for s in range(1, pp):
+                assert slot[(item.index, s)] > slot[(item.index, s - 1)]
+            for d in item.deps:
+                assert slot[(item.index, 0)] > slot[(d, pp - 1)]
+        # After warmup the pipeline streams across steps: stage 0 is never idle between patch items.
+        first_patch = sched.warmup_rounds
+        busy = [t for t, k in enumerate(sched.slots[0]) if k is not None and k >= first_patch]
+        assert busy == list(range(busy[0], busy[0] + len(busy)))
+
+
+def test_stale_kv_attention_uses_fresh_and_stale_slices():
+    torch.manual_seed(0)
+    cache = StaleKVCache(ParallelMesh.single(), image_tokens=6, backend="sdpa")
+    layer = cache.layer((0, 0), "first")
+    txt = torch.randn(3, 1, 2, 2, 4)  # q, k, v of 2 text tokens (batch 1, 2 heads)
+    img = torch.randn(3, 1, 2, 6, 4)  # q, k, v of 6 image tokens
+    cache.begin_item(ItemTokens(0, (0, 6), 2))
+    q, k, v = (torch.cat([txt[i], img[i]], dim=2) for i in range(3))
+    assert torch.allclose(layer(q, k, v), F.scaled_dot_product_attention(q, k, v), atol=1e-6)
+    new = torch.randn(3, 1, 2, 2, 4)  # tokens 2..3 recomputed; 0..1 and 4..5 keep their old K/V
+    cache.begin_item(ItemTokens(0, (2, 4), 2))
+    q2, k2, v2 = (torch.cat([txt[i], new[i]], dim=2) for i in range(3))
+    keys = torch.cat([txt[1], img[1][:, :, :2], new[1], img[1][:, :, 4:]], dim=2)
+    vals = torch.cat([txt[2], img[2][:, :, :2], new[2], img[2][:, :, 4:]], dim=2)
+    assert torch.allclose(layer(q2, k2, v2), F.scaled_dot_product_attention(q2, keys, vals), atol=1e-6)
+    last = cache.layer((1, 0), "last")  # [image, text] order; nothing written yet: only the prefix counts
+    cache.begin_item(ItemTokens(0, (0, 2), 2))
+    q3, k3, v3 = (torch.cat([img[i][:, :, :2], txt[i]], dim=2) for i in range(3))
+    assert torch.allclose(last(q3, k3, v3), F.scaled_dot_product_attention(q3, k3, v3), atol=1e-6)
+
+
+def test_partial_loading_holds_only_the_stage_and_reports_bytes(deep_pixart):
+    full = load_pipeline_components(deep_pixart, "cpu", torch.float32, parts=("transformer",)).transformer.state_dict()
+    total_params = 0
+    for stage in range(2):
+        model, stages, weights = load_stage_transformer(deep_pixart, 2, stage, "cpu", torch.float32)
+        assert stages.counts == (2, 2)
+        tensors = model.state_dict()
+        loaded = {k for k, v in tensors.items() if v.device.type != "meta"}
+        assert all(torch.equal(tensors[k], full[k]) for k in loaded)
+        mine = {f"transformer_blocks.{i}." for i in stages.blocks(stage)}
+        other = {f"transformer_blocks.{i}." for i in range(4)} - mine
+        assert not any(k.startswith(tuple(other)) for k in loaded)  # never the whole transformer
+        assert all(any(k.startswith(p) for k in loaded) for p in mine)
+        assert ("pos_embed.proj.weight" in loaded) == (stage == 0)  # embedding only on the first stage
+        assert ("proj_out.weight" in loaded) == (stage == 1)  # output layer only on the last
+        extra = weights.embed_bytes + weights.final_bytes
+        assert abs(weights.param_bytes - (weights.all_block_bytes / 2 + extra)) <= 0.1 * weights.all_block_bytes / 2
+        assert weights.param_bytes < weights.total_transformer_bytes
+        total_params += weights.param_bytes
+    assert total_params == weights.total_transformer_bytes  # every tensor on exactly one stage
+
+
+def test_pipefusion_request_checks_fail_before_any_process():
+    config = ParallelConfig(pp=2)
+    for bad in [dict(pp_patches=1), dict(pp_warmup=-1), dict(pp_stage_weights=(1.0, 2.0, 3.0))]:
+        with pytest.raises(ConfigError) as info:
+            check_pipefusion_request(LoadRequest("tiny-sd3", layout=config, **bad), config)
+        assert "fix:" in str(info.value)
+
+
+# -- the pipeline in worker processes ------------------------------------------------------------
+LAYOUTS = {
+    "pp2": (PP2, FAMILIES),
+    "pp2xulysses2": (ParallelConfig(pp=2, ulysses=2), FAMILIES),
+    "cfg2xpp2": (ParallelConfig(cfg=2, pp=2), FAMILIES),
+    "pp2xring2": (ParallelConfig(pp=2, ring=2), ["tiny-sd3"]),
+}
+
+
+@pytest.mark.parametrize(
+    "layout, name", [pytest.param(lay, n, id=f"{lay}-{n}") for lay, (_, names) in LAYOUTS.items() for n in names]
+)
+def test_warmup_covering_all_steps_equals_single_device(cpu_pool, reference, layout, name):
+    pool = cpu_pool(LAYOUTS[layout][0])
+    cfg = 4.0 if layout.startswith("cfg") else None  # CFG branches to split, also for Flux
+    case = reference.case(name, cfg)
+    info = _load(pool, name)
+    assert info["pipefusion"]["blocks_per_stage"] and len(info["pipefusion"]["ranks"]) == pool.config.world_size
+    events = []
+    got = _generate(pool, case, patches=3, warmup=STEPS, events=events)
+    assert got.shape == case[4].shape and _close(got, case[4])
+    assert [p["step"] for _, kind, p in events if kind == "progress"] == [1, 2, 3]
+
+
+def test_stale_kv_difference_shrinks_with_warmup_and_stays_below_seed_difference(cpu_pool, reference):
+    pool = cpu_pool(PP2)
+    steps = 6
+    case = reference.case("tiny-sd3", steps=steps)
+    neighbour = reference.case("tiny-sd3", steps=steps, seed=8)[4]
+    _load(pool, "tiny-sd3")
+    diffs = [_mean_diff(_generate(pool, case, patches=3, warmup=w), case[4]) for w in (0, 1, 3, 5, 6)]
+    seed_diff = _mean_diff(neighbour, case[4])
+    assert all(a > b for a, b in zip(diffs, diffs[1:])), diffs  # more warmup, closer to the serial result
+    assert diffs[-1] <= 1e-5 and diffs[0] < 0.05 * seed_diff, (diffs, seed_diff)
+
+
+def test_odd_sizes_uneven_stage_weights_and_patches_not_multiple_of_pp(cpu_pool, reference):
+    pool = cpu_pool(PP2)
+    case = reference.case("tiny-flux")
+    info = _load(pool, "tiny-flux", pp_stage_weights=(1, 3))
+    assert info["pipefusion"]["blocks_per_stage"] == [1, 3]
+    for patches in (3, 5, 13):  # 13 token rows: bands of 5/4/4, 3/3/3/2/2 and single rows
+        assert _close(_generate(pool, case, patches=patches, warmup=STEPS), case[4])
+    stale = _generate(pool, case, patches=5, warmup=1)
+    assert 0 < _mean_diff(stale, case[4]) < 0.05 * _mean_diff(reference.case("tiny-flux", seed=8)[4], case[4])
+    with pytest.raises(WorkerError) as info:  # more patches than token rows: refused before any work
+        _generate(pool, case, patches=14)
+    assert "14 PipeFusion patches" in str(info.value) and "fix:" in str(info.value)
+    pos, _, _, settings, _ = case
+    with pytest.raises(WorkerError) as info:  # 25 x 41 latent rows/cols do not form 2x2 patches
+        pool.submit(JOB + "generate", pos, None, torch.zeros(1, 16, 25, 41), settings, 328, 200).result(120)
+    assert "does not divide into 2x2 patches" in str(info.value)
+    assert pool.submit("echo", 1).result(30) == 1
+
+
+@pytest.mark.parametrize("sampler", ["heun", "euler_ancestral", "dpmpp_2m"])
+def test_every_sampler_runs_per_patch(cpu_pool, reference, sampler):
+    pool = cpu_pool(PP2)
+    case = reference.case("tiny-sd3", sampler=sampler)
+    _load(pool, "tiny-sd3")
+    events = []
+    assert _close(_generate(pool, case, patches=4, warmup=STEPS, events=events), case[4])
+    assert [p["step"] for _, kind, p in events if kind == "progress"] == [1, 2, 3]
+    stale = _generate(pool, case, patches=4, warmup=1)
+    seed_diff = _mean_diff(reference.case("tiny-sd3", sampler=sampler, seed=8)[4], case[4])
+    assert _mean_diff(stale, case[4]) < 0.05 * seed_diff
+
+
+def test_only_image_tokens_and_conditioning_cross_the_stage_boundary(cpu_pool, reference, deep_pixart):
+    """PixArt's text is cross-attention K/V: it travels once (setup); per item only the patch's image
+    hidden states and the two conditioning vectors do, so bytes per step = e*B*(S*h + items*7h)."""
+    pool = cpu_pool(PP2)
+    info = _load(pool, deep_pixart)
+    ranks = info["pipefusion"]["ranks"]
+    blocks = ranks[0]["all_block_bytes"]
+    for r in ranks:  # within 10% of 1/pp of the blocks plus the first/last extras
+        assert abs(r["param_bytes"] - (blocks / 2 + r["embed_bytes"] + r["final_bytes"])) <= 0.1 * blocks / 2
+    comps = load_pipeline_components(deep_pixart, "cpu", torch.float32, parts=("text",))
+    pos, neg = encode_prompts(comps, "pixart", "a red boat", "")
+    latent = torch.zeros(1, 4, HEIGHT // 8, WIDTH // 8)
+    settings = SamplingSettings(seed=1, steps=4, cfg=4.0)
+    per_rank = pool.submit(STATS_JOB, pos, neg, latent, settings, WIDTH, HEIGHT, 3, 1, result_rank="all").result(300)
+    h = 4 * 24
+    tokens, batch, items_per_step = 13 * 21, 2, [1, 3, 3, 3]
+    expected = sum(4 * batch * (tokens * h + items * 7 * h) for items in items_per_step)
+    assert per_rank[0]["stats"].sent_bytes["pp_act"] == expected
+    assert "pp_act" not in per_rank[1]["stats"].sent_bytes  # the last stage sends latents back only
+    assert per_rank[1]["stats"].sent_bytes["pp_latent"] == 4 * 4 * (HEIGHT // 8) * (WIDTH // 8) * 4  # 4 rounds
+
+
+def test_cancel_mid_pipeline_keeps_pool_warm_and_exact(cpu_pool, reference):
+    pool = cpu_pool(PP2)
+    case = reference.case("tiny-sd3")
+    _load(pool, "tiny-sd3")
+    pids, seen = pool.pids, []
+    pos, neg, latent, settings, _ = case
+    long = dataclasses.replace(settings, steps=500)
+    fut = pool.submit(
+        JOB + "generate",
+        pos,
+        neg,
+        latent,
+        long,
+        WIDTH,
+        HEIGHT,
+        patches=3,
+        warmup=1,
+        on_event=lambda *e: seen.append(e[1]),
+    )
+    deadline = time.monotonic() + 60
+    while seen.count("progress") < 2 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    fut.cancel()
+    with pytest.raises(JobCancelled):
+        fut.result(30)
+    assert seen.count("progress") < 500 and pool.pids == pids
+    # No message of the cancelled run is left in flight: the next generation is exact.
+    assert _close(_generate(pool, case, patches=3, warmup=STEPS), case[4])
+
+
+def test_api_passes_pipefusion_settings(pool_registry, reference):
+    case = reference.case("tiny-pixart")
+    request = LoadRequest(
+        "tiny-pixart", "cpu:2", PP2, threads_per_worker=1, pp_patches=3, pp_warmup=STEPS, pp_stage_weights=(2, 1)
+    )
+    model = load_parallel_model(request, pool_registry)
+    assert model.info["pipefusion"]["blocks_per_stage"] == [2, 1]
+    pos, neg, latent, settings, expected = case
+    got = model.sample(pos, neg, latent, WIDTH, HEIGHT, seed=7, steps=STEPS, cfg=4.0)
+    assert _close(got, expected)
+    model.unload()
+
+
+def test_worker_killed_mid_pipeline_is_an_error_not_a_hang(cpu_pool, reference):
+    pool = cpu_pool(PP2)
+    case = reference.case("tiny-sd3")
+    _load(pool, "tiny-sd3")
+    pos, neg, latent, settings, _ = case
+    seen = []
+    long = dataclasses.replace(settings, steps=500)
+    fut = pool.submit(
+        JOB + "generate",
+        pos,
+        neg,
+        latent,
+        long,
+        WIDTH,
+        HEIGHT,
+        patches=3,
+        warmup=1,
+        on_event=lambda *e: seen.append(e[1]),
+    )
+    deadline = time.monotonic() + 60
+    while "progress" not in seen and time.monotonic() < deadline:
+        time.sleep(0.005)
+    victim = pool.pids[0]  # stage 0 dies: stage 1 is waiting for its next patch
+    os.kill(victim, signal.SIGKILL)
+    t0 = time.monotonic()
+    with pytest.raises((WorkerDied, WorkerError)) as info:
+        fut.result(60)
+    assert time.monotonic() - t0 < 30
+    assert "rank 0" in str(info.value)
+    assert pool.submit("echo", "fresh").result(120) == "fresh" and victim not in pool.pids
+
+
+def test_cfg_branches_of_different_text_lengths_and_a_batch_of_two(cpu_pool, reference):
+    """Positive and negative texts of different lengths cannot share a forward: they run one after
+    the other per patch, each with its own stale-KV buffers; a latent batch of 2 travels as one."""
+    pool = cpu_pool(PP2)
+    comps = reference.components_for("tiny-sd3")
+    pos, neg = reference.conds("tiny-sd3")
+    neg = dataclasses.replace(neg, prompt_embeds=neg.prompt_embeds[:, :100])
+    adapter = comps.adapter()
+    latent = torch.zeros(2, 16, HEIGHT // 8, WIDTH // 8)
+    settings = SamplingSettings(seed=5, steps=STEPS, cfg=3.0)
+    ms = model_sampling_for(adapter, comps.scheduler_config, WIDTH, HEIGHT)
+    expected = denoise_latent(adapter, ParallelMesh.single(), ms, pos, neg, latent, settings)
+    _load(pool, "tiny-sd3")
+    case = (pos, neg, latent, settings, expected)
+    assert _close(_generate(pool, case, patches=3, warmup=STEPS), expected)
+    stale = _generate(pool, case, patches=3, warmup=1)
+    assert 0 < _mean_diff(stale, expected) < 0.05 * _mean_diff(expected[:1], expected[1:])
+
+
+def test_cli_generate_with_pipefusion(tmp_path):
+    out = tmp_path / "pp.png"
+    args = ["--model", "tiny-sd3", "--devices", "cpu:2", "--pp", "2", "--patches", "3", "--warmup", "1"]
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "parallel_runtime",
+            "generate",
+            *args,
+            "--steps",
+            "3",
+            "--width",
+            "128",
+            "--height",
+            "96",
+        ]
+        + ["--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "PipeFusion stages (blocks)" in proc.stdout and "step 3/3" in proc.stdout and out.is_file()
