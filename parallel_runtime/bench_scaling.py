@@ -80,7 +80,13 @@ def run(quick: bool = False) -> dict[str, Any]:
             "tiny-flux", root, num_attention_heads=heads, attention_head_dim=head_dim, num_layers=2, num_single_layers=2
         )
         sd3 = _build(
-            "tiny-sd3", root, num_attention_heads=heads, attention_head_dim=head_dim, num_layers=4, patch_size=2
+            "tiny-sd3",
+            root,
+            num_attention_heads=heads,
+            attention_head_dim=head_dim,
+            num_layers=4,
+            patch_size=2,
+            pos_embed_max_size=px // 16,
         )
         single = _measure(flux, ParallelConfig(), px, steps, 1.0, repeats)
         uly = _measure(flux, ParallelConfig(ulysses=2), px, steps, 1.0, repeats)

@@ -66,14 +66,15 @@ class JobFuture:
         # it steals the workers' CPU.) The event thread still delivers events and detects deaths.
         deadline = time.monotonic() + timeout
         rt = self._runtime
-        while not self._done.is_set():
-            left = deadline - time.monotonic()
-            if left <= 0 or rt.closed:
-                break
-            rt.drain()
-            if self._done.is_set():
-                break
-            rt.wait_for_messages(min(left, 0.05))
+        with rt.waiting():
+            while not self._done.is_set():
+                left = deadline - time.monotonic()
+                if left <= 0 or rt.closed:
+                    break
+                rt.drain()
+                if self._done.is_set():
+                    break
+                rt.wait_for_messages(min(left, 0.05))
         if not self._done.wait(max(deadline - time.monotonic(), 0.0) if not rt.closed else 1.0):
             raise RuntimeTimeout(
                 f"job '{self.name}' (id {self.job_id}) did not finish within {timeout:.1f} s; "
@@ -117,6 +118,7 @@ class _Runtime:
         self.store = None
         self.thread: threading.Thread | None = None
         self.log_threads: list[threading.Thread] = []
+        self.waiters = 0  # threads waiting in JobFuture.result (they drain the rings themselves)
         self.drain_lock = threading.Lock()  # ring readers are single-consumer: one drainer at a time
 
     # -- start ------------------------------------------------------------------------------------
@@ -265,14 +267,30 @@ class _Runtime:
             self.drain_lock.release()
         return True
 
+    @contextlib.contextmanager
+    def waiting(self):
+        """While a caller waits in result(), it owns the doorbells and drains the rings itself;
+        the event thread then only does housekeeping (two threads waking on every message would
+        fight over the GIL)."""
+        with self.jobs_lock:
+            self.waiters += 1
+        try:
+            yield
+        finally:
+            with self.jobs_lock:
+                self.waiters -= 1
+
     def wait_for_messages(self, timeout: float) -> None:
-        """Sleep until a worker rings its doorbell (without consuming the ring)."""
+        """Sleep until a worker rings its doorbell, consuming the rings' wake-up bytes."""
         import select
 
         try:
-            select.select(self.evt_doorbells_r, [], [], timeout)
+            ready, _, _ = select.select(self.evt_doorbells_r, [], [], timeout)
         except (OSError, ValueError):  # closed during shutdown
             time.sleep(min(timeout, 0.01))
+            return
+        for fd in ready:
+            wait_doorbell(fd, 0)
 
     def _event_loop(self) -> None:
         import select
@@ -280,10 +298,14 @@ class _Runtime:
         fds = list(self.evt_doorbells_r)
         next_check = 0.0
         while not self.stop.is_set():
-            try:
-                ready, _, _ = select.select(fds, [], [], 0.05)
-            except (OSError, ValueError):
-                return
+            if self.waiters:
+                self.stop.wait(0.02)  # a caller is draining; just keep house
+                ready = []
+            else:
+                try:
+                    ready, _, _ = select.select(fds, [], [], 0.05)
+                except (OSError, ValueError):
+                    return
             for fd in ready:
                 wait_doorbell(fd, 0)
             if not self.drain():

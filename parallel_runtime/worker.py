@@ -29,7 +29,6 @@ from .mesh import ParallelMesh
 from .shm import Segment, ShmRing, sweep_segments
 
 IDLE_TICK_S = 1.0
-SPIN_AFTER_JOB_S = 0.002  # right after a job the next one often follows: poll briefly before sleeping
 
 
 def _die_with_parent() -> None:
@@ -107,13 +106,10 @@ class Worker:
         self.send(("ready", self.rank, info))
 
     def run(self) -> None:
-        spin = 0.0
         while True:
             try:
-                msg = self.cmd.get(timeout=IDLE_TICK_S, what="the next job", spin_s=spin)
-                spin = SPIN_AFTER_JOB_S
+                msg = self.cmd.get(timeout=IDLE_TICK_S, what="the next job")
             except TimeoutError:
-                spin = 0.0
                 self.evt.collect()
                 if not self.parent_alive():
                     self.log.warning("host process is gone; exiting")
