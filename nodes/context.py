@@ -47,6 +47,18 @@ class NodeContext:
         log.info("dit-parallel: all worker pools closed")
 
 
+class ContextNode:
+    """Base of every node class: ComfyUI builds nodes with no arguments (they use the shared
+    context); tests pass their own NodeContext."""
+
+    def __init__(self, context: NodeContext | None = None):
+        self._context = context
+
+    @property
+    def context(self) -> NodeContext:
+        return self._context or shared_context()
+
+
 _SHARED: NodeContext | None = None
 _SHARED_LOCK = threading.Lock()
 

@@ -9,7 +9,7 @@ from parallel_runtime.config import ParallelConfig, parse_devices, validate_layo
 from parallel_runtime.errors import ConfigError
 
 from .bridge import ComfyBridge
-from .context import NodeContext, shared_context
+from .context import ContextNode
 from .handles import PARALLEL_MODEL, ParallelModelHandle
 from .model_files import TINY_MODELS, model_choices, resolve_model
 
@@ -54,7 +54,7 @@ def _check_range(name: str, value: Any, low: int, high: int) -> str | None:
     return None
 
 
-class ParallelModelLoader:
+class ParallelModelLoader(ContextNode):
     """Loads a Flux / SD3 / PixArt pipeline onto worker processes, one per device."""
 
     DESCRIPTION = (
@@ -66,13 +66,6 @@ class ParallelModelLoader:
     RETURN_NAMES = ("parallel_model",)
     OUTPUT_TOOLTIPS = ("The model running on the worker pool; connect it to the other DiT Parallel nodes.",)
     FUNCTION = "load"
-
-    def __init__(self, context: NodeContext | None = None):
-        self._context = context
-
-    @property
-    def context(self) -> NodeContext:
-        return self._context or shared_context()
 
     @classmethod
     def INPUT_TYPES(cls) -> dict[str, Any]:

@@ -8,7 +8,7 @@ from typing import Any
 from parallel_runtime.errors import ConfigError, JobCancelled
 
 from .conditioning import to_runtime
-from .context import NodeContext, shared_context
+from .context import ContextNode
 from .handles import PARALLEL_MODEL, ParallelModelHandle
 from .latent import SIZE_STEP
 from .loader import CATEGORY
@@ -72,7 +72,7 @@ def prepare_latent(latent: Any, channels: int, family: str) -> Any:
     return samples.float().cpu()
 
 
-class ParallelSampler:
+class ParallelSampler(ContextNode):
     """Denoises a LATENT on the worker pool with ComfyUI's sampler and scheduler math."""
 
     DESCRIPTION = (
@@ -83,13 +83,6 @@ class ParallelSampler:
     RETURN_TYPES = ("LATENT",)
     OUTPUT_TOOLTIPS = ("The denoised latent (raw VAE latent, ComfyUI's convention).",)
     FUNCTION = "sample"
-
-    def __init__(self, context: NodeContext | None = None):
-        self._context = context
-
-    @property
-    def context(self) -> NodeContext:
-        return self._context or shared_context()
 
     @classmethod
     def INPUT_TYPES(cls) -> dict[str, Any]:

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from .context import NodeContext, shared_context
+from .context import ContextNode
 from .handles import PARALLEL_MODEL, ParallelModelHandle
 from .loader import CATEGORY
 
 
-class ParallelRuntimeUnload:
+class ParallelRuntimeUnload(ContextNode):
     """Frees the workers (one model's, or all). ComfyUI's "Unload models" button does the same."""
 
     DESCRIPTION = (
@@ -20,13 +20,6 @@ class ParallelRuntimeUnload:
     RETURN_TYPES = ()
     OUTPUT_NODE = True
     FUNCTION = "unload"
-
-    def __init__(self, context: NodeContext | None = None):
-        self._context = context
-
-    @property
-    def context(self) -> NodeContext:
-        return self._context or shared_context()
 
     @classmethod
     def INPUT_TYPES(cls) -> dict[str, Any]:

@@ -6,12 +6,12 @@ from typing import Any
 
 from parallel_runtime.errors import ConfigError
 
-from .context import NodeContext, shared_context
+from .context import ContextNode
 from .handles import PARALLEL_MODEL, ParallelModelHandle
 from .loader import CATEGORY
 
 
-class ParallelVAEDecode:
+class ParallelVAEDecode(ContextNode):
     """Decodes latents with the VAE that came with the parallel model."""
 
     DESCRIPTION = "Decodes a LATENT with the parallel model's VAE, split across the workers (same result as one GPU)."
@@ -19,13 +19,6 @@ class ParallelVAEDecode:
     RETURN_TYPES = ("IMAGE",)
     OUTPUT_TOOLTIPS = ("The decoded images [batch, height, width, 3], values 0..1.",)
     FUNCTION = "decode"
-
-    def __init__(self, context: NodeContext | None = None):
-        self._context = context
-
-    @property
-    def context(self) -> NodeContext:
-        return self._context or shared_context()
 
     @classmethod
     def INPUT_TYPES(cls) -> dict[str, Any]:

@@ -179,7 +179,7 @@ class SequenceParallelAttention:
     @contextlib.contextmanager
     def intercept(self) -> Iterator[SequenceParallelAttention]:
         """Route F.scaled_dot_product_attention calls inside this scope to this object."""
-        with _SdpaRedirect(self):
+        with SdpaRedirect(self):
             yield self
 
 
@@ -238,10 +238,11 @@ def _check_parallel_call(
         )
 
 
-class _SdpaRedirect(TorchFunctionMode):
-    """Torch function mode that sends F.scaled_dot_product_attention to one attention object."""
+class SdpaRedirect(TorchFunctionMode):
+    """Torch function mode that sends F.scaled_dot_product_attention to ``attn`` (any callable with
+    its signature); every other function runs unchanged."""
 
-    def __init__(self, attn: SequenceParallelAttention):
+    def __init__(self, attn):
         super().__init__()
         self.attn = attn
 

@@ -23,10 +23,8 @@ from collections.abc import Iterator
 from typing import Literal
 
 import torch
-import torch.nn.functional as F
-from torch.overrides import TorchFunctionMode
 
-from .attention import check_backend
+from .attention import SdpaRedirect, check_backend
 from .attention_kernels import select_kernel, usable_backends
 from .collectives import all_gather_cat
 from .errors import ConfigError
@@ -196,20 +194,8 @@ class LayerAttention:
     @contextlib.contextmanager
     def intercept(self) -> Iterator[LayerAttention]:
         """Route F.scaled_dot_product_attention calls inside this scope to this layer's buffer."""
-        with _Redirect(self):
+        with SdpaRedirect(self):
             yield self
-
-
-class _Redirect(TorchFunctionMode):
-    def __init__(self, target: LayerAttention):
-        super().__init__()
-        self.target = target
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func is F.scaled_dot_product_attention:
-            return self.target(*args, **kwargs)
-        return func(*args, **kwargs)
 
 
 def run_block_stale(adapter: ModelAdapter, acts: Activations, i: int, cache: StaleKVCache) -> Activations:
