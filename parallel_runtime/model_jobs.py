@@ -82,8 +82,9 @@ def load_model(
     model = ctx.state.get("model")
     if model is None or model.key != key:
         ctx.state.pop("model", None)
-        text = ("text",) if ctx.rank == TEXT_RANK else ()
+        devices = _world_devices(ctx)  # collective: every rank takes part
         stages = stage_weights = None
+        text: tuple[str, ...] = ()  # text encoders are loaded below, spread over the pool's devices
         if Path(path).is_file():  # a single-file transformer: no VAE or text encoders
             from .single_file import load_single_file_components
 
@@ -98,6 +99,9 @@ def load_model(
             comps = load_pipeline_components(path, ctx.device, _dtype(dtype), ("transformer", "vae", *text))
         if comps.vae is not None:
             comps.vae.to(torch.float32 if dtype == "fp16" else _dtype(dtype))
+        if ctx.rank == TEXT_RANK and Path(path).is_dir():
+            placement = text_encoder_placement(_encoder_bytes(Path(path)), devices)
+            comps.text_encoders = load_pipeline_components(path, placement, _dtype(dtype), ("text",)).text_encoders
         model = LoadedModel(key, comps, comps.adapter(), attention, stages, stage_weights)
         ctx.state["model"] = model
     model.attention = attention
@@ -123,6 +127,38 @@ def load_model(
         "transformer_bytes": weight_bytes,
         "memory": ctx.report_memory(),
     }
+
+
+def _world_devices(ctx: JobContext) -> list[str]:
+    """Every rank's device, in rank order."""
+    if ctx.world_size == 1:
+        return [str(ctx.device)]
+    out: list[Any] = [None] * ctx.world_size
+    dist.all_gather_object(out, str(ctx.device))
+    return out
+
+
+def _encoder_bytes(path: Path) -> dict[str, int]:
+    """Weight-file size of each text encoder of a diffusers folder."""
+    sizes = {}
+    for folder in sorted(path.glob("text_encoder*")):
+        if folder.is_dir():
+            sizes[folder.name] = sum(f.stat().st_size for f in folder.glob("*.safetensors"))
+    return sizes
+
+
+def text_encoder_placement(encoder_bytes: dict[str, int], devices: list[str]) -> dict[str, str]:
+    """Spread the text encoders over the pool's distinct devices: the biggest first, each onto the
+    device with the fewest encoder bytes so far (T5-XXL's ~9 GB then does not share a GPU with
+    the CLIPs). They run in the TEXT_RANK process, which can address every visible GPU."""
+    distinct = list(dict.fromkeys(devices))
+    load = dict.fromkeys(distinct, 0)
+    placement = {}
+    for name, size in sorted(encoder_bytes.items(), key=lambda item: (-item[1], item[0])):
+        device = min(distinct, key=lambda d: (load[d], distinct.index(d)))
+        placement[name] = device
+        load[device] += size
+    return placement
 
 
 def _embed_dim(model: LoadedModel) -> int | None:

@@ -156,3 +156,30 @@ def test_decode_job_equals_diffusers_vae_on_a_raw_latent(cpu_pool, reference, na
     image = pool.submit(JOB + "decode", latent).result(300)
     assert image.shape == (1, 104, 144, 3)
     assert (image - ref).abs().max().item() <= 1e-4
+
+
+def test_text_encoder_placement_spreads_biggest_first():
+    from parallel_runtime.model_jobs import text_encoder_placement
+
+    sizes = {"text_encoder": 246, "text_encoder_2": 1390, "text_encoder_3": 9524}
+    assert text_encoder_placement(sizes, ["cuda:0", "cuda:1"]) == {
+        "text_encoder_3": "cuda:0",
+        "text_encoder_2": "cuda:1",
+        "text_encoder": "cuda:1",
+    }
+    assert set(text_encoder_placement(sizes, ["cpu", "cpu"]).values()) == {"cpu"}
+    four = text_encoder_placement(sizes, ["cuda:0", "cuda:1", "cuda:2", "cuda:3"])
+    assert len(set(four.values())) == 3
+
+
+@pytest.mark.parametrize("name", ["tiny-sd3", "tiny-flux"])
+def test_encode_job_equals_in_process_encoding(cpu_pool, reference, name):
+    """Text encoding on the workers (encoders placed by text_encoder_placement) gives the values of
+    the pipeline's own encoders run in-process (themselves checked against diffusers elsewhere)."""
+    comps = reference.components_for(name)
+    expected, _ = encode_prompts(comps, comps.family, "a quiet harbour at night", "")
+    pool = cpu_pool(LAYOUTS["ulysses2"])
+    pool.submit(JOB + "load_model", str(ensure_tiny_model(name)), "fp32", "sdpa").result(300)
+    (got,) = pool.submit(JOB + "encode_text", ["a quiet harbour at night"]).result(120)
+    assert torch.equal(got.prompt_embeds, expected.prompt_embeds)
+    assert torch.equal(got.pooled, expected.pooled)
