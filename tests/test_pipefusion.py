@@ -294,19 +294,17 @@ def test_only_image_tokens_and_conditioning_cross_the_stage_boundary(cpu_pool, r
     assert per_rank[1]["stats"].sent_bytes["pp_latent"] == 4 * 4 * (HEIGHT // 8) * (WIDTH // 8) * 4  # 4 rounds
 
 
-def test_cancel_mid_pipeline_keeps_pool_warm_and_exact(cpu_pool, reference):
-    pool = cpu_pool(PP2)
-    case = reference.case("tiny-sd3")
-    _load(pool, "tiny-sd3")
-    pids, seen = pool.pids, []
+def _start_long_run(pool, case, progress_events: int):
+    """Submit a 500-step PipeFusion generation and wait until it has reported ``progress_events``
+    steps; returns (future, event kinds seen so far and later)."""
     pos, neg, latent, settings, _ = case
-    long = dataclasses.replace(settings, steps=500)
+    seen: list[str] = []
     fut = pool.submit(
         JOB + "generate",
         pos,
         neg,
         latent,
-        long,
+        dataclasses.replace(settings, steps=500),
         WIDTH,
         HEIGHT,
         patches=3,
@@ -314,8 +312,17 @@ def test_cancel_mid_pipeline_keeps_pool_warm_and_exact(cpu_pool, reference):
         on_event=lambda *e: seen.append(e[1]),
     )
     deadline = time.monotonic() + 60
-    while seen.count("progress") < 2 and time.monotonic() < deadline:
+    while seen.count("progress") < progress_events and time.monotonic() < deadline:
         time.sleep(0.005)
+    return fut, seen
+
+
+def test_cancel_mid_pipeline_keeps_pool_warm_and_exact(cpu_pool, reference):
+    pool = cpu_pool(PP2)
+    case = reference.case("tiny-sd3")
+    _load(pool, "tiny-sd3")
+    pids = pool.pids
+    fut, seen = _start_long_run(pool, case, progress_events=2)
     fut.cancel()
     with pytest.raises(JobCancelled):
         fut.result(30)
@@ -341,24 +348,7 @@ def test_worker_killed_mid_pipeline_is_an_error_not_a_hang(cpu_pool, reference):
     pool = cpu_pool(PP2)
     case = reference.case("tiny-sd3")
     _load(pool, "tiny-sd3")
-    pos, neg, latent, settings, _ = case
-    seen = []
-    long = dataclasses.replace(settings, steps=500)
-    fut = pool.submit(
-        JOB + "generate",
-        pos,
-        neg,
-        latent,
-        long,
-        WIDTH,
-        HEIGHT,
-        patches=3,
-        warmup=1,
-        on_event=lambda *e: seen.append(e[1]),
-    )
-    deadline = time.monotonic() + 60
-    while "progress" not in seen and time.monotonic() < deadline:
-        time.sleep(0.005)
+    fut, seen = _start_long_run(pool, case, progress_events=1)
     victim = pool.pids[0]  # stage 0 dies: stage 1 is waiting for its next patch
     os.kill(victim, signal.SIGKILL)
     t0 = time.monotonic()

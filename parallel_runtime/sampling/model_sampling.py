@@ -68,11 +68,13 @@ class ModelSampling(ABC):
     def calculate_input(self, sigma: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
         """Scale the noisy latent into what the network takes as input."""
 
-    @abstractmethod
     def calculate_denoised(
         self, sigma: torch.Tensor, model_output: torch.Tensor, model_input: torch.Tensor
     ) -> torch.Tensor:
-        """The denoised prediction (x0) from the network output and the (unscaled) noisy latent."""
+        """The denoised prediction (x0) from the network output and the (unscaled) noisy latent:
+        ``x - output * sigma`` for both epsilon (output = eps) and flow (output = v) prediction."""
+        sigma = _reshape_sigma(sigma, model_output.ndim)
+        return model_input - model_output * sigma
 
     @abstractmethod
     def noise_scaling(
@@ -124,13 +126,6 @@ class DiscreteEpsSampling(ModelSampling):
         sigma = _reshape_sigma(sigma, noise.ndim)
         return noise / (sigma**2 + self.sigma_data**2) ** 0.5
 
-    def calculate_denoised(
-        self, sigma: torch.Tensor, model_output: torch.Tensor, model_input: torch.Tensor
-    ) -> torch.Tensor:
-        """``x - eps * sigma``."""
-        sigma = _reshape_sigma(sigma, model_output.ndim)
-        return model_input - model_output * sigma
-
     def noise_scaling(
         self, sigma: torch.Tensor, noise: torch.Tensor, latent_image: torch.Tensor, max_denoise: bool = False
     ) -> torch.Tensor:
@@ -150,13 +145,6 @@ class _FlowPrediction(ModelSampling):
 
     def calculate_input(self, sigma: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
         return noise
-
-    def calculate_denoised(
-        self, sigma: torch.Tensor, model_output: torch.Tensor, model_input: torch.Tensor
-    ) -> torch.Tensor:
-        """``x - v * sigma``."""
-        sigma = _reshape_sigma(sigma, model_output.ndim)
-        return model_input - model_output * sigma
 
     def noise_scaling(
         self, sigma: torch.Tensor, noise: torch.Tensor, latent_image: torch.Tensor, max_denoise: bool = False
