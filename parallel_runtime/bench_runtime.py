@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
-import os
 import statistics
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -62,10 +63,14 @@ def mpqueue_roundtrip_ms(n: int) -> list[float]:
         echo.close()
 
 
-def _cpu_ticks(pid: int) -> int:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().split(") ")[1].split()
-    return int(fields[11]) + int(fields[12])
+def cpu_seconds(pid: int) -> float:
+    """CPU time used so far by every thread of ``pid`` (nanosecond scheduler accounting, far finer
+    than the 10 ms ticks of /proc/PID/stat)."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):
+            total += int((task / "schedstat").read_text().split()[0])
+    return total / 1e9
 
 
 def run(n_roundtrips: int = 4000, repeats: int = 5) -> dict[str, Any]:
@@ -118,12 +123,13 @@ def run(n_roundtrips: int = 4000, repeats: int = 5) -> dict[str, Any]:
         results["memcpy_warm_gbps"] = BIG_BYTES / min(warm_s) / 1e9
 
         pids = pool.pids
-        hz = os.sysconf("SC_CLK_TCK")
-        before = [_cpu_ticks(p) for p in pids]
+        time.sleep(0.5)  # let the last job's bookkeeping settle
+        before = [cpu_seconds(p) for p in pids]
         time.sleep(5.0)
-        after = [_cpu_ticks(p) for p in pids]
-        results["idle_cpu_percent"] = 100.0 * sum(a - b for a, b in zip(after, before)) / hz / 5.0
-        results["idle_cpu_percent_per_worker"] = [100.0 * (a - b) / hz / 5.0 for a, b in zip(after, before)]
+        after = [cpu_seconds(p) for p in pids]
+        results["idle_cpu_percent"] = 100.0 * sum(a - b for a, b in zip(after, before)) / 5.0
+        results["idle_cpu_percent_per_worker"] = [round(100.0 * (a - b) / 5.0, 3) for a, b in zip(after, before)]
+        results["worker_cpus"] = [info.get("cpus") for _, info in sorted(pool.worker_info.items())]
 
         t = time.perf_counter()
         pool.submit("noop").result(30)

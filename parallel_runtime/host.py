@@ -25,9 +25,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from .affinity import allowed_cpus, plan_cpu_affinity
 from .config import ParallelConfig, parse_devices, validate_layout
 from .errors import ConfigError, JobCancelled, PoolClosed, RuntimeTimeout, WorkerDied, WorkerError
-from .shm import Segment, ShmRing, make_doorbell, sweep_segments, wait_doorbell
+from .shm import Segment, ShmRing, drain_doorbell, make_doorbell, sweep_segments
 
 log = logging.getLogger("parallel_runtime.host")
 
@@ -109,6 +110,8 @@ class _Runtime:
         self.ready = threading.Event()
         self.dead: BaseException | None = None
         self.closed = False
+        self.shutdown_lock = threading.Lock()
+        self.shutdown_done = threading.Event()
         self.stop = threading.Event()
         self.evt_rings: list[ShmRing] = []
         self.evt_doorbells_r: list[int] = []
@@ -120,6 +123,7 @@ class _Runtime:
         self.log_threads: list[threading.Thread] = []
         self.waiters = 0  # threads waiting in JobFuture.result (they drain the rings themselves)
         self.drain_lock = threading.Lock()  # ring readers are single-consumer: one drainer at a time
+        self.affinity: list[list[int] | None] = [None] * self.world
 
     # -- start ------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -141,6 +145,8 @@ class _Runtime:
                 self.evt_doorbells_r.append(evt_r)
                 child_fds.append([cmd_r, evt_w])
             self.cmd.set_doorbells(self.cmd_doorbells_w)
+            if self.opts["pin_cpu_workers"]:
+                self.affinity = plan_cpu_affinity(self.devices, self.opts["threads"], allowed_cpus())
             self.store = dist.TCPStore(
                 "127.0.0.1", 0, None, is_master=True, wait_for_workers=False, timeout=_td(self.opts["start_timeout_s"])
             )
@@ -169,6 +175,7 @@ class _Runtime:
             "device": device,
             "config": self.config.as_dict(),
             "threads": self.opts["threads"],
+            "cpus": self.affinity[rank],
             "parent_pid": os.getpid(),
             "prefix": self.prefix,
             "cmd_ring": self.cmd.segment.name,
@@ -290,7 +297,7 @@ class _Runtime:
             time.sleep(min(timeout, 0.01))
             return
         for fd in ready:
-            wait_doorbell(fd, 0)
+            drain_doorbell(fd)
 
     def _event_loop(self) -> None:
         import select
@@ -307,7 +314,7 @@ class _Runtime:
                 except (OSError, ValueError):
                     return
             for fd in ready:
-                wait_doorbell(fd, 0)
+                drain_doorbell(fd)
             if not self.drain():
                 with self.drain_lock:  # another thread is draining: let it finish, then look again
                     pass
@@ -420,9 +427,21 @@ class _Runtime:
 
     # -- shutdown ---------------------------------------------------------------------------------
     def shutdown(self, graceful: bool = True) -> None:
-        if self.closed:
+        """Stop the workers and remove every segment. A second caller (e.g. start() failing while
+        the monitor's teardown thread runs) waits for the first to finish instead of returning
+        early: an interpreter exiting right after would kill that daemon thread mid-cleanup."""
+        with self.shutdown_lock:
+            first = not self.closed
+            self.closed = True
+        if not first:
+            self.shutdown_done.wait(timeout=30.0)
             return
-        self.closed = True
+        try:
+            self._shutdown(graceful)
+        finally:
+            self.shutdown_done.set()
+
+    def _shutdown(self, graceful: bool) -> None:
         if graceful and self.dead is None and self.cmd is not None and self.procs:
             with contextlib.suppress(Exception):
                 self.cmd.put(("shutdown",), timeout=2.0, what="shutdown")
@@ -488,6 +507,8 @@ def _default_threads(devices: list[str]) -> int:
 class WorkerPool:
     """One worker per device, alive between jobs.
 
+    CPU ranks are pinned to disjoint cores when they fit (``pin_cpu_workers``; see affinity.py).
+
     >>> with WorkerPool("cpu:2", ParallelConfig(ulysses=2)) as pool:
     ...     pool.submit("echo", 41).result()
     """
@@ -505,6 +526,7 @@ class WorkerPool:
         error_grace_s: float = 5.0,
         log_level: str = "INFO",
         visible_cuda: int | None = None,
+        pin_cpu_workers: bool = True,
     ):
         self.devices = parse_devices(devices)
         self.config = config or ParallelConfig(ulysses=len(self.devices))
@@ -523,6 +545,7 @@ class WorkerPool:
             "collective_timeout_s": collective_timeout_s,
             "error_grace_s": error_grace_s,
             "log_level": log_level,
+            "pin_cpu_workers": pin_cpu_workers,
         }
         self._runtime: _Runtime | None = None
         self._lock = threading.Lock()

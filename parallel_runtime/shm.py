@@ -43,7 +43,7 @@ _REL_STRIDE = 64
 _RING_HEADER = 64 + _REL_ENTRIES * _REL_STRIDE
 _SLOT_HEADER = 64  # byte 0: written, bytes 1..47: reader flags, bytes 48..55: payload length
 _MAX_READERS = 47
-_MODE_INLINE, _MODE_SEGMENT = 0, 1
+_MODE_INLINE, _MODE_SEGMENT, _MODE_PLAIN = 0, 1, 2  # PLAIN: a tensor-free pickle, loaded by pickle.loads
 
 
 def _align(n: int) -> int:
@@ -120,26 +120,37 @@ def sweep_segments(prefix: str) -> list[str]:
 # -- message encoding ---------------------------------------------------------------------------
 
 
+def _tensor_ref(index: int, dtype_name: str, shape: tuple[int, ...]) -> torch.Tensor:
+    """Placeholder named in pickles for a tensor whose bytes follow the header; only
+    ``_TensorUnpickler`` can resolve it (it maps this name to its own loader)."""
+    raise RuntimeError("a tensor reference can only be loaded by parallel_runtime.shm's unpickler")
+
+
 class _TensorPickler(pickle.Pickler):
-    """Pickles tensors as descriptors and collects their data in ``self.tensors``."""
+    """Pickles tensors as references and collects their data in ``self.tensors``.
+
+    ``reducer_override`` is consulted only for objects that are not plain containers or atoms, so
+    a message of ints, strings, tuples and dicts pickles at C speed with no Python call per item.
+    Tensors (subclasses included) become ``_tensor_ref(index, dtype, shape)``; the pickle memo keeps
+    one tensor sent twice one tensor on arrival."""
 
     def __init__(self, file: io.BytesIO):
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
         self.tensors: list[torch.Tensor] = []
 
-    def persistent_id(self, o):
-        if isinstance(o, torch.Tensor):
-            t = o.detach()
+    def reducer_override(self, obj):
+        if isinstance(obj, torch.Tensor):
+            t = obj.detach()
             if t.device.type != "cpu":
                 t = t.cpu()
             t = t.contiguous()
             self.tensors.append(t)
-            return ("T", len(self.tensors) - 1, str(t.dtype).removeprefix("torch."), tuple(t.shape))
-        return None
+            return _tensor_ref, (len(self.tensors) - 1, str(t.dtype).removeprefix("torch."), tuple(t.shape))
+        return NotImplemented
 
 
 def encode(obj: object) -> tuple[bytes, list[torch.Tensor]]:
-    """Pickle ``obj`` with tensors replaced by descriptors; returns (header, tensors to append)."""
+    """Pickle ``obj`` with tensors replaced by references; returns (header, tensors to append)."""
     buf = io.BytesIO()
     pickler = _TensorPickler(buf)
     pickler.dump(obj)
@@ -163,46 +174,52 @@ def write_encoded(buf, offset: int, header: bytes, tensors: list[torch.Tensor]) 
         pos += _align(n)
 
 
+class _TensorLoader:
+    """Rebuilds tensor ``index`` from the bytes following the header in ``buf``.
+
+    Kept apart from the unpickler on purpose: the unpickler's memo holds this callable, so a bound
+    method would form a cycle (unpickler -> memo -> method -> unpickler) that keeps ``buf`` alive
+    until the garbage collector runs, delaying the segment's release."""
+
+    def __init__(self, buf, pos: int, copy: bool):
+        self.buf, self.pos, self.copy, self.count = buf, pos, copy, 0
+
+    def __call__(self, index: int, dtype_name: str, shape: tuple[int, ...]) -> torch.Tensor:
+        # The pickler numbers tensors as it meets them and unpickling meets them in the same order.
+        if index != self.count:
+            raise RuntimeError(f"tensor reference {index} out of order (expected {self.count}): corrupt message")
+        self.count += 1
+        dtype = getattr(torch, dtype_name)
+        numel = 1
+        for s in shape:
+            numel *= s
+        nbytes = numel * dtype.itemsize
+        pos = self.pos
+        self.pos = pos + _align(nbytes)
+        if nbytes == 0:
+            return torch.empty(shape, dtype=dtype)
+        t = torch.frombuffer(self.buf, dtype=torch.uint8, count=nbytes, offset=pos).view(dtype).reshape(shape)
+        return t.clone() if self.copy else t
+
+
 class _TensorUnpickler(pickle.Unpickler):
-    """Rebuilds tensors from descriptors; their bytes follow the header in ``buf``, in order."""
+    """Unpickles a header, resolving ``_tensor_ref`` to a :class:`_TensorLoader`."""
 
-    def __init__(self, header: bytes, buf, pos: int, copy: bool):
+    def __init__(self, header: bytes, loader: _TensorLoader):
         super().__init__(io.BytesIO(header))
-        self.buf, self.pos, self.copy = buf, pos, copy
-        self.tensors: dict[int, torch.Tensor] = {}
+        self.loader = loader
 
-    def persistent_load(self, pid):
-        _, idx, dtype_name, shape = pid
-        if idx not in self.tensors:
-            dtype = getattr(torch, dtype_name)
-            numel = 1
-            for s in shape:
-                numel *= s
-            nbytes = numel * _itemsize(dtype)
-            if nbytes == 0:
-                t = torch.empty(shape, dtype=dtype)
-            else:
-                t = (
-                    torch.frombuffer(self.buf, dtype=torch.uint8, count=nbytes, offset=self.pos)
-                    .view(dtype)
-                    .reshape(shape)
-                )
-                if self.copy:
-                    t = t.clone()
-            self.tensors[idx] = t
-            self.pos += _align(nbytes)
-        return self.tensors[idx]
-
-
-def _itemsize(dtype: torch.dtype) -> int:
-    return dtype.itemsize
+    def find_class(self, module: str, name: str):
+        if module == __name__ and name == "_tensor_ref":
+            return self.loader
+        return super().find_class(module, name)
 
 
 def read_encoded(buf, offset: int, copy: bool) -> object:
     """Inverse of :func:`write_encoded`. ``copy=False`` returns tensors that view ``buf``."""
     (hlen,) = struct.unpack_from("<Q", buf, offset)
     header = bytes(buf[offset + 8 : offset + 8 + hlen])
-    return _TensorUnpickler(header, buf, offset + _align(8 + hlen), copy).load()
+    return _TensorUnpickler(header, _TensorLoader(buf, offset + _align(8 + hlen), copy)).load()
 
 
 # -- doorbells ------------------------------------------------------------------------------------
@@ -222,6 +239,12 @@ def wait_doorbell(fd: int, timeout: float) -> bool:
             os.read(fd, 65536)
         return True
     return False
+
+
+def drain_doorbell(fd: int) -> None:
+    """Consume a rung doorbell's wake-up bytes without waiting (the fd is non-blocking)."""
+    with contextlib.suppress(BlockingIOError, OSError):
+        os.read(fd, 65536)
 
 
 def make_doorbell() -> tuple[int, int]:
@@ -254,6 +277,9 @@ class ShmRing:
         self._seq = 0
         self._doorbells: list[int] = []
         self._doorbell_r: int | None = None
+        self._bases = [self._slot(i) for i in range(self.n_slots)]
+        self._all_read = b"\x01" * self.n_readers
+        self._none_read = bytes(self.n_readers)
 
     # construction
     @classmethod
@@ -290,9 +316,7 @@ class ShmRing:
 
     # writer ---------------------------------------------------------------------------------
     def _slot_free(self, base: int) -> bool:
-        if self.mm[base] == 0:
-            return True
-        return all(self.mm[base + 1 + r] == 1 for r in range(self.n_readers))
+        return self.mm[base] == 0 or self.mm[base + 1 : base + 1 + self.n_readers] == self._all_read
 
     def collect(self) -> None:
         """Unlink data segments of slots every reader has finished with."""
@@ -344,75 +368,95 @@ class ShmRing:
         """Publish ``obj`` to every reader; waits (up to ``timeout``) for a free slot."""
         header, tensors = encode(obj)
         total = encoded_size(header, tensors)
+        mm = self.mm
         with self._lock:
-            base = self._slot(self._cursor)
-            deadline = time.monotonic() + timeout
-            delay = 1e-5
-            while not self._slot_free(base):
-                if time.monotonic() > deadline:
-                    waiting = [r for r in range(self.n_readers) if self.mm[base + 1 + r] == 0]
-                    raise RuntimeTimeout(
-                        f"timed out after {timeout:.0f} s waiting for reader(s) {waiting} of {self.segment.name} "
-                        f"to free a slot for {what} (readers busy or hung)"
-                    )
-                if alive is not None and not alive():
-                    raise RuntimeError(f"gave up sending {what}: the reader side is gone")
-                time.sleep(delay)
-                delay = min(delay * 2, 5e-3)
-            self._collect_locked()
-            while total > self.capacity and not self._rel_free:
-                if time.monotonic() > deadline:
-                    raise RuntimeTimeout(
-                        f"timed out after {timeout:.0f} s: readers of {self.segment.name} still hold "
-                        f"{_REL_ENTRIES} received messages; cannot send {what}"
-                    )
-                time.sleep(1e-3)
-                self._collect_locked()
-            self.mm[base] = 0
+            base = self._bases[self._cursor]
+            if not self._slot_free(base):
+                self._wait_for_slot(base, timeout, what, alive)
             payload = base + _SLOT_HEADER
-            if total <= self.capacity:
-                self.mm[payload] = _MODE_INLINE
-                write_encoded(self.mm, payload + 1, header, tensors)
+            mm[base] = 0
+            if not tensors and len(header) + 9 <= self.slot_size:
+                mm[payload] = _MODE_PLAIN
+                struct.pack_into("<Q", mm, payload + 1, len(header))
+                mm[payload + 9 : payload + 9 + len(header)] = header
+            elif total <= self.capacity:
+                mm[payload] = _MODE_INLINE
+                write_encoded(mm, payload + 1, header, tensors)
             else:
-                seg = self._data_segment(total)
-                write_encoded(seg.mm, 0, header, tensors)
-                entry = self._rel_free.pop()
-                self._in_flight[entry] = seg
-                rel = 64 + entry * _REL_STRIDE
-                self.mm[rel : rel + self.n_readers] = bytes(self.n_readers)
-                ref = pickle.dumps((seg.name, entry))
-                self.mm[payload] = _MODE_SEGMENT
-                struct.pack_into("<I", self.mm, payload + 1, len(ref))
-                self.mm[payload + 5 : payload + 5 + len(ref)] = ref
-            for r in range(self.n_readers):
-                self.mm[base + 1 + r] = 0
+                self._put_segment(payload, header, tensors, total, timeout, what)
+            mm[base + 1 : base + 1 + self.n_readers] = self._none_read
             self._fence()
-            self.mm[base] = 1
+            mm[base] = 1
             self._cursor = (self._cursor + 1) % self.n_slots
         for fd in self._doorbells:
             ring_doorbell(fd)
 
+    def _wait_for_slot(self, base: int, timeout: float, what: str, alive: Callable[[], bool] | None) -> None:
+        deadline = time.monotonic() + timeout
+        delay = 1e-5
+        while not self._slot_free(base):
+            if time.monotonic() > deadline:
+                waiting = [r for r in range(self.n_readers) if self.mm[base + 1 + r] == 0]
+                raise RuntimeTimeout(
+                    f"timed out after {timeout:.0f} s waiting for reader(s) {waiting} of {self.segment.name} "
+                    f"to free a slot for {what} (readers busy or hung)"
+                )
+            if alive is not None and not alive():
+                raise RuntimeError(f"gave up sending {what}: the reader side is gone")
+            time.sleep(delay)
+            delay = min(delay * 2, 5e-3)
+
+    def _put_segment(
+        self, payload: int, header: bytes, tensors: list[torch.Tensor], total: int, timeout: float, what: str
+    ) -> None:
+        """A message larger than a slot: its bytes go to a (recycled) data segment, the slot names it."""
+        deadline = time.monotonic() + timeout
+        self._collect_locked()
+        while not self._rel_free:
+            if time.monotonic() > deadline:
+                raise RuntimeTimeout(
+                    f"timed out after {timeout:.0f} s: readers of {self.segment.name} still hold "
+                    f"{_REL_ENTRIES} received messages; cannot send {what}"
+                )
+            time.sleep(1e-3)
+            self._collect_locked()
+        seg = self._data_segment(total)
+        write_encoded(seg.mm, 0, header, tensors)
+        entry = self._rel_free.pop()
+        self._in_flight[entry] = seg
+        rel = 64 + entry * _REL_STRIDE
+        self.mm[rel : rel + self.n_readers] = self._none_read
+        ref = pickle.dumps((seg.name, entry))
+        self.mm[payload] = _MODE_SEGMENT
+        struct.pack_into("<I", self.mm, payload + 1, len(ref))
+        self.mm[payload + 5 : payload + 5 + len(ref)] = ref
+
     # reader ---------------------------------------------------------------------------------
     def poll(self) -> tuple[bool, object]:
         """Take the next message if one is there: (True, obj) or (False, None)."""
-        base = self._slot(self._cursor)
+        mm = self.mm
+        base = self._bases[self._cursor]
         me = self.reader_index
-        if self.mm[base] != 1 or self.mm[base + 1 + me] != 0:
+        if mm[base] != 1 or mm[base + 1 + me] != 0:
             return False, None
         self._fence()
         payload = base + _SLOT_HEADER
-        if self.mm[payload] == _MODE_INLINE:
-            obj = read_encoded(self.mm, payload + 1, copy=True)
+        mode = mm[payload]
+        if mode == _MODE_PLAIN:
+            (n,) = struct.unpack_from("<Q", mm, payload + 1)
+            obj = pickle.loads(mm[payload + 9 : payload + 9 + n])
+        elif mode == _MODE_INLINE:
+            obj = read_encoded(mm, payload + 1, copy=True)
         else:
-            (n,) = struct.unpack_from("<I", self.mm, payload + 1)
-            name, entry = pickle.loads(bytes(self.mm[payload + 5 : payload + 5 + n]))
+            (n,) = struct.unpack_from("<I", mm, payload + 1)
+            name, entry = pickle.loads(mm[payload + 5 : payload + 5 + n])
             mapping = map_private(name)
             obj = read_encoded(mapping, 0, copy=False)
             # Released (flag set) when the last tensor viewing this mapping is garbage collected.
-            weakref.finalize(mapping, _set_flag, self.mm, 64 + entry * _REL_STRIDE + me)
+            weakref.finalize(mapping, _set_flag, mm, 64 + entry * _REL_STRIDE + me)
             del mapping
         self._fence()
-        self.mm[base + 1 + me] = 1
+        mm[base + 1 + me] = 1
         self._cursor = (self._cursor + 1) % self.n_slots
         return True, obj
 

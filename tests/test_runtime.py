@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from parallel_runtime.affinity import allowed_cpus, plan_cpu_affinity
+from parallel_runtime.bench_runtime import cpu_seconds
 from parallel_runtime.config import ParallelConfig
 from parallel_runtime.errors import ConfigError, JobCancelled, WorkerDied, WorkerError
 from parallel_runtime.host import WorkerPool
@@ -37,6 +39,18 @@ def _alive(pid: int) -> bool:
 
 def _segments(prefix: str) -> list[str]:
     return sorted(p.name for p in Path("/dev/shm").glob(prefix + "*"))
+
+
+def _processes_mentioning(text: str) -> list[int]:
+    """Live processes whose command line contains ``text`` (workers carry their pool's prefix)."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if text in cmdline.read_bytes().decode(errors="replace") and _alive(int(cmdline.parent.name)):
+                found.append(int(cmdline.parent.name))
+        except OSError:
+            continue
+    return found
 
 
 def _assert_gone(pids: list[int], prefix: str, within: float = 10.0) -> None:
@@ -206,6 +220,40 @@ def test_interpreter_exit_or_host_death_leaves_nothing(how):
     _assert_gone(info["pids"], info["prefix"], within=10.0)
 
 
+STARTUP_DEATH_SCRIPT = textwrap.dedent(
+    """
+    import json, os
+    from parallel_runtime.host import WorkerPool
+    from parallel_runtime.config import ParallelConfig
+    from parallel_runtime.errors import WorkerDied
+    pool = WorkerPool("cpu:2", ParallelConfig(ulysses=2), threads_per_worker=1)
+    try:
+        pool.start()
+    except WorkerDied as exc:
+        print(json.dumps({"prefix": f"dpar-{os.getpid()}-", "error": str(exc)}), flush=True)
+    # Exit at once: cleanup must already be complete, not left to a daemon thread.
+    """
+)
+
+
+def test_worker_dying_at_startup_fails_start_and_leaves_nothing(tmp_path):
+    # A sitecustomize that kills only worker processes (their argv holds the JSON spec) at start.
+    (tmp_path / "sitecustomize.py").write_text(
+        "import os, sys\nif any('world_size' in a for a in sys.argv):\n    os._exit(3)\n"
+    )
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+    for _ in range(3):  # the race it guards against is timing-dependent
+        proc = subprocess.run(
+            [sys.executable, "-c", STARTUP_DEATH_SCRIPT], capture_output=True, text=True, timeout=120, env=env
+        )
+        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+        assert lines, proc.stdout + proc.stderr
+        info = json.loads(lines[-1])
+        assert "exit code 3" in info["error"]
+        assert _segments(info["prefix"]) == []
+        assert _processes_mentioning(info["prefix"]) == []
+
+
 def test_two_pools_side_by_side():
     with WorkerPool("cpu:2", TWO, threads_per_worker=1) as a, WorkerPool("cpu:1", ParallelConfig()) as b:
         fa = [a.submit("echo", ("a", i)) for i in range(20)]
@@ -260,17 +308,54 @@ def test_idle_worker_does_not_spin(cpu_pool):
     pool = cpu_pool(TWO)
     pool.submit("noop").result(10)
     time.sleep(1.0)  # let post-job housekeeping finish
-
-    def cpu_ticks(pid):
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().split(") ")[1].split()
-        return int(fields[11]) + int(fields[12])
-
-    before = [cpu_ticks(p) for p in pool.pids]
+    before = [cpu_seconds(p) for p in pool.pids]
     time.sleep(2.0)
-    after = [cpu_ticks(p) for p in pool.pids]
-    hz = os.sysconf("SC_CLK_TCK")
-    percent = [100.0 * (a - b) / hz / 2.0 for a, b in zip(after, before)]
+    after = [cpu_seconds(p) for p in pool.pids]
+    percent = [100.0 * (a - b) / 2.0 for a, b in zip(after, before)]
     # A spinning reader would use ~100%; sleeping ones use well under 1% (the benchmark measures
-    # the real figure). The margin absorbs tick granularity on a loaded CI machine.
+    # the real figure). The margin absorbs a loaded CI machine.
     assert max(percent) <= 10.0, percent
+
+
+def _voluntary_switches(pid: int, thread_name: str) -> int:
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        if (task / "comm").read_text().strip() == thread_name:
+            status = (task / "status").read_text()
+            return int(status.split("voluntary_ctxt_switches:")[1].split()[0])
+    raise AssertionError(f"no thread named {thread_name} in process {pid}")
+
+
+def test_idle_gloo_loop_thread_wakes_rarely(cpu_pool):
+    """gloo's loop thread has a fixed 10 ms epoll timeout (100 wake-ups/s); workers create it with
+    a 100 ms timer slack, so an idle one wakes about 10 times a second."""
+    pool = cpu_pool(TWO)
+    pool.submit("noop").result(10)
+    time.sleep(0.5)
+    before = [_voluntary_switches(p, "gloo_tcp_loop") for p in pool.pids]
+    time.sleep(2.0)
+    wakeups_per_s = [(_voluntary_switches(p, "gloo_tcp_loop") - b) / 2.0 for p, b in zip(pool.pids, before)]
+    assert max(wakeups_per_s) <= 30, wakeups_per_s
+    # ...while the job thread keeps precise timers (its slack was restored).
+    assert pool.submit("sleep_steps", 20, 0.001, result_rank=0).result(10) == 20
+    start = time.perf_counter()
+    pool.submit("sleep_steps", 20, 0.001).result(10)
+    assert time.perf_counter() - start < 1.0
+
+
+def test_cpu_ranks_are_pinned_to_disjoint_cores_when_they_fit(cpu_pool):
+    pool = cpu_pool(TWO)
+    expected = plan_cpu_affinity(pool.devices, pool.opts["threads"], allowed_cpus())
+    reported = [pool.worker_info[r]["cpus"] for r in range(2)]
+    if expected[0] is None:  # fewer cores than ranks here: nothing pinned, each may use every core
+        assert reported == [allowed_cpus()] * 2
+    else:
+        assert reported == expected
+        assert not set(reported[0]) & set(reported[1])
+
+
+def test_affinity_plan():
+    cpus = [0, 1, 2, 3, 4, 5]
+    assert plan_cpu_affinity(["cpu"] * 2, 3, cpus) == [[0, 1, 2], [3, 4, 5]]
+    assert plan_cpu_affinity(["cpu"] * 4, 2, cpus) == [None] * 4  # 8 threads on 6 cores: unpinned
+    assert plan_cpu_affinity(["cuda:0", "cuda:1"], 4, cpus) == [None, None]
+    assert plan_cpu_affinity(["cpu"] * 2, 1, [4, 7]) == [[4], [7]]
