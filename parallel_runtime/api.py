@@ -117,15 +117,7 @@ class ParallelModel:
         with self._lock:
             self._ensure_loaded()
             fut = self.pool.submit(JOB + job, *args, on_event=on_event, **kwargs)
-            if should_cancel is None:
-                return fut.result()
-            while True:
-                try:
-                    return fut.result(timeout=0.1)
-                except TimeoutError:
-                    if should_cancel():
-                        fut.cancel()
-                        return fut.result(timeout=60)
+            return fut.wait(should_cancel=should_cancel)
 
     def _ensure_loaded(self) -> None:
         """A restarted pool (after a worker death) has lost the model: load it again."""
@@ -136,7 +128,7 @@ class ParallelModel:
                 self.request.dtype,
                 self.request.attention,
                 **self.request.load_kwargs(),
-            ).result()
+            ).wait()
             self.info.update(info, _pool_start=self.pool.starts)
 
     def encode_text(self, prompt: str | list[str]) -> Conditioning:
@@ -294,9 +286,7 @@ def load_parallel_model(request: LoadRequest, registry: PoolRegistry, reason: st
     opts = {} if request.threads_per_worker is None else {"threads_per_worker": request.threads_per_worker}
     check_pipefusion_request(request, config)
     pool = registry.get(devices, config, key=(str(path), request.dtype), **opts)
-    info = pool.submit(
-        JOB + "load_model", str(path), request.dtype, request.attention, **request.load_kwargs()
-    ).result()
+    info = pool.submit(JOB + "load_model", str(path), request.dtype, request.attention, **request.load_kwargs()).wait()
     info["_pool_start"] = pool.starts
     if request.family and request.family != info["family"]:
         raise ConfigError(

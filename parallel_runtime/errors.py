@@ -67,3 +67,8 @@ class JobCancelled(RuntimeError):
 
 class PoolClosed(RuntimeError):
     """The pool was closed; submit on a new pool."""
+
+
+class PoolAborted(RuntimeError):
+    """The workers were torn down on purpose (a job ignored cancel or ran past its limit); the
+    next job starts a fresh pool."""

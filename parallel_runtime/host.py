@@ -27,7 +27,7 @@ from typing import Any
 
 from .affinity import allowed_cpus, plan_cpu_affinity
 from .config import ParallelConfig, parse_devices, validate_layout
-from .errors import ConfigError, JobCancelled, PoolClosed, RuntimeTimeout, WorkerDied, WorkerError
+from .errors import ConfigError, JobCancelled, PoolAborted, PoolClosed, RuntimeTimeout, WorkerDied, WorkerError
 from .shm import Segment, ShmRing, drain_doorbell, make_doorbell, sweep_segments
 
 log = logging.getLogger("parallel_runtime.host")
@@ -60,12 +60,12 @@ class JobFuture:
         if not self.done():
             self._runtime.request_cancel(self.job_id)
 
-    def result(self, timeout: float | None = None) -> Any:
-        timeout = self._default_timeout if timeout is None else timeout
-        # Wait on the workers' doorbells from this thread and drain the rings here: one thread
-        # hand-over less than waiting for the event thread. (Spinning instead was measured slower:
-        # it steals the workers' CPU.) The event thread still delivers events and detects deaths.
-        deadline = time.monotonic() + timeout
+    def _wait_until(self, deadline: float) -> bool:
+        """Drain the workers' rings from this thread until the job is done or ``deadline`` passes.
+
+        The caller waits on the workers' doorbells itself: one thread hand-over less than waiting
+        for the event thread (spinning instead was measured slower: it steals the workers' CPU).
+        The event thread still delivers events and detects deaths."""
         rt = self._runtime
         with rt.waiting():
             while not self._done.is_set():
@@ -76,7 +76,13 @@ class JobFuture:
                 if self._done.is_set():
                     break
                 rt.wait_for_messages(min(left, 0.05))
-        if not self._done.wait(max(deadline - time.monotonic(), 0.0) if not rt.closed else 1.0):
+        return self._done.wait(max(deadline - time.monotonic(), 0.0) if not rt.closed else 1.0)
+
+    def result(self, timeout: float | None = None) -> Any:
+        """The result (see the class doc); RuntimeTimeout after ``timeout`` seconds, leaving the job
+        running. Interactive callers want :meth:`wait`, which never leaves the pool wedged."""
+        timeout = self._default_timeout if timeout is None else timeout
+        if not self._wait_until(time.monotonic() + timeout):
             raise RuntimeTimeout(
                 f"job '{self.name}' (id {self.job_id}) did not finish within {timeout:.1f} s; "
                 f"ranks still running: {sorted(self._pending_ranks)}. Cancel it with future.cancel() or close the pool."
@@ -86,6 +92,41 @@ class JobFuture:
         if self.result_rank == "all":
             return [self._values.get(r) for r in range(self._world)]
         return self._values.get(self.result_rank)
+
+    def wait(
+        self,
+        should_cancel: Callable[[], bool] | None = None,
+        timeout: float | None = None,
+        cancel_grace_s: float = 60.0,
+        poll_s: float = 0.1,
+    ) -> Any:
+        """Wait for the result as an interactive caller should: cancel the job once
+        ``should_cancel()`` returns True (checked every ``poll_s``), and if the job ignores the
+        cancel for ``cancel_grace_s`` or runs past ``timeout``, restart the workers so that the
+        next job does not queue behind it. Raises JobCancelled or RuntimeTimeout then."""
+        timeout = self._default_timeout if timeout is None else timeout
+        deadline = time.monotonic() + timeout
+        cancel_deadline: float | None = None
+        while not self._wait_until(min(time.monotonic() + poll_s, deadline, cancel_deadline or deadline)):
+            now = time.monotonic()
+            if cancel_deadline is None and should_cancel is not None and should_cancel():
+                self.cancel()
+                cancel_deadline = now + cancel_grace_s
+            elif cancel_deadline is not None and now >= cancel_deadline:
+                why = f"it did not stop within {cancel_grace_s:.0f} s of being cancelled"
+                self._runtime.abort(f"job '{self.name}' (id {self.job_id}) was abandoned: {why}")
+                raise JobCancelled(
+                    f"job '{self.name}' was cancelled; {why}, so the workers were restarted "
+                    "(the next job starts a fresh pool and reloads the model)"
+                )
+            elif now >= deadline:
+                self._runtime.abort(f"job '{self.name}' (id {self.job_id}) ran past its {timeout:.0f} s limit")
+                raise RuntimeTimeout(
+                    f"job '{self.name}' (id {self.job_id}) did not finish within {timeout:.0f} s (ranks still "
+                    f"running: {sorted(self._pending_ranks)}), so the workers were restarted; the next job "
+                    "starts a fresh pool. Raise the job timeout if such long jobs are expected."
+                )
+        return self.result(0)
 
     # called by the runtime --------------------------------------------------------------------
     def _finish(self, status: str, error: BaseException | None = None) -> None:
@@ -249,6 +290,11 @@ class _Runtime:
                 self.jobs.pop(job_id, None)
             raise
         return fut
+
+    def abort(self, reason: str) -> None:
+        """Tear the workers down on purpose: pending jobs fail with PoolAborted(reason)."""
+        if self.dead is None and not self.closed:
+            self._fail(PoolAborted(f"{reason}; the workers were restarted"))
 
     def request_cancel(self, job_id: int) -> None:
         if self.ctrl is not None and not self.closed:
@@ -621,6 +667,13 @@ class WorkerPool:
     def run(self, name: str, *args: Any, timeout: float | None = None, **kwargs: Any) -> Any:
         """``submit(...).result(timeout)``."""
         return self.submit(name, *args, **kwargs).result(timeout)
+
+    def abort(self, reason: str) -> None:
+        """Tear the workers down now (e.g. a job that ignores cancel); pending jobs fail with
+        PoolAborted and the next submit starts a fresh pool."""
+        rt = self._runtime
+        if rt is not None:
+            rt.abort(reason)
 
     def close(self) -> None:
         """Stop every worker and remove every shared-memory segment. Idempotent."""

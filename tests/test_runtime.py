@@ -152,6 +152,45 @@ def test_cancel_ends_long_job_within_a_second_and_pool_stays_warm(cpu_pool):
     assert pool.pids == pids
 
 
+STUBBORN = "tests.dist_jobs.runtime_jobs:ignore_cancel"
+
+
+def test_wait_cancels_a_cooperative_job_without_restarting(cpu_pool):
+    pool = cpu_pool(TWO)
+    starts, pids = pool.starts, pool.pids
+    t0 = time.monotonic()
+    fut = pool.submit("sleep_steps", 200, 0.05)
+    with pytest.raises(JobCancelled):
+        fut.wait(should_cancel=lambda: time.monotonic() - t0 > 0.3, cancel_grace_s=30)
+    assert time.monotonic() - t0 < 2.0
+    assert pool.starts == starts and pool.pids == pids
+    assert pool.submit("echo", 1).result(10) == 1
+
+
+def test_wait_restarts_the_pool_when_a_job_ignores_cancel():
+    with WorkerPool("cpu:2", TWO, threads_per_worker=1) as pool:
+        old_pids, prefix = pool.pids, pool.shm_prefix
+        t0 = time.monotonic()
+        fut = pool.submit(STUBBORN, 60)
+        with pytest.raises(JobCancelled, match="did not stop within 1 s.*workers were restarted"):
+            fut.wait(should_cancel=lambda: time.monotonic() - t0 > 0.2, cancel_grace_s=1.0)
+        assert time.monotonic() - t0 < 5.0
+        assert pool.submit("echo", 7).result(60) == 7  # not queued behind the abandoned job
+        assert pool.starts == 2
+        _assert_gone(old_pids, prefix)
+
+
+def test_wait_restarts_the_pool_when_a_job_runs_past_its_limit():
+    with WorkerPool("cpu:2", TWO, threads_per_worker=1) as pool:
+        pool.start()
+        t0 = time.monotonic()
+        with pytest.raises(TimeoutError, match="did not finish within 1 s.*workers were restarted"):
+            pool.submit(STUBBORN, 60).wait(timeout=1.0)
+        assert time.monotonic() - t0 < 5.0
+        assert pool.submit("echo", 8).result(60) == 8
+        assert pool.starts == 2
+
+
 def test_kill_9_during_job_fails_fast_and_next_job_restarts_pool():
     pool = WorkerPool("cpu:2", TWO, threads_per_worker=1)
     try:
