@@ -32,6 +32,7 @@ from .config import ParallelConfig, parse_devices
 from .errors import ConfigError
 
 GiB = 1024**3
+ASSUMED_SIDE = 1024  # image side the planner assumes when the size is not known
 DTYPE_BYTES: Mapping[str, int] = {"fp32": 4, "bf16": 2, "fp16": 2}
 FAMILIES: tuple[str, ...] = ("flux", "sd3", "pixart")
 TOKEN_PIXELS = 16  # every supported family makes one token per 16x16 image pixels (VAE 8 x patch 2)
@@ -333,8 +334,8 @@ class LayoutRequest:
     """What the generation will look like (the loader plans before the sampler's values are known,
     so these are the expected values; ``cfg=None`` means the family's usual scale)."""
 
-    width: int = 1024
-    height: int = 1024
+    width: int | None = None  # None: not known yet (the loader runs before the sampler); planned for 1024
+    height: int | None = None
     cfg: float | None = None
     batch_size: int = 1
     reserve_bytes: int = int(1.5 * GiB)  # left free per GPU for the CUDA context, VAE, fragmentation
@@ -343,12 +344,24 @@ class LayoutRequest:
         return _DEFAULT_CFG.get(family, 1.0) if self.cfg is None else float(self.cfg)
 
     @property
+    def size(self) -> tuple[int, int]:
+        """(width, height) planned for: the given size, or 1024x1024 when it is not known."""
+        return (self.width or ASSUMED_SIDE, self.height or ASSUMED_SIDE)
+
+    @property
     def tokens(self) -> int:
-        return (self.height // TOKEN_PIXELS) * (self.width // TOKEN_PIXELS)
+        width, height = self.size
+        return (height // TOKEN_PIXELS) * (width // TOKEN_PIXELS)
 
     @property
     def token_rows(self) -> int:
-        return self.height // TOKEN_PIXELS
+        return self.size[1] // TOKEN_PIXELS
+
+    def describe_size(self) -> str:
+        width, height = self.size
+        if self.width is None or self.height is None:
+            return f"{self.tokens} image tokens if the image is {width}x{height} (the loader cannot see the sampler's size)"
+        return f"{self.tokens} image tokens ({width}x{height})"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -417,8 +430,7 @@ def plan_layout(machine: MachineInfo, model: ModelInfo, request: LayoutRequest |
         return LayoutPlan(ParallelConfig(), names, reason=f"1 {kind}: single-device run, nothing to split")
 
     cfg_scale = request.cfg_for(model.family)
-    tokens = request.tokens
-    facts.append(f"{tokens} image tokens ({request.width}x{request.height})")
+    facts.append(request.describe_size())
 
     # 1. CFG parallel first when there are two branches to run.
     cfg = 1

@@ -145,3 +145,11 @@ def test_single_file_family_detection_and_wrong_family(tmp_path):
         ModelInfo.from_path(f, family="flux")
     assert detect_family(["double_blocks.0.img_attn.qkv.weight"]) == "flux"
     assert detect_family(["vae.decoder.conv_in.weight"]) is None
+
+
+def test_reason_says_when_the_image_size_is_assumed():
+    machine = MachineInfo.uniform(2, 80, p2p=True)
+    guessed = plan_layout(machine, SD3, LayoutRequest(cfg=1.0))
+    assert "4096 image tokens if the image is 1024x1024 (the loader cannot see" in guessed.reason
+    known = plan_layout(machine, SD3, LayoutRequest(width=512, height=768, cfg=1.0))
+    assert "1536 image tokens (512x768)" in known.reason  # (768/16) * (512/16)
