@@ -547,7 +547,7 @@ def _td(seconds: float):
 def _default_threads(devices: list[str]) -> int:
     if devices[0].startswith("cuda"):
         return 4
-    return max(1, (os.cpu_count() or 1) // len(devices))
+    return max(1, len(allowed_cpus()) // len(devices))  # the cores this process may use, not all
 
 
 class WorkerPool:
