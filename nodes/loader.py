@@ -11,7 +11,7 @@ from parallel_runtime.errors import ConfigError
 from .bridge import ComfyBridge
 from .context import ContextNode
 from .handles import PARALLEL_MODEL, ParallelModelHandle
-from .model_files import TINY_MODELS, model_choices, resolve_model
+from .model_files import TINY_MODELS, VAE_FROM_MODEL, model_choices, resolve_model, resolve_vae, vae_choices
 
 log = logging.getLogger("dit_parallel.nodes")
 
@@ -111,7 +111,18 @@ class ParallelModelLoader(ContextNode):
                     ATTENTION,
                     {"default": "auto", "tooltip": "Attention kernel: flash-attn when available, else SDPA."},
                 ),
-            }
+            },
+            "optional": {
+                "vae": (
+                    vae_choices(ComfyBridge()),
+                    {
+                        "default": VAE_FROM_MODEL,
+                        "tooltip": "The VAE that Parallel VAE Decode uses: the model's own (a diffusers folder's, or "
+                        "a full checkpoint's), or a file from models/vae, e.g. ae.safetensors for a Flux "
+                        "transformer file, which carries none.",
+                    },
+                ),
+            },
         }
 
     @classmethod
@@ -166,11 +177,17 @@ class ParallelModelLoader(ContextNode):
         pp_warmup: int,
         dtype: str,
         attention: str,
+        vae: str = VAE_FROM_MODEL,
     ) -> dict[str, Any]:
         from parallel_runtime.layout import LayoutRequest, MachineInfo, ModelInfo, plan_layout
 
         ctx = self.context
         target = resolve_model(model, ctx.bridge)
+        vae_path = resolve_vae(vae, ctx.bridge)
+        if vae_path is not None:
+            from parallel_runtime.vae_file import inspect_vae_file
+
+            inspect_vae_file(vae_path)  # a wrong file fails here, before any memory is freed or worker started
         chosen = None if family == "auto" else family
         info = ModelInfo.from_path(_local_path(target), family=chosen, dtype=dtype)
         if chosen is not None and info.family != chosen:
@@ -199,6 +216,7 @@ class ParallelModelLoader(ContextNode):
             pp_stage_weights=weights if config.pp > 1 else None,
             dtype=dtype,
             attention=attention,
+            vae=vae_path,
         )
         handle = ParallelModelHandle(request, ctx, model, info.family, tuple(devs), config.describe(), reason)
         handle.model()  # start the workers now, so load errors show on this node

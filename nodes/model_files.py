@@ -4,7 +4,9 @@
   relative to that folder, e.g. ``FLUX.1-dev``;
 - single ``.safetensors`` transformer files under ``models/diffusion_models`` (and ``unet``);
 - the embedded ``tiny-flux`` / ``tiny-sd3`` / ``tiny-pixart`` (random weights, built once
-  locally) for trying the pack without downloads.
+  locally) for trying the pack without downloads;
+- VAE ``.safetensors`` files under ``models/vae``, for decoding with another VAE than the model's
+  own (or at all, for a transformer-only file).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from .bridge import Bridge
 
 TINY_MODELS: tuple[str, ...] = ("tiny-flux", "tiny-sd3", "tiny-pixart")
 SINGLE_FILE_SUFFIXES: tuple[str, ...] = (".safetensors", ".sft")
+VAE_FROM_MODEL = "(the model's own)"
 
 
 def diffusers_folders(bridge: Bridge) -> list[str]:
@@ -30,14 +33,44 @@ def diffusers_folders(bridge: Bridge) -> list[str]:
     return sorted(set(found))
 
 
-def single_files(bridge: Bridge) -> list[str]:
+def _files_under(bridge: Bridge, kind: str) -> list[str]:
+    """Safetensors files in ComfyUI's ``kind`` folders, as paths relative to their folder."""
     found: list[str] = []
-    for root in bridge.folder_paths("diffusion_models"):
+    for root in bridge.folder_paths(kind):
         for dirpath, _, filenames in os.walk(root, followlinks=True):
             for name in filenames:
                 if name.endswith(SINGLE_FILE_SUFFIXES):
                     found.append(Path(os.path.relpath(os.path.join(dirpath, name), root)).as_posix())
     return sorted(set(found))
+
+
+def single_files(bridge: Bridge) -> list[str]:
+    return _files_under(bridge, "diffusion_models")
+
+
+def vae_choices(bridge: Bridge) -> list[str]:
+    """The loader's VAE list: the model's own, then the files in models/vae."""
+    return [VAE_FROM_MODEL, *_files_under(bridge, "vae")]
+
+
+def resolve_vae(name: str, bridge: Bridge) -> str | None:
+    """None for the model's own VAE, else the absolute path of the chosen VAE file."""
+    name = (name or VAE_FROM_MODEL).strip()
+    if name == VAE_FROM_MODEL:
+        return None
+    for root in bridge.folder_paths("vae"):
+        candidate = Path(root) / name
+        if candidate.is_file():
+            return str(candidate)
+    if os.path.isabs(name) and os.path.isfile(name):
+        return name
+    raise ConfigError(
+        f"VAE {name!r} was not found",
+        "the loader looks for VAE .safetensors files in models/vae (searched: "
+        + (", ".join(bridge.folder_paths("vae")) or "no vae folder is configured")
+        + ")",
+        f"put the file there and refresh the page (R), or choose {VAE_FROM_MODEL!r}",
+    )
 
 
 def model_choices(bridge: Bridge) -> list[str]:

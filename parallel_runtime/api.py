@@ -39,10 +39,18 @@ class LoadRequest:
     pp_patches: int | None = None  # PipeFusion row bands (None: automatic); used when layout.pp > 1
     pp_warmup: int = 1  # PipeFusion steps run synchronously on the whole image first
     pp_stage_weights: tuple[float, ...] | None = None  # relative blocks per stage (None: equal)
+    vae: str | None = None  # a VAE .safetensors file to decode with instead of the model's own
+    vae_norm_groups: int = 32  # GroupNorm groups of that VAE (32 in every published one)
 
     def load_kwargs(self) -> dict[str, Any]:
         """Keyword arguments of the load_model job beyond (path, dtype, attention)."""
-        return {"pp_stage_weights": tuple(self.pp_stage_weights)} if self.pp_stage_weights else {}
+        kwargs: dict[str, Any] = {}
+        if self.pp_stage_weights:
+            kwargs["pp_stage_weights"] = tuple(self.pp_stage_weights)
+        if self.vae:
+            kwargs["vae_path"] = str(Path(self.vae).expanduser().resolve())
+            kwargs["vae_norm_groups"] = self.vae_norm_groups
+        return kwargs
 
 
 def resolve_model_path(model: str) -> Path:
@@ -285,6 +293,10 @@ def load_parallel_model(request: LoadRequest, registry: PoolRegistry, reason: st
     )
     opts = {} if request.threads_per_worker is None else {"threads_per_worker": request.threads_per_worker}
     check_pipefusion_request(request, config)
+    if request.vae:
+        from .vae_file import inspect_vae_file
+
+        inspect_vae_file(request.vae, request.vae_norm_groups)  # a bad file fails before any worker starts
     pool = registry.get(devices, config, key=(str(path), request.dtype), **opts)
     info = pool.submit(JOB + "load_model", str(path), request.dtype, request.attention, **request.load_kwargs()).wait()
     info["_pool_start"] = pool.starts

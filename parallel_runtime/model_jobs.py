@@ -58,8 +58,10 @@ def _loaded(ctx: JobContext) -> LoadedModel:
 
 
 def _require_part(model: LoadedModel, part: str) -> None:
-    """A single-file model holds only the transformer: name the ComfyUI nodes that do ``part``."""
-    if model.components.path.is_file():
+    """A single-file model holds only the transformer (and a VAE when one was given or the file is
+    a full checkpoint): name the ComfyUI nodes that do ``part`` otherwise."""
+    missing = model.components.vae is None if part == "vae" else model.components.path.is_file()
+    if missing:
         from .single_file import missing_part_error
 
         raise missing_part_error(model.components.path, part)
@@ -71,6 +73,8 @@ def load_model(
     dtype: str = "fp32",
     attention: str = "auto",
     pp_stage_weights: tuple[float, ...] | None = None,
+    vae_path: str | None = None,
+    vae_norm_groups: int = 32,
 ) -> dict[str, Any]:
     """Load the pipeline onto this rank's device (text encoders only on TEXT_RANK). Reuses it when
     the same model and dtype are already loaded. With pp > 1 each rank loads only its PipeFusion
@@ -78,7 +82,7 @@ def load_model(
     transformer file (``path`` is a file) loads the transformer only (single_file.py)."""
     pp = ctx.mesh.size("pp")
     weights = tuple(pp_stage_weights) if pp > 1 and pp_stage_weights else None
-    key = (str(path), dtype, pp, weights)
+    key = (str(path), dtype, pp, weights, vae_path, vae_norm_groups)
     model = ctx.state.get("model")
     if model is None or model.key != key:
         ctx.state.pop("model", None)
@@ -97,6 +101,10 @@ def load_model(
             )
         else:
             comps = load_pipeline_components(path, ctx.device, _dtype(dtype), ("transformer", "vae", *text))
+        if vae_path is not None:
+            comps.vae = _vae_from_file(comps, vae_path, ctx.device, vae_norm_groups)
+        elif Path(path).is_file():
+            comps.vae = _embedded_vae(comps, path, ctx.device)
         if comps.vae is not None:
             comps.vae.to(torch.float32 if dtype == "fp16" else _dtype(dtype))
         if ctx.rank == TEXT_RANK and Path(path).is_dir():
@@ -127,6 +135,35 @@ def load_model(
         "transformer_bytes": weight_bytes,
         "memory": ctx.report_memory(),
     }
+
+
+def _vae_from_file(comps: PipelineComponents, file: str, device: torch.device, norm_groups: int) -> torch.nn.Module:
+    """The VAE in ``file`` in place of the model's own. It keeps the model's latent scale and shift
+    (its own VAE's, or the family's), which a VAE file does not record."""
+    from .vae_file import load_vae_file
+
+    fmt = comps.adapter().plan.latent_format
+    vae = load_vae_file(file, device, torch.float32, norm_groups)
+    if vae.config.latent_channels != fmt.channels:
+        raise ConfigError(
+            f"the VAE {Path(file).name} has {vae.config.latent_channels} latent channels but this "
+            f"{comps.family} model makes {fmt.channels}",
+            "a latent can only be decoded by the VAE family that made it",
+            f"pick the {comps.family} VAE (e.g. ae.safetensors for Flux), or the model's own VAE",
+        )
+    vae.register_to_config(scaling_factor=fmt.scale, shift_factor=fmt.shift or None)
+    return vae
+
+
+def _embedded_vae(comps: PipelineComponents, path: str, device: torch.device) -> torch.nn.Module | None:
+    """A full checkpoint (transformer plus ``first_stage_model.*``) carries its VAE: use it."""
+    from .vae_file import inspect_vae_file
+
+    try:
+        inspect_vae_file(path)
+    except ConfigError:
+        return None  # a transformer-only file
+    return _vae_from_file(comps, path, device, 32)
 
 
 def _world_devices(ctx: JobContext) -> list[str]:

@@ -317,5 +317,6 @@ def missing_part_error(path: str | os.PathLike, part: str) -> ConfigError:
     return ConfigError(
         f"{name} holds only a transformer: it has no VAE to decode latents with",
         "a single diffusion-model file carries no VAE (ComfyUI keeps it in models/vae)",
-        "decode the parallel sampler's LATENT with ComfyUI's Load VAE + VAE Decode nodes, or load a diffusers folder",
+        "pick the model's VAE file in the Parallel Model Loader's vae input (parallel decode), or decode the "
+        "LATENT with ComfyUI's Load VAE + VAE Decode nodes",
     )

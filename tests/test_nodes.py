@@ -393,6 +393,14 @@ def test_loader_errors_before_starting_workers(tmp_path):
         loader.load(model="sd3.safetensors", **{**args, "family": "flux"})
     with pytest.raises(ConfigError, match="no devices were given"):
         loader.load(model="tiny-flux", **{**args, "devices": ","})
+    # The VAE input is checked before any worker starts too.
+    (tmp_path / "vae").mkdir()
+    bridge.folders["vae"] = [str(tmp_path / "vae")]
+    _write_safetensors(tmp_path / "vae" / "clip_l.safetensors", ["text_model.final_layer_norm.weight"])
+    with pytest.raises(ConfigError, match="clip_l.safetensors holds no VAE"):
+        loader.load(model="tiny-flux", vae="clip_l.safetensors", **args)
+    with pytest.raises(ConfigError, match="VAE 'ae.safetensors' was not found"):
+        loader.load(model="tiny-flux", vae="ae.safetensors", **args)
     assert bridge.freed == []  # nothing was started
 
 
@@ -419,6 +427,20 @@ def test_model_choices_list_folders_and_files(tmp_path):
     )
     assert model_choices(bridge) == ["FLUX.1-dev", "flux1-dev.safetensors", "tiny-flux", "tiny-sd3", "tiny-pixart"]
     assert resolve_model("flux1-dev.safetensors", bridge) == str(tmp_path / "unet" / "flux1-dev.safetensors")
+
+
+def test_vae_choices_and_resolution(tmp_path):
+    from dit_parallel_pack.nodes.model_files import VAE_FROM_MODEL, resolve_vae, vae_choices
+
+    (tmp_path / "vae" / "flux").mkdir(parents=True)
+    (tmp_path / "vae" / "flux" / "ae.safetensors").write_bytes(b"")
+    (tmp_path / "vae" / "notes.txt").write_text("not a VAE")
+    bridge = RecordingBridge(folders={"vae": [str(tmp_path / "vae")]})
+    assert vae_choices(bridge) == [VAE_FROM_MODEL, "flux/ae.safetensors"]
+    assert resolve_vae(VAE_FROM_MODEL, bridge) is None
+    assert resolve_vae("flux/ae.safetensors", bridge) == str(tmp_path / "vae" / "flux" / "ae.safetensors")
+    with pytest.raises(ConfigError, match="VAE 'sdxl_vae.safetensors' was not found"):
+        resolve_vae("sdxl_vae.safetensors", bridge)
 
 
 # -- part 2: end to end on the tiny families with the real runtime ----------------------------------

@@ -8,6 +8,7 @@ import struct
 
 import pytest
 import torch
+from ldm_vae_layout import to_ldm  # tests/ helper
 from safetensors.torch import save_file
 
 from parallel_runtime.config import ParallelConfig
@@ -477,3 +478,45 @@ def test_pool_generate_from_single_file_equals_folder(cpu_pool, tmp_path, family
         pool.submit(JOB + "encode_text", ["a house"]).result(60)
     with pytest.raises(WorkerError, match="VAE Decode"):
         pool.submit(JOB + "decode", latent).result(60)
+
+    # With the VAE from its own file (original LDM names): sampling is unchanged (the model keeps
+    # its latent scale and shift) and the parallel decode equals the folder model's.
+    pool.submit(JOB + "load_model", str(folder), "fp32", "sdpa").result(300)
+    z = torch.randn(1, 16, 8, 12, generator=torch.Generator().manual_seed(1))
+    folder_image = pool.submit(JOB + "decode", z).result(300)
+    vae = load_pipeline_components(folder, "cpu", torch.float32, parts=("vae",)).vae
+    vae_file = tmp_path / "ae.safetensors"
+    save_file(to_ldm(vae.state_dict(), len(vae.config.block_out_channels)), str(vae_file))
+    pool.submit(JOB + "load_model", str(path), "fp32", "sdpa", vae_path=str(vae_file), vae_norm_groups=4).result(300)
+    got = pool.submit(JOB + "generate", pos, neg if cfg > 1 else None, latent, settings, 96, 64).result(300)
+    assert (got - expected).abs().max().item() <= 1e-6
+    torch.testing.assert_close(pool.submit(JOB + "decode", z).result(300), folder_image, rtol=0, atol=1e-6)
+
+
+def test_pool_decodes_with_a_vae_file_instead_of_the_models_own(cpu_pool, tmp_path):
+    """The loader's vae input overrides a folder model's VAE too; a VAE of another latent width is refused."""
+    folder = ensure_tiny_model("tiny-flux")
+    vae = load_pipeline_components(folder, "cpu", torch.float32, parts=("vae",)).vae
+    state = {k: v.clone() for k, v in vae.state_dict().items()}
+    state["decoder.conv_out.bias"] += 0.25  # a recognisably different VAE
+    vae.load_state_dict(state)
+    vae_file = tmp_path / "other_ae.safetensors"
+    save_file(to_ldm(state, len(vae.config.block_out_channels)), str(vae_file))
+    pool = cpu_pool(ParallelConfig(ulysses=2))
+    z = torch.randn(1, 16, 16, 8, generator=torch.Generator().manual_seed(2))
+    pool.submit(JOB + "load_model", str(folder), "fp32", "sdpa").result(300)
+    own = pool.submit(JOB + "decode", z).result(300)
+    pool.submit(JOB + "load_model", str(folder), "fp32", "sdpa", vae_path=str(vae_file), vae_norm_groups=4).result(300)
+    other = pool.submit(JOB + "decode", z).result(300)
+    with torch.no_grad():
+        expected = (vae.decode(z).sample / 2 + 0.5).clamp(0, 1).permute(0, 2, 3, 1)
+    torch.testing.assert_close(other, expected, rtol=0, atol=1e-5)
+    assert (other - own).abs().max().item() > 0.01
+
+    pixart_vae = load_pipeline_components(ensure_tiny_model("tiny-pixart"), "cpu", torch.float32, parts=("vae",)).vae
+    four_channel = tmp_path / "sdxl_vae.safetensors"
+    save_file(to_ldm(pixart_vae.state_dict(), 4), str(four_channel))
+    with pytest.raises(WorkerError, match="4 latent channels but this flux model makes 16"):
+        pool.submit(
+            JOB + "load_model", str(folder), "fp32", "sdpa", vae_path=str(four_channel), vae_norm_groups=4
+        ).result(300)

@@ -90,7 +90,7 @@ CORE_NODES: dict[str, tuple[list[tuple[str, Any]], tuple[str, ...]]] = {
 }
 FRONTEND_ONLY = {"Note", "MarkdownNote"}  # UI annotations, never sent to the server
 WIDGET_TYPES = {"INT", "FLOAT", "STRING", "BOOLEAN"}
-DYNAMIC = {("DiTParallelModelLoader", "model")}  # lists the user's model folders
+DYNAMIC = {("DiTParallelModelLoader", "model"), ("DiTParallelModelLoader", "vae")}  # list the user's model folders
 
 
 def load_pack():

@@ -1,0 +1,155 @@
+"""A VAE from ONE file, as ComfyUI users keep them: ``models/vae/ae.safetensors`` (Flux),
+``sdxl_vae.safetensors``, or the ``first_stage_model.`` part of a full checkpoint.
+
+The structure (levels, widths, blocks per level, latent channels, quant convs, mid-block
+attention) is read from the tensor shapes in the header; the only thing weights do not record is
+the GroupNorm group count, 32 in every published SD / SDXL / SD3 / Flux VAE. Original (LDM) names
+are converted by diffusers' own ``convert_ldm_vae_checkpoint``; files already in diffusers names
+load as they are. Only the VAE's tensors are read, so a 10 GB checkpoint costs its VAE's bytes.
+Decoding needs no scaling factors (a LATENT holds raw VAE latents), so none are guessed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from .errors import ConfigError
+from .layout import read_safetensors_header
+
+PREFIXES: tuple[str, ...] = ("", "first_stage_model.", "vae.")
+DEFAULT_NORM_GROUPS = 32
+# (layout, name of a tensor only that layout has, per-level resnet conv2 name, mid attention name)
+_LAYOUTS: tuple[tuple[str, str, str, str], ...] = (
+    (
+        "ldm",
+        "decoder.mid.block_1.conv1.weight",
+        "encoder.down.{i}.block.{j}.conv2.weight",
+        "decoder.mid.attn_1.q.weight",
+    ),
+    (
+        "diffusers",
+        "decoder.mid_block.resnets.0.conv1.weight",
+        "encoder.down_blocks.{i}.resnets.{j}.conv2.weight",
+        "decoder.mid_block.attentions.0.to_q.weight",
+    ),
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class VaeFileInfo:
+    """What the header says: where the VAE's tensors are and the AutoencoderKL config they imply."""
+
+    path: Path
+    prefix: str
+    layout: str  # "ldm" | "diffusers"
+    config: dict[str, Any]
+
+    @property
+    def latent_channels(self) -> int:
+        return int(self.config["latent_channels"])
+
+
+def inspect_vae_file(path: str | os.PathLike, norm_num_groups: int = DEFAULT_NORM_GROUPS) -> VaeFileInfo:
+    """Find the VAE inside ``path`` and derive its config from the header (reads no weights)."""
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise ConfigError(
+            f"VAE file {path} not found",
+            "the VAE is read from that file",
+            "pick a file from ComfyUI's models/vae folder, or leave the VAE input on the model's own",
+        )
+    if path.suffix.lower() not in (".safetensors", ".sft"):
+        raise ConfigError(
+            f"{path.name} is not a .safetensors file",
+            "VAE files are read lazily from safetensors headers (pickled .pt/.ckpt files could run code)",
+            "use the .safetensors release of the VAE",
+        )
+    shapes = {k: tuple(v["shape"]) for k, v in read_safetensors_header(path).items()}
+    for prefix in PREFIXES:
+        for layout, marker, conv2, attention in _LAYOUTS:
+            if prefix + marker in shapes:
+                local = {k[len(prefix) :]: s for k, s in shapes.items() if k.startswith(prefix)}
+                config = _config(local, conv2, attention, norm_num_groups)
+                widths = config["block_out_channels"]
+                if norm_num_groups < 1 or any(w % norm_num_groups for w in widths):
+                    raise ConfigError(
+                        f"the VAE in {path.name} has widths {widths}, which {norm_num_groups} GroupNorm groups do not divide",
+                        "GroupNorm splits each width into equal groups",
+                        "give the group count the VAE was trained with (32 for every published VAE)",
+                    )
+                return VaeFileInfo(path, prefix, layout, config)
+    raise ConfigError(
+        f"{path.name} holds no VAE",
+        "no decoder tensors were found under any known name (decoder.mid.block_1 / decoder.mid_block, "
+        f"with prefixes {', '.join(repr(p) for p in PREFIXES if p)} or none)",
+        "pick the VAE file that belongs to the model (e.g. ae.safetensors for Flux)",
+    )
+
+
+def _config(shapes: Mapping[str, tuple[int, ...]], conv2: str, attention: str, norm_num_groups: int) -> dict:
+    levels = 0
+    while conv2.format(i=levels, j=0) in shapes:
+        levels += 1
+    blocks = 0
+    while conv2.format(i=0, j=blocks) in shapes:
+        blocks += 1
+    return {
+        "in_channels": shapes["encoder.conv_in.weight"][1] if "encoder.conv_in.weight" in shapes else 3,
+        "out_channels": shapes["decoder.conv_out.weight"][0],
+        "down_block_types": ["DownEncoderBlock2D"] * levels,
+        "up_block_types": ["UpDecoderBlock2D"] * levels,
+        "block_out_channels": [shapes[conv2.format(i=i, j=0)][0] for i in range(levels)],
+        "layers_per_block": blocks,
+        "latent_channels": shapes["decoder.conv_in.weight"][1],
+        "norm_num_groups": norm_num_groups,
+        "use_quant_conv": "quant_conv.weight" in shapes,
+        "use_post_quant_conv": "post_quant_conv.weight" in shapes,
+        "mid_block_add_attention": attention in shapes,
+    }
+
+
+def load_vae_file(
+    path: str | os.PathLike,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.float32,
+    norm_num_groups: int = DEFAULT_NORM_GROUPS,
+) -> nn.Module:
+    """A diffusers ``AutoencoderKL`` with the weights of the VAE in ``path`` (see the module doc)."""
+    from diffusers import AutoencoderKL
+    from safetensors import safe_open
+
+    from .partial_loading import parameters_on_meta
+
+    info = inspect_vae_file(path, norm_num_groups)
+    with safe_open(str(info.path), framework="pt", device="cpu") as f:
+        names = [k for k in f.keys() if k.startswith(info.prefix)]  # noqa: SIM118 - safe_open is not iterable
+        state = {k[len(info.prefix) :]: f.get_tensor(k) for k in names}
+    if info.layout == "ldm":
+        from diffusers.loaders.single_file_utils import convert_ldm_vae_checkpoint
+
+        state = convert_ldm_vae_checkpoint(state, info.config)
+    with parameters_on_meta():
+        vae = AutoencoderKL(**info.config)
+    expected = set(vae.state_dict())
+    missing, unexpected = sorted(expected - set(state)), sorted(set(state) - expected)
+    if missing:
+        raise ConfigError(
+            f"{info.path.name} lacks {len(missing)} VAE tensor(s), e.g. {missing[:3]}",
+            "the VAE found in the file does not have every part its structure implies (a partial or unusual VAE)",
+            "use the VAE file published with the model",
+        )
+    if unexpected and info.layout == "diffusers":  # a converted LDM file may carry extras (e.g. loss weights)
+        raise ConfigError(
+            f"{info.path.name} has {len(unexpected)} tensor(s) this VAE cannot hold, e.g. {unexpected[:3]}",
+            "the file's VAE has parts a standard AutoencoderKL does not",
+            "use the VAE file published with the model",
+        )
+    vae.load_state_dict({k: state[k] for k in expected}, strict=True, assign=True)
+    return nn.Module.to(vae, device=torch.device(device), dtype=dtype).eval().requires_grad_(False)
