@@ -89,10 +89,16 @@ def load_model(
         devices = _world_devices(ctx)  # collective: every rank takes part
         stages = stage_weights = None
         text: tuple[str, ...] = ()  # text encoders are loaded below, spread over the pool's devices
-        if Path(path).is_file():  # a single-file transformer: no VAE or text encoders
+        if Path(path).is_file() and pp > 1:  # a single-file transformer: no VAE or text encoders
+            from .single_file import load_single_file_stage
+
+            comps, stages, stage_weights = load_single_file_stage(
+                path, pp, ctx.mesh.rank("pp"), ctx.device, _dtype(dtype), weights
+            )
+        elif Path(path).is_file():
             from .single_file import load_single_file_components
 
-            comps = load_single_file_components(path, ctx.device, _dtype(dtype), pipefusion_degree=pp)
+            comps = load_single_file_components(path, ctx.device, _dtype(dtype))
         elif pp > 1:
             from .partial_loading import load_pipeline_stage
 

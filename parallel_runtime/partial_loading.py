@@ -17,7 +17,7 @@ import contextlib
 import dataclasses
 import json
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -194,6 +194,34 @@ def _set_tensor(model: nn.Module, name: str, value: torch.Tensor, parameter: boo
         owner._buffers[leaf] = value
 
 
+@dataclasses.dataclass(frozen=True)
+class TensorSource:
+    """Where a stage reads its tensors: their names and element counts (no data), and a reader
+    that yields (name, CPU tensor) for the names asked for."""
+
+    description: str
+    numels: dict[str, int]
+    read: Callable[[list[str]], Iterator[tuple[str, torch.Tensor]]]
+
+
+def folder_tensor_source(folder: Path) -> TensorSource:
+    """The safetensors files of a diffusers model folder (one file or shards)."""
+    from safetensors import safe_open
+
+    files = _weight_map(folder)
+
+    def read(names: list[str]) -> Iterator[tuple[str, torch.Tensor]]:
+        by_file: dict[Path, list[str]] = {}
+        for n in names:
+            by_file.setdefault(files[n], []).append(n)
+        for file, group in sorted(by_file.items()):
+            with safe_open(file, framework="pt", device="cpu") as f:
+                for n in group:
+                    yield n, f.get_tensor(n)
+
+    return TensorSource(f"the safetensors files of {folder.parent}", _tensor_numels(files), read)
+
+
 def load_stage_transformer(
     folder: str | Path,
     pp: int,
@@ -205,13 +233,27 @@ def load_stage_transformer(
     """The transformer of the diffusers pipeline ``folder`` with only ``stage``'s tensors loaded on
     ``device`` in ``dtype`` (every other parameter stays on "meta"), the stage plan over ``pp``
     stages (``stage_weights``: see :func:`plan_stages`) and what this stage loaded."""
-    from safetensors import safe_open
-
     folder = Path(folder)
     index = read_model_index(folder)
     model_cls = _component_class("transformer", index["transformer"], folder)
     with open(folder / "transformer" / "config.json", encoding="utf-8") as f:
         config = json.load(f)
+    source = folder_tensor_source(folder / "transformer")
+    return build_stage_transformer(model_cls, config, source, pp, stage, device, dtype, stage_weights)
+
+
+def build_stage_transformer(
+    model_cls: type,
+    config: dict[str, Any],
+    source: TensorSource,
+    pp: int,
+    stage: int,
+    device: torch.device | str,
+    dtype: torch.dtype,
+    stage_weights: Sequence[float] | None = None,
+) -> tuple[nn.Module, StagePlan, StageWeights]:
+    """``model_cls(config)`` with only ``stage``'s tensors read from ``source`` (see
+    :func:`load_stage_transformer`); names and shapes are checked against the model."""
     roles = trace_extra_roles(model_cls, config)
     with parameters_on_meta():
         model = model_cls.from_config(config)
@@ -221,8 +263,7 @@ def load_stage_transformer(
     stages = plan_stages(len(prefixes), pp, stage_weights)
     mine = tuple(prefixes[b] for b in stages.blocks(stage))
     first, last = stage == 0, stage == stages.num_stages - 1
-    files = _weight_map(folder / "transformer")
-    numels = _tensor_numels(files)
+    numels = source.numels
     device = torch.device(device)
     params = dict(model.named_parameters())
     buffers = dict(model.named_buffers())
@@ -239,30 +280,29 @@ def load_stage_transformer(
         return None
 
     wanted = {n: role(n) for n in (*params, *buffers)}
-    missing = [n for n, r in wanted.items() if r and n in params and n not in files]
+    missing = [n for n, r in wanted.items() if r and n in params and n not in numels]
     if missing:
         raise ConfigError(
-            f"{len(missing)} parameter(s) of stage {stage} are not in the safetensors files of {folder} "
-            f"(e.g. {missing[0]})",
+            f"{len(missing)} parameter(s) of stage {stage} are not in {source.description} (e.g. {missing[0]})",
             "the files must hold every parameter of the model's config",
-            "re-save the transformer with diffusers' save_pretrained",
+            "re-save the transformer with diffusers' save_pretrained, or use the model's published files",
         )
-    by_file: dict[Path, list[str]] = {}
-    for n, r in wanted.items():
-        if r and n in files:
-            by_file.setdefault(files[n], []).append(n)
     loaded_bytes = {"block": 0, "embed": 0, "final": 0}
-    for file, names in sorted(by_file.items()):
-        with safe_open(file, framework="pt", device="cpu") as f:
-            for n in names:
-                t = f.get_tensor(n)
-                t = t.to(device=device, dtype=dtype if t.is_floating_point() else t.dtype)
-                _set_tensor(model, n, t, parameter=n in params)
-                if n in params:
-                    loaded_bytes[wanted[n]] += t.numel() * t.element_size()
+    for n, t in source.read([n for n, r in wanted.items() if r and n in numels]):
+        expected = params[n].shape if n in params else buffers[n].shape
+        if t.shape != expected:
+            raise ConfigError(
+                f"{n} in {source.description} has shape {tuple(t.shape)}, the model expects {tuple(expected)}",
+                "the weights do not fit the model's config",
+                "use the config that belongs to these weights (or the model's diffusers folder)",
+            )
+        t = t.to(device=device, dtype=dtype if t.is_floating_point() else t.dtype, copy=t.device == device)
+        _set_tensor(model, n, t, parameter=n in params)
+        if n in params:
+            loaded_bytes[wanted[n]] += t.numel() * t.element_size()
     buffer_bytes = 0
     for n, b in buffers.items():
-        if wanted[n] and n not in files:  # computed by the constructor (e.g. a position table)
+        if wanted[n] and n not in numels:  # computed by the constructor (e.g. a position table)
             _set_tensor(model, n, b.to(device), parameter=False)
         elif not wanted[n]:
             _set_tensor(model, n, b.to("meta"), parameter=False)

@@ -187,18 +187,23 @@ def inspect_single_file(
     return SingleFileInfo(p, found, variant, config, scheduler, prefix)
 
 
-def _read_state(info: SingleFileInfo, device: torch.device, dtype: torch.dtype) -> StateDict:
+def _read_state(info: SingleFileInfo, device: torch.device, dtype: torch.dtype | None) -> StateDict:
     """The transformer's tensors (prefix removed) on ``device`` in ``dtype``; other tensors of a full
-    checkpoint (VAE, text encoders) are not read."""
+    checkpoint (VAE, text encoders) are not read. ``dtype=None`` (CPU only): the file's own tensors,
+    uncopied views of its mapping, for a PipeFusion stage that then copies just its share."""
     n = len(info.prefix)
+
+    def cast(t: torch.Tensor) -> torch.Tensor:
+        return t if dtype is None else _cast(t, dtype)
+
     if info.path.name.endswith(SAFETENSORS_SUFFIXES):
         from safetensors import safe_open
 
         with safe_open(str(info.path), framework="pt", device=str(device)) as f:
             names = [k for k in f.keys() if k.startswith(info.prefix)]  # noqa: SIM118 (not iterable)
-            return {k[n:]: _cast(f.get_tensor(k), dtype) for k in names}
+            return {k[n:]: cast(f.get_tensor(k)) for k in names}
     tensors = _load_pickled(info.path)
-    return {k[n:]: _cast(v.to(device), dtype) for k, v in tensors.items() if k.startswith(info.prefix)}
+    return {k[n:]: cast(v.to(device)) for k, v in tensors.items() if k.startswith(info.prefix)}
 
 
 def _cast(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -283,20 +288,49 @@ def load_single_file_components(
     device: str | torch.device,
     dtype: torch.dtype,
     family: str | None = None,
-    pipefusion_degree: int = 1,
 ) -> PipelineComponents:
     """A transformer-only ``PipelineComponents`` (no VAE, text encoders or tokenizers)."""
-    if pipefusion_degree > 1:
-        raise ConfigError(
-            f"PipeFusion (pp={pipefusion_degree}) was asked for the single file {Path(path).name}",
-            "PipeFusion stages load only their own blocks, which is implemented for diffusers folders",
-            "use a layout without pipefusion (ulysses / ring / cfg_parallel), or the model's diffusers folder",
-        )
     transformer, found, scheduler = load_single_file_transformer(path, device, dtype, family)
+    return _transformer_only(path, transformer, found, scheduler)
+
+
+def load_single_file_stage(
+    path: str | os.PathLike,
+    pp: int,
+    stage: int,
+    device: str | torch.device,
+    dtype: torch.dtype,
+    stage_weights: tuple[float, ...] | None = None,
+    family: str | None = None,
+):
+    """PipeFusion from one file: (components, stage plan, stage weights) with only ``stage``'s
+    tensors on ``device``. The file is converted to diffusers names as uncopied views of its
+    mapping (fused tensors are split as views too), then the stage copies just its own share."""
+    import diffusers
+
+    from .partial_loading import TensorSource, build_stage_transformer
+
+    info = inspect_single_file(path, family)
+    state = _read_state(info, torch.device("cpu"), None)
+    converted = to_diffusers(info.family, state, info.config)
+    _check_leftovers(info, list(state))
+    source = TensorSource(
+        str(info.path.name),
+        {k: v.numel() for k, v in converted.items()},
+        lambda names: ((n, converted[n]) for n in names),
+    )
+    cls = getattr(diffusers, str(info.config["_class_name"]))
+    model, stages, weights = build_stage_transformer(
+        cls, dict(info.config), source, pp, stage, device, dtype, stage_weights
+    )
+    return _transformer_only(path, model, info.family, dict(info.scheduler_config)), stages, weights
+
+
+def _transformer_only(path, transformer: nn.Module, family: str, scheduler: dict[str, Any]) -> PipelineComponents:
     return PipelineComponents(
         path=Path(path).expanduser(),
-        family=found,
-        pipeline_class=PIPELINE_CLASSES[found],
+        family=family,
+        pipeline_class=PIPELINE_CLASSES[family],
         model_index={},
         transformer_config=dict(transformer.config),
         scheduler_config=scheduler,

@@ -15,9 +15,10 @@ from parallel_runtime.config import ParallelConfig
 from parallel_runtime.engine import SamplingSettings
 from parallel_runtime.errors import ConfigError, WorkerError
 from parallel_runtime.loading import load_pipeline_components
+from parallel_runtime.partial_loading import load_stage_transformer
 from parallel_runtime.single_file import (
     inspect_single_file,
-    load_single_file_components,
+    load_single_file_stage,
     load_single_file_transformer,
     shipped_config,
 )
@@ -441,8 +442,24 @@ def test_wrong_family_missing_file_and_other_files_fail_clearly(tmp_path, tiny_t
     )
     with pytest.raises(ConfigError, match="scaled-fp8"):
         load_single_file_transformer(scaled)
-    with pytest.raises(ConfigError, match="PipeFusion"):
-        load_single_file_components(path, "cpu", torch.float32, pipefusion_degree=2)
+
+
+@pytest.mark.parametrize("family", ["flux", "sd3"])
+def test_pipefusion_stage_from_a_single_file_equals_the_folder_stage(tmp_path, tiny_transformers, family):
+    """Each stage holds exactly the tensors (same values) that the folder's stage loader gives it."""
+    folder = ensure_tiny_model(TINY[family])
+    path = write_original(tiny_transformers[family].state_dict(), family, tmp_path / "m.safetensors", PREFIX)
+    for stage in (0, 1):
+        comps, plan, weights = load_single_file_stage(path, 2, stage, "cpu", torch.float32, (0.6, 0.4))
+        ref, ref_plan, ref_weights = load_stage_transformer(folder, 2, stage, "cpu", torch.float32, (0.6, 0.4))
+        assert plan.bounds == ref_plan.bounds and weights == ref_weights
+        got, want = dict(comps.transformer.named_parameters()), dict(ref.named_parameters())
+        assert got.keys() == want.keys()
+        for name, value in want.items():
+            assert got[name].device == value.device, name  # "meta" exactly where the folder's stage has it
+            if value.device.type != "meta":
+                assert torch.equal(got[name], value), name
+        assert 0 < weights.param_bytes < weights.total_transformer_bytes
 
 
 def test_resolve_model_path_accepts_single_files(tmp_path):
@@ -520,3 +537,22 @@ def test_pool_decodes_with_a_vae_file_instead_of_the_models_own(cpu_pool, tmp_pa
         pool.submit(
             JOB + "load_model", str(folder), "fp32", "sdpa", vae_path=str(four_channel), vae_norm_groups=4
         ).result(300)
+
+
+def test_pool_pipefusion_from_single_file_equals_folder(cpu_pool, tmp_path):
+    """pp=2 on a Flux transformer file (no diffusers folder): the same latent as the folder model
+    under the same PipeFusion layout, and each rank holds only its stage."""
+    folder = ensure_tiny_model("tiny-flux")
+    comps = load_pipeline_components(folder, "cpu", torch.float32, parts=("transformer", "text"))
+    pos, _ = encode_prompts(comps, "flux", "a lighthouse at dusk", "")
+    path = write_original(comps.transformer.state_dict(), "flux", tmp_path / "flux1.safetensors", PREFIX)
+    settings = SamplingSettings(seed=5, steps=3, cfg=1.0, guidance=3.5)
+    latent = torch.zeros(1, 16, 8, 8)
+    pool = cpu_pool(ParallelConfig(pp=2))
+    pool.submit(JOB + "load_model", str(folder), "fp32", "sdpa").result(300)
+    expected = pool.submit(JOB + "generate", pos, None, latent, settings, 64, 64, False, 2).result(300)
+    info = pool.submit(JOB + "load_model", str(path), "fp32", "sdpa").result(300)
+    ranks = info["pipefusion"]["ranks"]
+    assert all(0 < r["param_bytes"] < r["total_transformer_bytes"] for r in ranks)
+    got = pool.submit(JOB + "generate", pos, None, latent, settings, 64, 64, False, 2).result(300)
+    assert (got - expected).abs().max().item() <= 1e-6
