@@ -2,8 +2,10 @@
 
 * ``Segment``: a named POSIX shared-memory segment (a file under /dev/shm). Only its creator
   unlinks it; attaching processes just map it.
-* ``encode``/``decode``: a message is pickled with every torch.Tensor replaced by a descriptor;
-  the tensor bytes follow the pickle in the same buffer (aligned), never inside the pickle.
+* ``encode``/``read_encoded``: a message is pickled with every torch.Tensor replaced by a
+  reference; the tensor bytes follow the pickle in the same buffer (aligned), never inside the
+  pickle. A message without tensors (most control messages) is a plain pickle, loaded with
+  ``pickle.loads``: no Python code runs per item on either side.
 * ``ShmRing``: one writer, N readers, a ring of fixed-size slots each with a ``written`` flag and
   a flag per reader (the writer reuses a slot only when every reader has marked it read). A
   message that fits a slot is written inline (and copied out by readers); a larger one goes to a
