@@ -68,15 +68,9 @@ def resolve_model_path(model: str) -> Path:
             f"pass an existing folder, or one of the built-in test models {', '.join(TINY_MODELS)}",
         )
     if path.is_file():
-        from .single_file import SINGLE_FILE_SUFFIXES
+        from .single_file import existing_model_file
 
-        if not path.name.endswith(SINGLE_FILE_SUFFIXES):
-            raise ConfigError(
-                f"{path.name} is not a model file",
-                f"a model is a diffusers folder or a single transformer file ({', '.join(SINGLE_FILE_SUFFIXES)})",
-                "pick a .safetensors file from models/diffusion_models, or a diffusers folder",
-            )
-        return path
+        return existing_model_file(path)
     if path.is_dir() and not (path / "model_index.json").exists():
         raise ConfigError(
             f"{path} has no model_index.json",

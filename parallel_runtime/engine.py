@@ -21,7 +21,6 @@ from .models.base import Conditioning, ModelAdapter
 from .sampling import (
     ModelSampling,
     cfg_combine,
-    cfg_needs_uncond,
     default_noise,
     discrete_eps,
     flow_flux,
@@ -30,6 +29,7 @@ from .sampling import (
     noise_latent,
     sample,
     sigmas_for_denoise,
+    uses_uncond,
 )
 
 StepCallback = Callable[[int, int, torch.Tensor, torch.Tensor], None]  # (step, total, x, denoised)
@@ -89,13 +89,7 @@ class Denoiser:
     ):
         self.adapter, self.mesh, self.ms = adapter, mesh, model_sampling
         self.cfg = cfg
-        self.use_uncond = cfg_needs_uncond(cfg)
-        if self.use_uncond and negative is None:
-            raise ConfigError(
-                f"cfg={cfg} needs a negative conditioning but none was given",
-                "classifier-free guidance extrapolates from the negative (unconditional) prediction",
-                "connect a negative prompt (an empty prompt is fine) or set cfg to 1.0",
-            )
+        self.use_uncond = uses_uncond(cfg, negative)
         self.positive, self.negative = positive, negative
         if adapter.plan.guidance_embed and guidance is None:
             guidance = 3.5

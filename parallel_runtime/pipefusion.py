@@ -47,11 +47,11 @@ from .sampling import (
     ModelSampling,
     SharedNoise,
     cfg_combine,
-    cfg_needs_uncond,
     default_noise,
     initial_noise,
     noise_latent,
     sampler_steps,
+    uses_uncond,
 )
 
 log = logging.getLogger(__name__)
@@ -89,13 +89,7 @@ class _Branches:
         self, mesh: ParallelMesh, positive: Conditioning, negative: Conditioning | None, cfg: float, batch: int
     ):
         self.cfg = cfg
-        self.use_uncond = cfg_needs_uncond(cfg)
-        if self.use_uncond and negative is None:
-            raise ConfigError(
-                f"cfg={cfg} needs a negative conditioning but none was given",
-                "classifier-free guidance extrapolates from the negative (unconditional) prediction",
-                "connect a negative prompt (an empty prompt is fine) or set cfg to 1.0",
-            )
+        self.use_uncond = uses_uncond(cfg, negative)
         positive = _expand_batch(positive, batch)
         negative = _expand_batch(negative, batch)
         self.mode = "single"

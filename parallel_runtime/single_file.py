@@ -88,7 +88,8 @@ def shipped_config(variant: str) -> tuple[dict[str, Any], dict[str, Any]]:
     return configs[0], configs[1]
 
 
-def _existing_file(path: str | os.PathLike) -> Path:
+def existing_model_file(path: str | os.PathLike) -> Path:
+    """``path`` as a Path when it is a single-file model; a clear error otherwise."""
     p = Path(path).expanduser()
     if not p.is_file():
         raise ConfigError(
@@ -149,7 +150,7 @@ def inspect_single_file(
 
     ``family`` / ``variant`` (e.g. "flux" / "flux-schnell") check or replace detection;
     ``overrides`` set config values the weights cannot show (e.g. a PixArt head width)."""
-    p = _existing_file(path)
+    p = existing_model_file(path)
     all_shapes = _file_shapes(p)
     prefix = _transformer_prefix(all_shapes)
     shapes: Shapes = {k[len(prefix) :]: v for k, v in all_shapes.items() if k.startswith(prefix)}

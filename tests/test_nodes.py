@@ -8,33 +8,16 @@ missing).
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 import threading
-from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from pack_import import ROOT, load_pack  # tests/ helper
 
 from parallel_runtime.config import ParallelConfig
 from parallel_runtime.errors import ConfigError, JobCancelled
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def load_pack():
-    """Import the repository root as a package, the way ComfyUI imports a custom node folder."""
-    name = "dit_parallel_pack"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(
-            name, ROOT / "__init__.py", submodule_search_locations=[str(ROOT)]
-        )
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
 
 PACK = load_pack()
 from dit_parallel_pack.nodes import NODE_CLASS_MAPPINGS  # noqa: E402
@@ -368,19 +351,7 @@ def test_loader_errors_before_starting_workers(tmp_path):
     bridge = RecordingBridge(folders={"diffusers": [str(tmp_path)], "diffusion_models": [str(tmp_path)]})
     ctx = NodeContext.create(registry=object(), bridge=bridge)
     loader = ParallelModelLoader(ctx)
-    args = dict(
-        family="auto",
-        devices="cpu:2",
-        layout="auto",
-        ulysses=1,
-        ring=1,
-        cfg_parallel=1,
-        pipefusion=1,
-        pp_patches=0,
-        pp_warmup=1,
-        dtype="fp32",
-        attention="auto",
-    )
+    args = dict(family="auto", layout="auto", **LOAD)
     with pytest.raises(ConfigError, match="model 'FLUX.1-dev' was not found") as err:
         loader.load(model="FLUX.1-dev", **args)
     assert str(tmp_path) in str(err.value)

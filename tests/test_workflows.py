@@ -9,13 +9,12 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from pack_import import ROOT, load_pack  # tests/ helper
 
-ROOT = Path(__file__).resolve().parent.parent
 WORKFLOWS = sorted((ROOT / "workflows").glob("*.json"))
 MAX_RES = 16384  # nodes.MAX_RESOLUTION
 FILES = "FILES"  # a combo filled from the user's model folders: any file name is fine here
@@ -91,19 +90,6 @@ CORE_NODES: dict[str, tuple[list[tuple[str, Any]], tuple[str, ...]]] = {
 FRONTEND_ONLY = {"Note", "MarkdownNote"}  # UI annotations, never sent to the server
 WIDGET_TYPES = {"INT", "FLOAT", "STRING", "BOOLEAN"}
 DYNAMIC = {("DiTParallelModelLoader", "model"), ("DiTParallelModelLoader", "vae")}  # list the user's model folders
-
-
-def load_pack():
-    """Import the repository root as a package, the way ComfyUI imports a custom node folder."""
-    name = "dit_parallel_pack"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(
-            name, ROOT / "__init__.py", submodule_search_locations=[str(ROOT)]
-        )
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
 
 
 def node_specs() -> dict[str, tuple[list[tuple[str, Any]], tuple[str, ...]]]:

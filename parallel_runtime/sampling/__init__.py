@@ -1,6 +1,6 @@
 """Sampling with ComfyUI's math: model sampling objects, schedulers, k-diffusion samplers, noise, CFG."""
 
-from .cfg import cfg_combine, cfg_needs_uncond
+from .cfg import cfg_combine, cfg_needs_uncond, uses_uncond
 from .model_sampling import (
     BETA_SCHEDULES,
     FLUX_DEFAULT_SHIFT,
@@ -45,6 +45,7 @@ __all__ = [
     "calculate_sigmas",
     "cfg_combine",
     "cfg_needs_uncond",
+    "uses_uncond",
     "default_noise",
     "discrete_eps",
     "flow_flux",
