@@ -5,8 +5,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from parallel_runtime.config import ParallelConfig, parse_devices, validate_layout
 from parallel_runtime.errors import ConfigError
+from parallel_runtime.parallel.config import ParallelConfig, parse_devices, validate_layout
 
 from .bridge import ComfyBridge
 from .context import ContextNode
@@ -179,7 +179,7 @@ class ParallelModelLoader(ContextNode):
         attention: str,
         vae: str = VAE_FROM_MODEL,
     ) -> dict[str, Any]:
-        from parallel_runtime.layout import LayoutRequest, MachineInfo, ModelInfo, plan_layout
+        from parallel_runtime.parallel.layout import LayoutRequest, MachineInfo, ModelInfo, plan_layout
 
         ctx = self.context
         target = resolve_model(model, ctx.bridge)

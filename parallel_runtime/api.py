@@ -13,11 +13,11 @@ from typing import Any
 
 import torch
 
-from .config import ParallelConfig, parse_devices
 from .engine import SamplingSettings
 from .errors import ConfigError
 from .host import EventCallback, WorkerPool
 from .models.base import Conditioning
+from .parallel.config import ParallelConfig, parse_devices
 from .pools import PoolRegistry
 from .sampling import SAMPLER_NAMES, SCHEDULER_NAMES
 

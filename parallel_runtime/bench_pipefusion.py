@@ -20,11 +20,11 @@ from typing import Any
 
 import torch
 
-from .config import ParallelConfig
 from .engine import SamplingSettings, model_sampling_for
 from .host import WorkerPool
 from .jobs import JobContext
 from .models.base import Conditioning
+from .parallel.config import ParallelConfig
 
 JOB = "parallel_runtime.model_jobs:"
 

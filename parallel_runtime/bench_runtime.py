@@ -11,8 +11,8 @@ from typing import Any
 
 import torch
 
-from .config import ParallelConfig
 from .host import WorkerPool
+from .parallel.config import ParallelConfig
 
 BIG_BYTES = 256 * 1024 * 1024
 

@@ -11,11 +11,11 @@ from typing import Any
 
 import torch
 
-from .config import ParallelConfig
 from .engine import SamplingSettings
 from .host import WorkerPool
 from .jobs import JobContext
 from .model_jobs import generate
+from .parallel.config import ParallelConfig
 
 JOB = "parallel_runtime.bench_scaling:"
 

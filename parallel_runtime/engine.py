@@ -14,10 +14,10 @@ from typing import Any
 import torch
 
 from .attention import SequenceParallelAttention
-from .collectives import all_gather_cat
 from .errors import ConfigError
-from .mesh import ParallelMesh
 from .models.base import Conditioning, ModelAdapter
+from .parallel.collectives import all_gather_cat
+from .parallel.mesh import ParallelMesh
 from .sampling import (
     ModelSampling,
     cfg_combine,

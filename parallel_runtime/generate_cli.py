@@ -9,8 +9,8 @@ import time
 import torch
 
 from .api import LoadRequest, load_parallel_model
-from .config import ParallelConfig
 from .errors import ConfigError
+from .parallel.config import ParallelConfig
 from .pools import PoolRegistry
 
 DEFAULT_CFG = {"flux": 1.0, "sd3": 5.0, "pixart": 4.5}

@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from .affinity import allowed_cpus, plan_cpu_affinity
-from .config import ParallelConfig, parse_devices, validate_layout
 from .errors import ConfigError, JobCancelled, PoolAborted, PoolClosed, RuntimeTimeout, WorkerDied, WorkerError
+from .parallel.config import ParallelConfig, parse_devices, validate_layout
 from .shm import Segment, ShmRing, drain_doorbell, make_doorbell, sweep_segments
 
 log = logging.getLogger("parallel_runtime.host")

@@ -15,9 +15,9 @@ from typing import Any
 
 import torch
 
-from .collectives import agree_any
 from .errors import ConfigError, JobCancelled
-from .mesh import ParallelMesh
+from .parallel.collectives import agree_any
+from .parallel.mesh import ParallelMesh
 
 JOB_TABLE = MappingProxyType(
     {

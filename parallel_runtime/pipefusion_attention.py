@@ -26,11 +26,11 @@ import torch
 
 from .attention import SdpaRedirect, check_backend
 from .attention_kernels import select_kernel, usable_backends
-from .collectives import all_gather_cat
 from .errors import ConfigError
-from .mesh import ParallelMesh
 from .models.base import Activations, ModelAdapter, intercepted
-from .sharding import split_sizes
+from .parallel.collectives import all_gather_cat
+from .parallel.mesh import ParallelMesh
+from .parallel.sharding import split_sizes
 from .ulysses import gather_heads, scatter_heads
 
 

@@ -23,8 +23,8 @@ from collections.abc import Sequence
 import torch
 
 from .errors import ConfigError
+from .parallel.sharding import split_sizes
 from .sampling import ModelSampling, sampler_steps, sampler_uses_noise
-from .sharding import split_sizes
 
 
 @dataclasses.dataclass(frozen=True)

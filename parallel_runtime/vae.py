@@ -19,9 +19,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .collectives import all_gather_cat, gather_to, group_rank, group_size
 from .errors import ConfigError
-from .mesh import ParallelMesh
+from .parallel.collectives import all_gather_cat, gather_to, group_rank, group_size
+from .parallel.mesh import ParallelMesh
 from .vae_bands import DEFAULT_MIN_BAND_ROWS, BandLayout, plan_band_rows
 from .vae_decoder import check_decoder, decode_band
 

@@ -9,9 +9,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .config import ParallelConfig
 from .host import WorkerPool
 from .jobs import JobContext
+from .parallel.config import ParallelConfig
 
 
 def _status_kib(field: str) -> int:

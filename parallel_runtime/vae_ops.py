@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .collectives import all_gather_cat, exchange_halo
+from .parallel.collectives import all_gather_cat, exchange_halo
 from .vae_bands import BandLayout
 
 

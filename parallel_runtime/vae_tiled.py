@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from .errors import ConfigError
-from .mesh import CommStats
+from .parallel.mesh import CommStats
 from .vae import compute_dtype
 from .vae_bands import BandLayout
 from .vae_decoder import check_decoder, decode_band

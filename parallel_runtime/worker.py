@@ -23,10 +23,10 @@ from typing import Any
 import torch
 
 from .affinity import apply_affinity
-from .config import ParallelConfig
 from .errors import JobCancelled
 from .jobs import JobContext, memory_info, resolve_job
-from .mesh import ParallelMesh
+from .parallel.config import ParallelConfig
+from .parallel.mesh import ParallelMesh
 from .shm import Segment, ShmRing, sweep_segments
 
 IDLE_TICK_S = 1.0

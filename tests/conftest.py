@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 
-from parallel_runtime.config import ParallelConfig
+from parallel_runtime.parallel.config import ParallelConfig
 from parallel_runtime.pools import PoolRegistry
 
 torch.set_num_threads(1)

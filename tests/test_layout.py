@@ -7,9 +7,9 @@ import struct
 
 import pytest
 
-from parallel_runtime.config import ParallelConfig
 from parallel_runtime.errors import ConfigError
-from parallel_runtime.layout import (
+from parallel_runtime.parallel.config import ParallelConfig
+from parallel_runtime.parallel.layout import (
     DeviceInfo,
     GiB,
     LayoutRequest,

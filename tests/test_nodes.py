@@ -16,8 +16,8 @@ import pytest
 import torch
 from pack_import import ROOT, load_pack  # tests/ helper
 
-from parallel_runtime.config import ParallelConfig
 from parallel_runtime.errors import ConfigError, JobCancelled
+from parallel_runtime.parallel.config import ParallelConfig
 
 PACK = load_pack()
 from dit_parallel_pack.nodes import NODE_CLASS_MAPPINGS  # noqa: E402

@@ -7,11 +7,11 @@ import time
 import pytest
 import torch
 
-from parallel_runtime.config import ParallelConfig
 from parallel_runtime.engine import SamplingSettings, denoise_latent, model_sampling_for
 from parallel_runtime.errors import JobCancelled, WorkerError
 from parallel_runtime.loading import load_pipeline_components
-from parallel_runtime.mesh import ParallelMesh
+from parallel_runtime.parallel.config import ParallelConfig
+from parallel_runtime.parallel.mesh import ParallelMesh
 from parallel_runtime.testing import build_tiny_pipeline, ensure_tiny_model
 from parallel_runtime.text_encoding import encode_prompts
 

@@ -15,11 +15,11 @@ import torch
 import torch.nn.functional as F
 
 from parallel_runtime.api import LoadRequest, check_pipefusion_request, load_parallel_model
-from parallel_runtime.config import ParallelConfig
 from parallel_runtime.engine import SamplingSettings, denoise_latent, model_sampling_for
 from parallel_runtime.errors import ConfigError, JobCancelled, WorkerDied, WorkerError
 from parallel_runtime.loading import load_pipeline_components
-from parallel_runtime.mesh import ParallelMesh
+from parallel_runtime.parallel.config import ParallelConfig
+from parallel_runtime.parallel.mesh import ParallelMesh
 from parallel_runtime.partial_loading import load_stage_transformer
 from parallel_runtime.pipefusion_attention import ItemTokens, StaleKVCache
 from parallel_runtime.pipefusion_schedule import build_schedule, patch_bands, sampler_rounds

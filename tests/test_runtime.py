@@ -17,9 +17,9 @@ import torch
 
 from parallel_runtime.affinity import allowed_cpus, plan_cpu_affinity
 from parallel_runtime.bench_runtime import cpu_seconds
-from parallel_runtime.config import ParallelConfig
 from parallel_runtime.errors import ConfigError, JobCancelled, WorkerDied, WorkerError
 from parallel_runtime.host import WorkerPool
+from parallel_runtime.parallel.config import ParallelConfig
 
 TWO = ParallelConfig(ulysses=2)
 

@@ -11,10 +11,10 @@ import torch
 from ldm_vae_layout import to_ldm  # tests/ helper
 from safetensors.torch import save_file
 
-from parallel_runtime.config import ParallelConfig
 from parallel_runtime.engine import SamplingSettings
 from parallel_runtime.errors import ConfigError, WorkerError
 from parallel_runtime.loading import load_pipeline_components
+from parallel_runtime.parallel.config import ParallelConfig
 from parallel_runtime.partial_loading import load_stage_transformer
 from parallel_runtime.single_file import (
     inspect_single_file,

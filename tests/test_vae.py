@@ -9,9 +9,9 @@ import torch.nn.functional as F
 from diffusers import AutoencoderKL
 from torch import nn
 
-from parallel_runtime.config import ParallelConfig
 from parallel_runtime.errors import ConfigError
-from parallel_runtime.mesh import CommStats, ParallelMesh
+from parallel_runtime.parallel.config import ParallelConfig
+from parallel_runtime.parallel.mesh import CommStats, ParallelMesh
 from parallel_runtime.vae import compute_dtype, decode_latent, decode_to_image_tensor
 from parallel_runtime.vae_bands import BandLayout, plan_band_rows
 from parallel_runtime.vae_decoder import check_decoder, upsampling_factor

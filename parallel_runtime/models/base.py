@@ -20,8 +20,8 @@ import torch
 from torch import nn
 
 from ..errors import ConfigError
-from ..mesh import ParallelMesh
-from ..sharding import gather, shard
+from ..parallel.mesh import ParallelMesh
+from ..parallel.sharding import gather, shard
 
 
 class AttentionScope(Protocol):

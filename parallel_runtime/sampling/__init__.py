@@ -16,14 +16,7 @@ from .model_sampling import (
     noise_latent,
 )
 from .noise import BrownianTreeNoise, GeneratorNoise, NoiseSampler, NoiseView, Region, SharedNoise, initial_noise
-from .samplers import (
-    SAMPLER_NAMES,
-    ModelCall,
-    default_noise,
-    sample,
-    sampler_steps,
-    sampler_uses_noise,
-)
+from .samplers import SAMPLER_NAMES, ModelCall, default_noise, sample, sampler_steps, sampler_uses_noise
 from .schedulers import SCHEDULER_NAMES, calculate_sigmas, sigmas_for_denoise
 
 __all__ = [

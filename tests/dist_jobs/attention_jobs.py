@@ -7,7 +7,7 @@ import torch
 
 from parallel_runtime.attention import SequenceParallelAttention
 from parallel_runtime.errors import ConfigError
-from parallel_runtime.sharding import shard
+from parallel_runtime.parallel.sharding import shard
 
 
 def _sent_since(ctx, before: dict[str, int]) -> dict[str, int]:

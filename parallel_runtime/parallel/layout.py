@@ -28,8 +28,8 @@ import struct
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
+from ..errors import ConfigError
 from .config import ParallelConfig, parse_devices
-from .errors import ConfigError
 
 GiB = 1024**3
 ASSUMED_SIDE = 1024  # image side the planner assumes when the size is not known

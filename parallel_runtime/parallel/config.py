@@ -6,7 +6,7 @@ import dataclasses
 import re
 from collections.abc import Sequence
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 MESH_DIMS: tuple[str, ...] = ("cfg", "pp", "ring", "ulysses")
 """Mesh dimensions, outermost first. Ulysses is innermost so its all-to-all runs between

@@ -294,7 +294,7 @@ class PendingP2P:
         if self._work is not None:
             import datetime
 
-            from .errors import RuntimeTimeout
+            from ..errors import RuntimeTimeout
 
             try:
                 if timeout_s is None:

@@ -1,0 +1,1 @@
+"""Parallel layout: ParallelConfig, DeviceMesh, collectives named by intent, sharding, layout planner."""
