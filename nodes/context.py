@@ -18,7 +18,7 @@ from .bridge import Bridge, ComfyBridge
 from .status import StatusBoard
 
 if TYPE_CHECKING:
-    from parallel_runtime.pools import PoolRegistry
+    from parallel_runtime.runtime.pools import PoolRegistry
 
 log = logging.getLogger("dit_parallel.nodes")
 
@@ -34,7 +34,7 @@ class NodeContext:
     @classmethod
     def create(cls, registry: PoolRegistry | None = None, bridge: Bridge | None = None) -> NodeContext:
         if registry is None:
-            from parallel_runtime.pools import PoolRegistry
+            from parallel_runtime.runtime.pools import PoolRegistry
 
             registry = PoolRegistry(max_pools=2)
         bridge = bridge or ComfyBridge()

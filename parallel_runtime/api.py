@@ -15,10 +15,10 @@ import torch
 
 from .engine import SamplingSettings
 from .errors import ConfigError
-from .host import EventCallback, WorkerPool
 from .models.base import Conditioning
 from .parallel.config import ParallelConfig, parse_devices
-from .pools import PoolRegistry
+from .runtime.pool import EventCallback, WorkerPool
+from .runtime.pools import PoolRegistry
 from .sampling import SAMPLER_NAMES, SCHEDULER_NAMES
 
 TINY_MODELS = ("tiny-flux", "tiny-sd3", "tiny-pixart")

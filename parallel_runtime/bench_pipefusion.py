@@ -21,10 +21,10 @@ from typing import Any
 import torch
 
 from .engine import SamplingSettings, model_sampling_for
-from .host import WorkerPool
-from .jobs import JobContext
 from .models.base import Conditioning
 from .parallel.config import ParallelConfig
+from .runtime.jobs import JobContext
+from .runtime.pool import WorkerPool
 
 JOB = "parallel_runtime.model_jobs:"
 

@@ -12,10 +12,10 @@ from typing import Any
 import torch
 
 from .engine import SamplingSettings
-from .host import WorkerPool
-from .jobs import JobContext
 from .model_jobs import generate
 from .parallel.config import ParallelConfig
+from .runtime.jobs import JobContext
+from .runtime.pool import WorkerPool
 
 JOB = "parallel_runtime.bench_scaling:"
 

@@ -11,7 +11,7 @@ import torch
 from .api import LoadRequest, load_parallel_model
 from .errors import ConfigError
 from .parallel.config import ParallelConfig
-from .pools import PoolRegistry
+from .runtime.pools import PoolRegistry
 
 DEFAULT_CFG = {"flux": 1.0, "sd3": 5.0, "pixart": 4.5}
 

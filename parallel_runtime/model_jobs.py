@@ -16,9 +16,9 @@ import torch.nn.functional as F
 
 from .engine import SamplingSettings, denoise_latent, model_sampling_for
 from .errors import ConfigError
-from .jobs import JobContext
 from .loading import PipelineComponents, load_pipeline_components
 from .models.base import Conditioning, ModelAdapter
+from .runtime.jobs import JobContext
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 TEXT_RANK = 0  # the rank that holds the text encoders

@@ -9,9 +9,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .host import WorkerPool
-from .jobs import JobContext
 from .parallel.config import ParallelConfig
+from .runtime.jobs import JobContext
+from .runtime.pool import WorkerPool
 
 
 def _status_kib(field: str) -> int:

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from parallel_runtime.parallel.config import ParallelConfig
-from parallel_runtime.pools import PoolRegistry
+from parallel_runtime.runtime.pools import PoolRegistry
 
 torch.set_num_threads(1)
 os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")

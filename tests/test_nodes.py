@@ -531,7 +531,7 @@ def test_end_to_end_comfy_style_conditioning_is_accepted(real_ctx):
 
 
 def test_end_to_end_unload_then_reuse_handle(pool_registry):
-    from parallel_runtime.pools import PoolRegistry
+    from parallel_runtime.runtime.pools import PoolRegistry
 
     registry = PoolRegistry(max_pools=1)  # own registry: unloading must not close the session's pools
     try:
@@ -549,7 +549,7 @@ def test_end_to_end_unload_then_reuse_handle(pool_registry):
 
 
 def test_end_to_end_unload_one_model_then_reuse():
-    from parallel_runtime.pools import PoolRegistry
+    from parallel_runtime.runtime.pools import PoolRegistry
 
     registry = PoolRegistry(max_pools=1)
     try:

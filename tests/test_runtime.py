@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from parallel_runtime.affinity import allowed_cpus, plan_cpu_affinity
 from parallel_runtime.bench_runtime import cpu_seconds
 from parallel_runtime.errors import ConfigError, JobCancelled, WorkerDied, WorkerError
-from parallel_runtime.host import WorkerPool
 from parallel_runtime.parallel.config import ParallelConfig
+from parallel_runtime.runtime.affinity import allowed_cpus, plan_cpu_affinity
+from parallel_runtime.runtime.pool import WorkerPool
 
 TWO = ParallelConfig(ulysses=2)
 
@@ -240,8 +240,8 @@ def test_garbage_collection_and_context_manager_clean_up():
 SCRIPT = textwrap.dedent(
     """
     import json, os, signal, sys
-    from parallel_runtime.host import WorkerPool
-    from parallel_runtime.config import ParallelConfig
+    from parallel_runtime.runtime.pool import WorkerPool
+    from parallel_runtime.parallel.config import ParallelConfig
     pool = WorkerPool("cpu:2", ParallelConfig(ulysses=2), threads_per_worker=1).start()
     assert pool.submit("echo", 3).result(30) == 3
     print(json.dumps({"pids": pool.pids, "prefix": pool.shm_prefix}), flush=True)
@@ -262,8 +262,8 @@ def test_interpreter_exit_or_host_death_leaves_nothing(how):
 STARTUP_DEATH_SCRIPT = textwrap.dedent(
     """
     import json, os
-    from parallel_runtime.host import WorkerPool
-    from parallel_runtime.config import ParallelConfig
+    from parallel_runtime.runtime.pool import WorkerPool
+    from parallel_runtime.parallel.config import ParallelConfig
     from parallel_runtime.errors import WorkerDied
     pool = WorkerPool("cpu:2", ParallelConfig(ulysses=2), threads_per_worker=1)
     try:

@@ -8,7 +8,7 @@ import uuid
 import pytest
 import torch
 
-from parallel_runtime import shm
+from parallel_runtime.runtime import shm
 
 
 @pytest.fixture

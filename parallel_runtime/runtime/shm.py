@@ -35,7 +35,7 @@ from pathlib import Path
 
 import torch
 
-from .errors import RuntimeTimeout
+from ..errors import RuntimeTimeout
 
 SHM_DIR = Path("/dev/shm")
 ALIGN = 64
@@ -125,7 +125,9 @@ def sweep_segments(prefix: str) -> list[str]:
 def _tensor_ref(index: int, dtype_name: str, shape: tuple[int, ...]) -> torch.Tensor:
     """Placeholder named in pickles for a tensor whose bytes follow the header; only
     ``_TensorUnpickler`` can resolve it (it maps this name to its own loader)."""
-    raise RuntimeError("a tensor reference can only be loaded by parallel_runtime.shm's unpickler")
+    raise RuntimeError(
+        "a tensor reference can only be loaded by parallel_runtime shm's unpickler (parallel_runtime.runtime.shm)"
+    )
 
 
 class _TensorPickler(pickle.Pickler):

@@ -6,8 +6,8 @@ import threading
 from collections.abc import Hashable, Sequence
 from typing import Any
 
-from .host import WorkerPool
-from .parallel.config import ParallelConfig, parse_devices
+from ..parallel.config import ParallelConfig, parse_devices
+from .pool import WorkerPool
 
 
 class PoolRegistry:

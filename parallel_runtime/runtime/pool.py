@@ -25,15 +25,15 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..errors import ConfigError, JobCancelled, PoolAborted, PoolClosed, RuntimeTimeout, WorkerDied, WorkerError
+from ..parallel.config import ParallelConfig, parse_devices, validate_layout
 from .affinity import allowed_cpus, plan_cpu_affinity
-from .errors import ConfigError, JobCancelled, PoolAborted, PoolClosed, RuntimeTimeout, WorkerDied, WorkerError
-from .parallel.config import ParallelConfig, parse_devices, validate_layout
 from .shm import Segment, ShmRing, drain_doorbell, make_doorbell, sweep_segments
 
-log = logging.getLogger("parallel_runtime.host")
+log = logging.getLogger(__name__)
 
 EventCallback = Callable[[int, str, Any], None]  # (rank, kind, payload)
-_PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
+_PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])  # the folder holding parallel_runtime/
 
 
 class JobFuture:
@@ -231,7 +231,7 @@ class _Runtime:
             "log_level": self.opts["log_level"],
         }
         proc = subprocess.Popen(
-            [sys.executable, "-m", "parallel_runtime.worker", json.dumps(spec)],
+            [sys.executable, "-m", "parallel_runtime.runtime.worker", json.dumps(spec)],
             env=env,
             pass_fds=fds,
             stdin=subprocess.DEVNULL,

@@ -7,8 +7,8 @@ from typing import Any
 
 import torch
 
+from ..parallel.collectives import all_reduce_sum
 from .jobs import JobContext
-from .parallel.collectives import all_reduce_sum
 
 
 def noop(ctx: JobContext) -> None:

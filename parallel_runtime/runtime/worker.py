@@ -1,4 +1,4 @@
-"""Worker process: ``python -m parallel_runtime.worker '<json spec>'``.
+"""Worker process: ``python -m parallel_runtime.runtime.worker '<json spec>'``.
 
 One per device. Joins torch.distributed (NCCL on CUDA, gloo on CPU) through the host's TCP store,
 builds the ParallelMesh, says READY, then runs jobs from the host's broadcast ring until told to
@@ -22,11 +22,11 @@ from typing import Any
 
 import torch
 
+from ..errors import JobCancelled
+from ..parallel.config import ParallelConfig
+from ..parallel.mesh import ParallelMesh
 from .affinity import apply_affinity
-from .errors import JobCancelled
 from .jobs import JobContext, memory_info, resolve_job
-from .parallel.config import ParallelConfig
-from .parallel.mesh import ParallelMesh
 from .shm import Segment, ShmRing, sweep_segments
 
 IDLE_TICK_S = 1.0

@@ -15,19 +15,19 @@ from typing import Any
 
 import torch
 
-from .errors import ConfigError, JobCancelled
-from .parallel.collectives import agree_any
-from .parallel.mesh import ParallelMesh
+from ..errors import ConfigError, JobCancelled
+from ..parallel.collectives import agree_any
+from ..parallel.mesh import ParallelMesh
 
 JOB_TABLE = MappingProxyType(
     {
-        "echo": "parallel_runtime.builtin_jobs:echo",
-        "noop": "parallel_runtime.builtin_jobs:noop",
-        "info": "parallel_runtime.builtin_jobs:info",
-        "sleep_steps": "parallel_runtime.builtin_jobs:sleep_steps",
-        "fail_on_rank": "parallel_runtime.builtin_jobs:fail_on_rank",
-        "all_reduce_demo": "parallel_runtime.builtin_jobs:all_reduce_demo",
-        "tensor_sink": "parallel_runtime.builtin_jobs:tensor_sink",
+        "echo": "parallel_runtime.runtime.builtin_jobs:echo",
+        "noop": "parallel_runtime.runtime.builtin_jobs:noop",
+        "info": "parallel_runtime.runtime.builtin_jobs:info",
+        "sleep_steps": "parallel_runtime.runtime.builtin_jobs:sleep_steps",
+        "fail_on_rank": "parallel_runtime.runtime.builtin_jobs:fail_on_rank",
+        "all_reduce_demo": "parallel_runtime.runtime.builtin_jobs:all_reduce_demo",
+        "tensor_sink": "parallel_runtime.runtime.builtin_jobs:tensor_sink",
     }
 )
 """Short job names -> "module:function". Immutable; other jobs are named by their full path."""
