@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from .attention import SequenceParallelAttention
+from .attention.usp import SequenceParallelAttention
 from .errors import ConfigError
 from .models.base import Conditioning, ModelAdapter
 from .parallel.collectives import all_gather_cat

@@ -9,13 +9,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from parallel_runtime import attention_kernels
-from parallel_runtime.attention import ATTENTION_BACKENDS, SequenceLayout, SequenceParallelAttention, check_backend
-from parallel_runtime.attention_kernels import KERNELS, manual_attention_lse, sdpa_attend_lse, select_kernel
+from parallel_runtime.attention import kernels as attention_kernels
+from parallel_runtime.attention.kernels import KERNELS, manual_attention_lse, sdpa_attend_lse, select_kernel
+from parallel_runtime.attention.ring import merge_partial
+from parallel_runtime.attention.usp import ATTENTION_BACKENDS, SequenceLayout, SequenceParallelAttention, check_backend
 from parallel_runtime.errors import ConfigError
 from parallel_runtime.parallel.config import ParallelConfig
 from parallel_runtime.parallel.mesh import ParallelMesh
-from parallel_runtime.ring import merge_partial
 
 JOBS = "tests.dist_jobs.attention_jobs"
 TIMEOUT = 120

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from parallel_runtime.attention import SequenceParallelAttention
+from parallel_runtime.attention.usp import SequenceParallelAttention
 from parallel_runtime.errors import ConfigError
 from parallel_runtime.loading import load_pipeline_components
 from parallel_runtime.models import Conditioning, LatentFormat, get_adapter, supported_class_names

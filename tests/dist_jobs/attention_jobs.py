@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from parallel_runtime.attention import SequenceParallelAttention
+from parallel_runtime.attention.usp import SequenceParallelAttention
 from parallel_runtime.errors import ConfigError
 from parallel_runtime.parallel.sharding import shard
 

@@ -17,8 +17,8 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.distributed as dist
 
-from .parallel.collectives import group_rank, group_size, ring_shift_start
-from .parallel.mesh import CommStats
+from ..parallel.collectives import group_rank, group_size, ring_shift_start
+from ..parallel.mesh import CommStats
 
 AttendLse = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float | None], tuple[torch.Tensor, torch.Tensor]]
 

@@ -17,9 +17,9 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 
-from .parallel.collectives import all_to_all, group_rank, group_size
-from .parallel.mesh import CommStats
-from .parallel.sharding import split_offsets, split_sizes
+from ..parallel.collectives import all_to_all, group_rank, group_size
+from ..parallel.mesh import CommStats
+from ..parallel.sharding import split_offsets, split_sizes
 
 
 def scatter_heads(

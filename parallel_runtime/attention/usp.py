@@ -34,10 +34,10 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from .attention_kernels import backend_names, check_backend_device, check_backend_name, select_kernel, usable_backends
-from .errors import ConfigError
-from .parallel.collectives import all_gather_cat
-from .parallel.mesh import ParallelMesh
+from ..errors import ConfigError
+from ..parallel.collectives import all_gather_cat
+from ..parallel.mesh import ParallelMesh
+from .kernels import backend_names, check_backend_device, check_backend_name, select_kernel, usable_backends
 from .ring import ring_attention
 from .ulysses import gather_heads, scatter_heads
 
