@@ -228,7 +228,7 @@ class ParallelModelLoader(ContextNode):
 def _local_path(target: str) -> str:
     """A tiny model name -> its local folder (built once); paths unchanged."""
     if target in TINY_MODELS:
-        from parallel_runtime.testing import ensure_tiny_model
+        from parallel_runtime.models.tiny import ensure_tiny_model
 
         return str(ensure_tiny_model(target))
     return target

@@ -57,7 +57,7 @@ def resolve_model_path(model: str) -> Path:
     """A diffusers folder or a single transformer file for ``model`` (building the embedded tiny
     models on first use)."""
     if model in TINY_MODELS:
-        from .testing import ensure_tiny_model
+        from .models.tiny import ensure_tiny_model
 
         return ensure_tiny_model(model)
     path = Path(model).expanduser()
@@ -68,7 +68,7 @@ def resolve_model_path(model: str) -> Path:
             f"pass an existing folder, or one of the built-in test models {', '.join(TINY_MODELS)}",
         )
     if path.is_file():
-        from .single_file import existing_model_file
+        from .models.single_file import existing_model_file
 
         return existing_model_file(path)
     if path.is_dir() and not (path / "model_index.json").exists():

@@ -74,9 +74,9 @@ def _psnr(got: torch.Tensor, ref: torch.Tensor) -> float:
 
 def run(quick: bool = False) -> dict[str, Any]:
     """Run the benchmark; ``quick`` uses a smaller model and image (a smoke test, < 2 minutes)."""
-    from .loading import load_pipeline_components
-    from .testing import build_tiny_pipeline
-    from .text_encoding import encode_prompts
+    from .models.loading import load_pipeline_components
+    from .models.text_encoding import encode_prompts
+    from .models.tiny import build_tiny_pipeline
 
     torch.set_num_threads(1)
     layers, px, steps = (16, 256, 4) if quick else (16, 1024, 20)

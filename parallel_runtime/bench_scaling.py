@@ -35,7 +35,7 @@ def encode(ctx: JobContext, prompt: str):
 
 
 def _build(name: str, root: Path, **overrides) -> Path:
-    from .testing import build_tiny_pipeline
+    from .models.tiny import build_tiny_pipeline
 
     dest = root / name
     if not (dest / "model_index.json").exists():

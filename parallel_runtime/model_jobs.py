@@ -16,8 +16,8 @@ import torch.nn.functional as F
 
 from .engine import SamplingSettings, denoise_latent, model_sampling_for
 from .errors import ConfigError
-from .loading import PipelineComponents, load_pipeline_components
 from .models.base import Conditioning, ModelAdapter
+from .models.loading import PipelineComponents, load_pipeline_components
 from .runtime.jobs import JobContext
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -62,7 +62,7 @@ def _require_part(model: LoadedModel, part: str) -> None:
     a full checkpoint): name the ComfyUI nodes that do ``part`` otherwise."""
     missing = model.components.vae is None if part == "vae" else model.components.path.is_file()
     if missing:
-        from .single_file import missing_part_error
+        from .models.single_file import missing_part_error
 
         raise missing_part_error(model.components.path, part)
 
@@ -90,17 +90,17 @@ def load_model(
         stages = stage_weights = None
         text: tuple[str, ...] = ()  # text encoders are loaded below, spread over the pool's devices
         if Path(path).is_file() and pp > 1:  # a single-file transformer: no VAE or text encoders
-            from .single_file import load_single_file_stage
+            from .models.single_file import load_single_file_stage
 
             comps, stages, stage_weights = load_single_file_stage(
                 path, pp, ctx.mesh.rank("pp"), ctx.device, _dtype(dtype), weights
             )
         elif Path(path).is_file():
-            from .single_file import load_single_file_components
+            from .models.single_file import load_single_file_components
 
             comps = load_single_file_components(path, ctx.device, _dtype(dtype))
         elif pp > 1:
-            from .partial_loading import load_pipeline_stage
+            from .models.weights import load_pipeline_stage
 
             comps, stages, stage_weights = load_pipeline_stage(
                 path, pp, ctx.mesh.rank("pp"), ctx.device, _dtype(dtype), weights, ("vae", *text)
@@ -213,7 +213,7 @@ def encode_text(
     ctx: JobContext, prompts: list[str], max_sequence_length: int | None = None
 ) -> list[Conditioning] | None:
     """Encode each prompt (on TEXT_RANK) into a Conditioning on the CPU."""
-    from .text_encoding import encode_prompt
+    from .models.text_encoding import encode_prompt
 
     model = _loaded(ctx)
     _require_part(model, "text")

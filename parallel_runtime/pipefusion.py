@@ -35,9 +35,9 @@ import torch
 from .engine import SamplingSettings, _batchable, _concat, _expand_batch, schedule
 from .errors import ConfigError, JobCancelled
 from .models.base import Activations, Conditioning, ModelAdapter
+from .models.weights import StageWeights
 from .parallel.collectives import PendingP2P, all_gather_cat, recv_object, recv_start, send_object, send_start
 from .parallel.mesh import ParallelMesh
-from .partial_loading import StageWeights
 from .pipefusion_attention import ItemTokens, StaleKVCache, run_block_stale
 from .pipefusion_schedule import Band, Item, PipelineSchedule, build_schedule, default_patches, sampler_rounds
 from .pipefusion_stages import StagePlan

@@ -48,7 +48,7 @@ def timed_decode(ctx: JobContext, vae_dir: str, latent: torch.Tensor) -> dict[st
 
 
 def run(quick: bool = False) -> dict[str, Any]:
-    from .testing import ensure_tiny_model
+    from .models.tiny import ensure_tiny_model
 
     vae_dir = str(ensure_tiny_model("tiny-sd3") / "vae")
     side = 64 if quick else 256

@@ -125,7 +125,7 @@ def load_vae_file(
     from diffusers import AutoencoderKL
     from safetensors import safe_open
 
-    from .partial_loading import parameters_on_meta
+    from .models.weights import parameters_on_meta
 
     info = inspect_vae_file(path, norm_num_groups)
     with safe_open(str(info.path), framework="pt", device="cpu") as f:

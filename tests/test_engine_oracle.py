@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from parallel_runtime.engine import SamplingSettings, denoise_latent, model_sampling_for
-from parallel_runtime.loading import load_pipeline_components
+from parallel_runtime.models.loading import load_pipeline_components
+from parallel_runtime.models.text_encoding import encode_prompts
+from parallel_runtime.models.tiny import ensure_tiny_model
 from parallel_runtime.parallel.mesh import ParallelMesh
-from parallel_runtime.testing import ensure_tiny_model
-from parallel_runtime.text_encoding import encode_prompts
 
 STEPS = 4
 PX = 128  # 16x16 latent

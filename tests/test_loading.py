@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from parallel_runtime.errors import ConfigError
-from parallel_runtime.loading import load_pipeline_components
-from parallel_runtime.testing import TINY_MODELS, build_tiny_pipeline, ensure_tiny_model
+from parallel_runtime.models.loading import load_pipeline_components
+from parallel_runtime.models.tiny import TINY_MODELS, build_tiny_pipeline, ensure_tiny_model
 
 torch.set_num_threads(1)
 

@@ -12,13 +12,13 @@ from torch.overrides import TorchFunctionMode
 
 from parallel_runtime.attention.usp import SequenceParallelAttention
 from parallel_runtime.errors import ConfigError
-from parallel_runtime.loading import load_pipeline_components
 from parallel_runtime.models import Conditioning, LatentFormat, get_adapter, supported_class_names
 from parallel_runtime.models.flux import image_ids
+from parallel_runtime.models.loading import load_pipeline_components
+from parallel_runtime.models.tiny import ensure_tiny_model
 from parallel_runtime.parallel.config import MESH_DIMS, ParallelConfig
 from parallel_runtime.parallel.mesh import ParallelMesh
 from parallel_runtime.parallel.sharding import split_sizes
-from parallel_runtime.testing import ensure_tiny_model
 
 torch.set_num_threads(1)
 FAMILIES = ("flux", "sd3", "pixart")

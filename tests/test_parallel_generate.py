@@ -9,11 +9,11 @@ import torch
 
 from parallel_runtime.engine import SamplingSettings, denoise_latent, model_sampling_for
 from parallel_runtime.errors import JobCancelled, WorkerError
-from parallel_runtime.loading import load_pipeline_components
+from parallel_runtime.models.loading import load_pipeline_components
+from parallel_runtime.models.text_encoding import encode_prompts
+from parallel_runtime.models.tiny import build_tiny_pipeline, ensure_tiny_model
 from parallel_runtime.parallel.config import ParallelConfig
 from parallel_runtime.parallel.mesh import ParallelMesh
-from parallel_runtime.testing import build_tiny_pipeline, ensure_tiny_model
-from parallel_runtime.text_encoding import encode_prompts
 
 JOB = "parallel_runtime.model_jobs:"
 FAMILIES = ["tiny-flux", "tiny-sd3", "tiny-pixart"]

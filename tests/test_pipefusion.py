@@ -17,16 +17,16 @@ import torch.nn.functional as F
 from parallel_runtime.api import LoadRequest, check_pipefusion_request, load_parallel_model
 from parallel_runtime.engine import SamplingSettings, denoise_latent, model_sampling_for
 from parallel_runtime.errors import ConfigError, JobCancelled, WorkerDied, WorkerError
-from parallel_runtime.loading import load_pipeline_components
+from parallel_runtime.models.loading import load_pipeline_components
+from parallel_runtime.models.text_encoding import encode_prompts
+from parallel_runtime.models.tiny import build_tiny_pipeline, ensure_tiny_model
+from parallel_runtime.models.weights import load_stage_transformer
 from parallel_runtime.parallel.config import ParallelConfig
 from parallel_runtime.parallel.mesh import ParallelMesh
-from parallel_runtime.partial_loading import load_stage_transformer
 from parallel_runtime.pipefusion_attention import ItemTokens, StaleKVCache
 from parallel_runtime.pipefusion_schedule import build_schedule, patch_bands, sampler_rounds
 from parallel_runtime.pipefusion_stages import plan_stages
 from parallel_runtime.sampling import flow_sd3
-from parallel_runtime.testing import build_tiny_pipeline, ensure_tiny_model
-from parallel_runtime.text_encoding import encode_prompts
 
 JOB = "parallel_runtime.model_jobs:"
 STATS_JOB = "parallel_runtime.bench_pipefusion:generate_with_stats"

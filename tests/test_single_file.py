@@ -13,17 +13,17 @@ from safetensors.torch import save_file
 
 from parallel_runtime.engine import SamplingSettings
 from parallel_runtime.errors import ConfigError, WorkerError
-from parallel_runtime.loading import load_pipeline_components
-from parallel_runtime.parallel.config import ParallelConfig
-from parallel_runtime.partial_loading import load_stage_transformer
-from parallel_runtime.single_file import (
+from parallel_runtime.models.loading import load_pipeline_components
+from parallel_runtime.models.single_file import (
     inspect_single_file,
     load_single_file_stage,
     load_single_file_transformer,
     shipped_config,
 )
-from parallel_runtime.testing import ensure_tiny_model
-from parallel_runtime.text_encoding import encode_prompts
+from parallel_runtime.models.text_encoding import encode_prompts
+from parallel_runtime.models.tiny import ensure_tiny_model
+from parallel_runtime.models.weights import load_stage_transformer
+from parallel_runtime.parallel.config import ParallelConfig
 
 torch.set_num_threads(1)
 JOB = "parallel_runtime.model_jobs:"
@@ -249,7 +249,7 @@ def test_flux_reverse_mapping_round_trips_through_diffusers_at_flux1_width():
     from diffusers import FluxTransformer2DModel
     from diffusers.loaders.single_file_utils import convert_flux_transformer_checkpoint_to_diffusers
 
-    from parallel_runtime.partial_loading import parameters_on_meta
+    from parallel_runtime.models.weights import parameters_on_meta
 
     with parameters_on_meta():
         meta = FluxTransformer2DModel(num_layers=1, num_single_layers=1, guidance_embeds=True)
@@ -287,7 +287,7 @@ def test_sd3_reverse_mapping_round_trips_through_diffusers(qk_norm, dual):
 def test_pixart_reverse_mapping_round_trips_through_our_converter(tiny_transformers):
     """diffusers ships no PixArt single-file converter: ours is the forward direction here (the
     names follow diffusers' scripts/convert_pixart_sigma_to_diffusers.py)."""
-    from parallel_runtime.original_layout import to_diffusers
+    from parallel_runtime.models.original_layout import to_diffusers
 
     state = tiny_transformers["pixart"].state_dict()
     original = pixart_to_original(state)

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from parallel_runtime.errors import ConfigError
-from parallel_runtime.loading import load_pipeline_components
-from parallel_runtime.testing import ensure_tiny_model
-from parallel_runtime.text_encoding import default_max_sequence_length, encode_prompt, encode_prompts
+from parallel_runtime.models.loading import load_pipeline_components
+from parallel_runtime.models.text_encoding import default_max_sequence_length, encode_prompt, encode_prompts
+from parallel_runtime.models.tiny import ensure_tiny_model
 
 torch.set_num_threads(1)
 

@@ -17,8 +17,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from .errors import ConfigError
-from .models.registry import adapter_class_for, supported_class_names
+from ..errors import ConfigError
+from .registry import adapter_class_for, supported_class_names
 
 PARTS: tuple[str, ...] = ("transformer", "vae", "text")
 _LIBRARIES = ("diffusers", "transformers")
@@ -42,7 +42,7 @@ class PipelineComponents:
 
     def adapter(self):
         """The model adapter for the loaded transformer (latent format read from the VAE when loaded)."""
-        from .models import LatentFormat, get_adapter
+        from . import LatentFormat, get_adapter
 
         if self.transformer is None:
             raise ConfigError(

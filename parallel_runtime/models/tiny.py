@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 TINY_VERSION = "v1"  # bump whenever the built folders change: caches are keyed by it
 TINY_MODELS: tuple[str, ...] = ("tiny-flux", "tiny-sd3", "tiny-pixart")
@@ -326,7 +326,7 @@ def _check_name(name: str) -> None:
     if name not in TINY_MODELS:
         raise ConfigError(
             f"unknown tiny model {name!r}",
-            "tiny models are built from configs shipped in parallel_runtime.testing",
+            "tiny models are built from configs shipped in parallel_runtime.models.tiny",
             f"use one of: {', '.join(TINY_MODELS)}",
         )
 

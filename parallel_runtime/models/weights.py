@@ -27,11 +27,11 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten
 
-from .errors import ConfigError
+from ..errors import ConfigError
+from ..pipefusion_stages import StagePlan, plan_stages
+from .base import Conditioning, ModelAdapter
 from .loading import PipelineComponents, _component_class, load_pipeline_components, read_model_index
-from .models.base import Conditioning, ModelAdapter
-from .models.registry import adapter_class_for
-from .pipefusion_stages import StagePlan, plan_stages
+from .registry import adapter_class_for
 
 log = logging.getLogger(__name__)
 
@@ -335,7 +335,7 @@ def load_pipeline_stage(
     stage_weights: Sequence[float] | None = None,
     parts: Sequence[str] = ("vae",),
 ) -> tuple[PipelineComponents, StagePlan, StageWeights]:
-    """:func:`~parallel_runtime.loading.load_pipeline_components` for a PipeFusion stage: the
+    """:func:`~parallel_runtime.models.loading.load_pipeline_components` for a PipeFusion stage: the
     other ``parts`` ("vae", "text") as usual, the transformer with only this stage's tensors."""
     if "transformer" in parts:
         raise ConfigError(

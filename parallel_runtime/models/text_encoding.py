@@ -17,9 +17,9 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from .errors import ConfigError
+from ..errors import ConfigError
+from .base import Conditioning
 from .loading import PipelineComponents
-from .models.base import Conditioning
 
 log = logging.getLogger(__name__)
 

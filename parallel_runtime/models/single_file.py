@@ -5,7 +5,7 @@
 ``model.diffusion_model.`` prefix next to VAE / text-encoder tensors), PixArt ``.safetensors`` /
 ``.pth`` (PixArt's layout). Nothing is fetched from a hub: the family is detected from the tensor
 names (``layout.detect_family``), the variant from a few marker tensors, and the diffusers config
-is a copy shipped in ``parallel_runtime/configs/<variant>/`` with everything the weights decide
+is a copy shipped in ``parallel_runtime/models/configs/<variant>/`` with everything the weights decide
 (depth, width, channels, text widths, optional parts) read from the file's header. The weights
 are then converted to diffusers names (``original_layout``) and assigned to a transformer built
 with its parameters on the "meta" device, so no random initialisation is ever materialised.
@@ -29,10 +29,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from .errors import ConfigError
+from ..errors import ConfigError
+from ..parallel.layout import detect_family, read_safetensors_header
 from .loading import PipelineComponents
 from .original_layout import ANCHOR_KEYS, CONFIG_FROM_WEIGHTS, Shapes, StateDict, detect_variant, to_diffusers
-from .parallel.layout import detect_family, read_safetensors_header
 
 log = logging.getLogger(__name__)
 
@@ -266,8 +266,8 @@ def load_single_file_transformer(
     """(transformer, family, scheduler config) from one file, offline (see the module doc)."""
     import diffusers
 
-    from .models.registry import adapter_class_for
-    from .partial_loading import parameters_on_meta
+    from .registry import adapter_class_for
+    from .weights import parameters_on_meta
 
     info = inspect_single_file(path, family, variant, overrides)
     device = torch.device(device)
@@ -309,7 +309,7 @@ def load_single_file_stage(
     mapping (fused tensors are split as views too), then the stage copies just its own share."""
     import diffusers
 
-    from .partial_loading import TensorSource, build_stage_transformer
+    from .weights import TensorSource, build_stage_transformer
 
     info = inspect_single_file(path, family)
     state = _read_state(info, torch.device("cpu"), None)

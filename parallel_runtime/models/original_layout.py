@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 Shapes = Mapping[str, tuple[int, ...]]
 StateDict = dict[str, torch.Tensor]
