@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from .engine import SamplingSettings
+from .denoise.loop import SamplingSettings
 from .model_jobs import generate
 from .parallel.config import ParallelConfig
 from .runtime.jobs import JobContext

@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from .engine import SamplingSettings, denoise_latent, model_sampling_for
+from .denoise.loop import SamplingSettings, denoise_latent, model_sampling_for
 from .errors import ConfigError
 from .models.base import Conditioning, ModelAdapter
 from .models.loading import PipelineComponents, load_pipeline_components

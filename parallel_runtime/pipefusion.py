@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from .engine import SamplingSettings, _batchable, _concat, _expand_batch, schedule
+from .denoise.loop import SamplingSettings, _batchable, _concat, _expand_batch, schedule
 from .errors import ConfigError, JobCancelled
 from .models.base import Activations, Conditioning, ModelAdapter
 from .models.weights import StageWeights

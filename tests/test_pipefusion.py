@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from parallel_runtime.api import LoadRequest, check_pipefusion_request, load_parallel_model
-from parallel_runtime.engine import SamplingSettings, denoise_latent, model_sampling_for
+from parallel_runtime.denoise.loop import SamplingSettings, denoise_latent, model_sampling_for
 from parallel_runtime.errors import ConfigError, JobCancelled, WorkerDied, WorkerError
 from parallel_runtime.models.loading import load_pipeline_components
 from parallel_runtime.models.text_encoding import encode_prompts

@@ -13,12 +13,12 @@ from typing import Any
 
 import torch
 
-from .attention.usp import SequenceParallelAttention
-from .errors import ConfigError
-from .models.base import Conditioning, ModelAdapter
-from .parallel.collectives import all_gather_cat
-from .parallel.mesh import ParallelMesh
-from .sampling import (
+from ..attention.usp import SequenceParallelAttention
+from ..errors import ConfigError
+from ..models.base import Conditioning, ModelAdapter
+from ..parallel.collectives import all_gather_cat
+from ..parallel.mesh import ParallelMesh
+from ..sampling import (
     ModelSampling,
     cfg_combine,
     default_noise,
