@@ -43,7 +43,7 @@ def generate_with_stats(
     """Worker job: PipeFusion generation on the loaded model; returns this rank's timing and stats
     (and the latent on rank 0)."""
     from .model_jobs import _loaded
-    from .pipefusion import PipeFusionSettings, run_pipefusion
+    from .pipefusion.pipeline import PipeFusionSettings, run_pipefusion
 
     model = _loaded(ctx)
     ms = model_sampling_for(model.adapter, model.components.scheduler_config, width, height)

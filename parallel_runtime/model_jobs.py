@@ -124,7 +124,7 @@ def load_model(
     weight_bytes = sum(p.numel() * p.element_size() for p in params if p.device.type != "meta")
     pipefusion = None
     if model.stages is not None:
-        from .pipefusion import describe_stages
+        from .pipefusion.pipeline import describe_stages
 
         pipefusion = describe_stages(ctx.mesh, model.stages, model.stage_weights)
     return {
@@ -247,7 +247,7 @@ def generate(
     adapter = model.adapter
     ms = model_sampling_for(adapter, model.components.scheduler_config, width, height)
     if model.stages is not None:
-        from .pipefusion import PipeFusionSettings, run_pipefusion
+        from .pipefusion.pipeline import PipeFusionSettings, run_pipefusion
 
         def on_patch_step(step: int, total: int, denoised: torch.Tensor) -> None:
             ctx.emit("progress", {"step": step + 1, "total": total})

@@ -23,9 +23,9 @@ from parallel_runtime.models.tiny import build_tiny_pipeline, ensure_tiny_model
 from parallel_runtime.models.weights import load_stage_transformer
 from parallel_runtime.parallel.config import ParallelConfig
 from parallel_runtime.parallel.mesh import ParallelMesh
-from parallel_runtime.pipefusion_attention import ItemTokens, StaleKVCache
-from parallel_runtime.pipefusion_schedule import build_schedule, patch_bands, sampler_rounds
-from parallel_runtime.pipefusion_stages import plan_stages
+from parallel_runtime.pipefusion.schedule import build_schedule, patch_bands, sampler_rounds
+from parallel_runtime.pipefusion.stages import plan_stages
+from parallel_runtime.pipefusion.stale_kv import ItemTokens, StaleKVCache
 from parallel_runtime.sampling import flow_sd3
 
 JOB = "parallel_runtime.model_jobs:"

@@ -28,7 +28,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten
 
 from ..errors import ConfigError
-from ..pipefusion_stages import StagePlan, plan_stages
+from ..pipefusion.stages import StagePlan, plan_stages
 from .base import Conditioning, ModelAdapter
 from .loading import PipelineComponents, _component_class, load_pipeline_components, read_model_index
 from .registry import adapter_class_for

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from .models.base import Activations
+from ..models.base import Activations
 
 _META = ("grid", "txt_tokens")
 

@@ -24,14 +24,14 @@ from typing import Literal
 
 import torch
 
-from .attention.kernels import select_kernel, usable_backends
-from .attention.ulysses import gather_heads, scatter_heads
-from .attention.usp import SdpaRedirect, check_backend
-from .errors import ConfigError
-from .models.base import Activations, ModelAdapter, intercepted
-from .parallel.collectives import all_gather_cat
-from .parallel.mesh import ParallelMesh
-from .parallel.sharding import split_sizes
+from ..attention.kernels import select_kernel, usable_backends
+from ..attention.ulysses import gather_heads, scatter_heads
+from ..attention.usp import SdpaRedirect, check_backend
+from ..errors import ConfigError
+from ..models.base import Activations, ModelAdapter, intercepted
+from ..parallel.collectives import all_gather_cat
+from ..parallel.mesh import ParallelMesh
+from ..parallel.sharding import split_sizes
 
 
 @dataclasses.dataclass(frozen=True)

@@ -22,9 +22,9 @@ from collections.abc import Sequence
 
 import torch
 
-from .errors import ConfigError
-from .parallel.sharding import split_sizes
-from .sampling import ModelSampling, sampler_steps, sampler_uses_noise
+from ..errors import ConfigError
+from ..parallel.sharding import split_sizes
+from ..sampling import ModelSampling, sampler_steps, sampler_uses_noise
 
 
 @dataclasses.dataclass(frozen=True)

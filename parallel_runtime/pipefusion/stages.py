@@ -12,7 +12,7 @@ import dataclasses
 import math
 from collections.abc import Sequence
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 
 @dataclasses.dataclass(frozen=True)

@@ -32,17 +32,13 @@ from typing import Any
 
 import torch
 
-from .denoise.loop import SamplingSettings, _batchable, _concat, _expand_batch, schedule
-from .errors import ConfigError, JobCancelled
-from .models.base import Activations, Conditioning, ModelAdapter
-from .models.weights import StageWeights
-from .parallel.collectives import PendingP2P, all_gather_cat, recv_object, recv_start, send_object, send_start
-from .parallel.mesh import ParallelMesh
-from .pipefusion_attention import ItemTokens, StaleKVCache, run_block_stale
-from .pipefusion_schedule import Band, Item, PipelineSchedule, build_schedule, default_patches, sampler_rounds
-from .pipefusion_stages import StagePlan
-from .pipefusion_transport import BandLayout
-from .sampling import (
+from ..denoise.loop import SamplingSettings, _batchable, _concat, _expand_batch, schedule
+from ..errors import ConfigError, JobCancelled
+from ..models.base import Activations, Conditioning, ModelAdapter
+from ..models.weights import StageWeights
+from ..parallel.collectives import PendingP2P, all_gather_cat, recv_object, recv_start, send_object, send_start
+from ..parallel.mesh import ParallelMesh
+from ..sampling import (
     ModelCall,
     ModelSampling,
     SharedNoise,
@@ -53,6 +49,10 @@ from .sampling import (
     sampler_steps,
     uses_uncond,
 )
+from .schedule import Band, Item, PipelineSchedule, build_schedule, default_patches, sampler_rounds
+from .stages import StagePlan
+from .stale_kv import ItemTokens, StaleKVCache, run_block_stale
+from .transport import BandLayout
 
 log = logging.getLogger(__name__)
 
