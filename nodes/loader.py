@@ -185,7 +185,7 @@ class ParallelModelLoader(ContextNode):
         target = resolve_model(model, ctx.bridge)
         vae_path = resolve_vae(vae, ctx.bridge)
         if vae_path is not None:
-            from parallel_runtime.vae_file import inspect_vae_file
+            from parallel_runtime.vae.file import inspect_vae_file
 
             inspect_vae_file(vae_path)  # a wrong file fails here, before any memory is freed or worker started
         chosen = None if family == "auto" else family

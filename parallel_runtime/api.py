@@ -288,7 +288,7 @@ def load_parallel_model(request: LoadRequest, registry: PoolRegistry, reason: st
     opts = {} if request.threads_per_worker is None else {"threads_per_worker": request.threads_per_worker}
     check_pipefusion_request(request, config)
     if request.vae:
-        from .vae_file import inspect_vae_file
+        from .vae.file import inspect_vae_file
 
         inspect_vae_file(request.vae, request.vae_norm_groups)  # a bad file fails before any worker starts
     pool = registry.get(devices, config, key=(str(path), request.dtype), **opts)

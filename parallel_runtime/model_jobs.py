@@ -146,7 +146,7 @@ def load_model(
 def _vae_from_file(comps: PipelineComponents, file: str, device: torch.device, norm_groups: int) -> torch.nn.Module:
     """The VAE in ``file`` in place of the model's own. It keeps the model's latent scale and shift
     (its own VAE's, or the family's), which a VAE file does not record."""
-    from .vae_file import load_vae_file
+    from .vae.file import load_vae_file
 
     fmt = comps.adapter().plan.latent_format
     vae = load_vae_file(file, device, torch.float32, norm_groups)
@@ -163,7 +163,7 @@ def _vae_from_file(comps: PipelineComponents, file: str, device: torch.device, n
 
 def _embedded_vae(comps: PipelineComponents, path: str, device: torch.device) -> torch.nn.Module | None:
     """A full checkpoint (transformer plus ``first_stage_model.*``) carries its VAE: use it."""
-    from .vae_file import inspect_vae_file
+    from .vae.file import inspect_vae_file
 
     try:
         inspect_vae_file(path)
@@ -306,7 +306,7 @@ def _preview(adapter: ModelAdapter, denoised: torch.Tensor) -> torch.Tensor:
 
 def decode(ctx: JobContext, latent: torch.Tensor) -> torch.Tensor | None:
     """Exact parallel VAE decode of a raw latent over every rank; ComfyUI IMAGE on rank 0."""
-    from .vae import decode_to_image_tensor
+    from .vae.decode import decode_to_image_tensor
 
     model = _loaded(ctx)
     _require_part(model, "vae")

@@ -27,7 +27,7 @@ def timed_decode(ctx: JobContext, vae_dir: str, latent: torch.Tensor) -> dict[st
     kernel's high-water mark (/proc/self/clear_refs) just before."""
     from diffusers import AutoencoderKL
 
-    from .vae import decode_to_image_tensor
+    from .vae.decode import decode_to_image_tensor
 
     vae = ctx.state.get(("bench_vae", vae_dir))
     if vae is None:

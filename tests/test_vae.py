@@ -12,11 +12,11 @@ from torch import nn
 from parallel_runtime.errors import ConfigError
 from parallel_runtime.parallel.config import ParallelConfig
 from parallel_runtime.parallel.mesh import CommStats, ParallelMesh
-from parallel_runtime.vae import compute_dtype, decode_latent, decode_to_image_tensor
-from parallel_runtime.vae_bands import BandLayout, plan_band_rows
-from parallel_runtime.vae_decoder import check_decoder, upsampling_factor
-from parallel_runtime.vae_ops import band_attention, band_conv2d, band_group_norm, band_upsample_nearest2x
-from parallel_runtime.vae_tiled import tile_starts, tiled_decode_single
+from parallel_runtime.vae.bands import BandLayout, plan_band_rows
+from parallel_runtime.vae.decode import compute_dtype, decode_latent, decode_to_image_tensor
+from parallel_runtime.vae.decoder import check_decoder, upsampling_factor
+from parallel_runtime.vae.ops import band_attention, band_conv2d, band_group_norm, band_upsample_nearest2x
+from parallel_runtime.vae.tiled import tile_starts, tiled_decode_single
 
 TOL = 1e-4
 JOB = "tests.dist_jobs.vae_jobs:"

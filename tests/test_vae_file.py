@@ -11,7 +11,7 @@ from safetensors.torch import save_file
 from parallel_runtime.errors import ConfigError
 from parallel_runtime.models.loading import load_pipeline_components
 from parallel_runtime.models.tiny import ensure_tiny_model
-from parallel_runtime.vae_file import inspect_vae_file, load_vae_file
+from parallel_runtime.vae.file import inspect_vae_file, load_vae_file
 
 torch.set_num_threads(1)
 TINY_GROUPS = 4  # the tiny VAEs' GroupNorm groups (not stored in weights; published VAEs use 32)

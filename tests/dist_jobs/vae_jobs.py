@@ -41,7 +41,7 @@ def decode_band(
 ) -> dict[str, Any]:
     """decode_latent over the "sp" group, assembled on sp rank ``image_rank`` (or "all"):
     {"image": [B,3,H,W] or None, "sent": {op: bytes}}."""
-    from parallel_runtime.vae import decode_latent
+    from parallel_runtime.vae.decode import decode_latent
 
     torch.set_num_threads(1)
     vae = _load_vae(ctx, vae_dir, dtype)
@@ -52,7 +52,7 @@ def decode_band(
 
 def decode_image(ctx, vae_dir: str, z: torch.Tensor, image_rank: int | str = 0) -> torch.Tensor | None:
     """decode_to_image_tensor over the "sp" group: ComfyUI IMAGE [B,H,W,3] on the result rank."""
-    from parallel_runtime.vae import decode_to_image_tensor
+    from parallel_runtime.vae.decode import decode_to_image_tensor
 
     torch.set_num_threads(1)
     vae = _load_vae(ctx, vae_dir, torch.float32)
@@ -63,7 +63,7 @@ def decode_image(ctx, vae_dir: str, z: torch.Tensor, image_rank: int | str = 0) 
 def decode_mismatched(ctx, vae_dir: str, z: torch.Tensor) -> str:
     """Rank 0 passes a latent one row shorter than the others: every rank must raise (no hang)."""
     from parallel_runtime.errors import ConfigError
-    from parallel_runtime.vae import decode_latent
+    from parallel_runtime.vae.decode import decode_latent
 
     torch.set_num_threads(1)
     vae = _load_vae(ctx, vae_dir, torch.float32)

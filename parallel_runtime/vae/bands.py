@@ -12,9 +12,9 @@ import dataclasses
 
 import torch.distributed as dist
 
-from .errors import ConfigError
-from .parallel.mesh import CommStats
-from .parallel.sharding import split_sizes
+from ..errors import ConfigError
+from ..parallel.mesh import CommStats
+from ..parallel.sharding import split_sizes
 
 DEFAULT_MIN_BAND_ROWS = 2
 """Default fewest latent rows a rank decodes. One row is enough for correctness (every 3x3 conv

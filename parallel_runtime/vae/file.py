@@ -20,8 +20,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from .errors import ConfigError
-from .parallel.layout import read_safetensors_header
+from ..errors import ConfigError
+from ..parallel.layout import read_safetensors_header
 
 PREFIXES: tuple[str, ...] = ("", "first_stage_model.", "vae.")
 DEFAULT_NORM_GROUPS = 32
@@ -125,7 +125,7 @@ def load_vae_file(
     from diffusers import AutoencoderKL
     from safetensors import safe_open
 
-    from .models.weights import parameters_on_meta
+    from ..models.weights import parameters_on_meta
 
     info = inspect_vae_file(path, norm_num_groups)
     with safe_open(str(info.path), framework="pt", device="cpu") as f:

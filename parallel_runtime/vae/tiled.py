@@ -11,11 +11,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .errors import ConfigError
-from .parallel.mesh import CommStats
-from .vae import compute_dtype
-from .vae_bands import BandLayout
-from .vae_decoder import check_decoder, decode_band
+from ..errors import ConfigError
+from ..parallel.mesh import CommStats
+from .bands import BandLayout
+from .decode import compute_dtype
+from .decoder import check_decoder, decode_band
 
 
 def tile_starts(length: int, tile: int, overlap: int) -> list[int]:

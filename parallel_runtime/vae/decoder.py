@@ -15,9 +15,9 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
-from .errors import ConfigError
-from .vae_bands import BandLayout
-from .vae_ops import band_attention, band_conv2d, band_group_norm, band_upsample_nearest2x
+from ..errors import ConfigError
+from .bands import BandLayout
+from .ops import band_attention, band_conv2d, band_group_norm, band_upsample_nearest2x
 
 _FIX = (
     "decode this VAE on one device (vae.decode), or use an AutoencoderKL whose decoder is built from "

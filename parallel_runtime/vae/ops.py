@@ -15,8 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .parallel.collectives import all_gather_cat, exchange_halo
-from .vae_bands import BandLayout
+from ..parallel.collectives import all_gather_cat, exchange_halo
+from .bands import BandLayout
 
 
 def _param(p: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor | None:

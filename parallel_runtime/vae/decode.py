@@ -19,11 +19,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .errors import ConfigError
-from .parallel.collectives import all_gather_cat, gather_to, group_rank, group_size
-from .parallel.mesh import ParallelMesh
-from .vae_bands import DEFAULT_MIN_BAND_ROWS, BandLayout, plan_band_rows
-from .vae_decoder import check_decoder, decode_band
+from ..errors import ConfigError
+from ..parallel.collectives import all_gather_cat, gather_to, group_rank, group_size
+from ..parallel.mesh import ParallelMesh
+from .bands import DEFAULT_MIN_BAND_ROWS, BandLayout, plan_band_rows
+from .decoder import check_decoder, decode_band
 
 ResultRank = int | Literal["all"]
 
