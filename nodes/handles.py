@@ -13,7 +13,7 @@ import hashlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from parallel_runtime.api import LoadRequest, ParallelModel
+    from parallel_runtime.service.api import LoadRequest, ParallelModel
 
     from .context import NodeContext
 
@@ -40,7 +40,7 @@ class ParallelModelHandle:
 
     def model(self) -> ParallelModel:
         """The runtime model (warm pool reused; started again after an unload)."""
-        from parallel_runtime.api import load_parallel_model
+        from parallel_runtime.service.api import load_parallel_model
 
         last_pool = getattr(self._last, "pool", None)
         if not getattr(last_pool, "is_alive", False):  # (re)starting workers: make room on their GPUs first

@@ -239,14 +239,14 @@ def build_request(**fields: Any) -> Any:
     dropped when they are unused; a layout that needs them fails with a clear error instead."""
     import dataclasses
 
-    from parallel_runtime.api import LoadRequest
+    from parallel_runtime.service.api import LoadRequest
 
     known = {f.name for f in dataclasses.fields(LoadRequest)}
     layout = fields.get("layout")
     if layout is not None and layout.pp > 1 and "pp_patches" not in known:
         raise ConfigError(
             f"the layout {layout.describe()} uses PipeFusion, which this runtime version does not provide yet",
-            "parallel_runtime.api.LoadRequest has no PipeFusion settings (pp_patches, pp_warmup, pp_stage_weights)",
+            "parallel_runtime.service.api.LoadRequest has no PipeFusion settings (pp_patches, pp_warmup, pp_stage_weights)",
             "choose a manual layout without pipefusion (ulysses / ring / cfg_parallel), or update dit-parallel",
         )
     return LoadRequest(**{k: v for k, v in fields.items() if k in known})

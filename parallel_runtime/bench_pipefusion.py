@@ -26,7 +26,7 @@ from .parallel.config import ParallelConfig
 from .runtime.jobs import JobContext
 from .runtime.pool import WorkerPool
 
-JOB = "parallel_runtime.model_jobs:"
+JOB = "parallel_runtime.service.model_jobs:"
 
 
 def generate_with_stats(
@@ -42,8 +42,8 @@ def generate_with_stats(
 ) -> dict[str, Any]:
     """Worker job: PipeFusion generation on the loaded model; returns this rank's timing and stats
     (and the latent on rank 0)."""
-    from .model_jobs import _loaded
     from .pipefusion.pipeline import PipeFusionSettings, run_pipefusion
+    from .service.model_jobs import _loaded
 
     model = _loaded(ctx)
     ms = model_sampling_for(model.adapter, model.components.scheduler_config, width, height)

@@ -12,10 +12,10 @@ from typing import Any
 import torch
 
 from .denoise.loop import SamplingSettings
-from .model_jobs import generate
 from .parallel.config import ParallelConfig
 from .runtime.jobs import JobContext
 from .runtime.pool import WorkerPool
+from .service.model_jobs import generate
 
 JOB = "parallel_runtime.bench_scaling:"
 
@@ -29,7 +29,7 @@ def timed_generate(ctx: JobContext, positive, negative, latent, settings, width,
 
 
 def encode(ctx: JobContext, prompt: str):
-    from .model_jobs import encode_text
+    from .service.model_jobs import encode_text
 
     return encode_text(ctx, [prompt])
 
@@ -46,7 +46,7 @@ def _build(name: str, root: Path, **overrides) -> Path:
 def _measure(path: Path, config: ParallelConfig, px: int, steps: int, cfg: float, repeats: int) -> dict[str, Any]:
     pool = WorkerPool(f"cpu:{config.world_size}", config, threads_per_worker=1)
     try:
-        info = pool.submit("parallel_runtime.model_jobs:load_model", str(path), "fp32", "sdpa").result(600)
+        info = pool.submit("parallel_runtime.service.model_jobs:load_model", str(path), "fp32", "sdpa").result(600)
         pos = pool.submit(JOB + "encode", "a lighthouse on a cliff at dawn").result(600)[0]
         neg = pool.submit(JOB + "encode", "").result(600)[0] if cfg != 1.0 else None
         latent = torch.zeros(1, info["latent_channels"], px // 8, px // 8)

@@ -2,7 +2,7 @@
 
 Part 1 drives the node layer with a stand-in model (conditioning checks, progress, previews,
 cancel, status events) so it runs in milliseconds. Part 2 runs every node end to end on the tiny
-families with the real runtime on two CPU workers (skipped while ``parallel_runtime.api`` is
+families with the real runtime on two CPU workers (skipped while ``parallel_runtime.service.api`` is
 missing).
 """
 
@@ -421,9 +421,9 @@ def real_ctx(pool_registry):
 
 
 def api():
-    import parallel_runtime.api
+    from parallel_runtime.service import api as service_api
 
-    return parallel_runtime.api
+    return service_api
 
 
 LOAD = dict(
@@ -468,7 +468,7 @@ def run_graph(ctx, handle, cfg: float, steps: int = 2, size: int = 64):
 )
 def test_end_to_end_tiny_families(real_ctx, model, layout, degrees, cfg, expect):
     if expect.pp > 1 and "pp_patches" not in {f.name for f in __import__("dataclasses").fields(api().LoadRequest)}:
-        pytest.skip("PipeFusion is not in parallel_runtime.api yet (LoadRequest has no pp_patches)")
+        pytest.skip("PipeFusion is not in parallel_runtime.service.api yet (LoadRequest has no pp_patches)")
     freed = len(real_ctx.bridge.freed)
     handle, text = load(real_ctx, model, layout, **degrees)
     assert handle.request.layout == expect

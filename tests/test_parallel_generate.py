@@ -15,7 +15,7 @@ from parallel_runtime.models.tiny import build_tiny_pipeline, ensure_tiny_model
 from parallel_runtime.parallel.config import ParallelConfig
 from parallel_runtime.parallel.mesh import ParallelMesh
 
-JOB = "parallel_runtime.model_jobs:"
+JOB = "parallel_runtime.service.model_jobs:"
 FAMILIES = ["tiny-flux", "tiny-sd3", "tiny-pixart"]
 LAYOUTS = {
     "single": ParallelConfig(),
@@ -159,7 +159,7 @@ def test_decode_job_equals_diffusers_vae_on_a_raw_latent(cpu_pool, reference, na
 
 
 def test_text_encoder_placement_spreads_biggest_first():
-    from parallel_runtime.model_jobs import text_encoder_placement
+    from parallel_runtime.service.model_jobs import text_encoder_placement
 
     sizes = {"text_encoder": 246, "text_encoder_2": 1390, "text_encoder_3": 9524}
     assert text_encoder_placement(sizes, ["cuda:0", "cuda:1"]) == {

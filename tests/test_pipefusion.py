@@ -14,7 +14,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from parallel_runtime.api import LoadRequest, check_pipefusion_request, load_parallel_model
 from parallel_runtime.denoise.loop import SamplingSettings, denoise_latent, model_sampling_for
 from parallel_runtime.errors import ConfigError, JobCancelled, WorkerDied, WorkerError
 from parallel_runtime.models.loading import load_pipeline_components
@@ -27,8 +26,9 @@ from parallel_runtime.pipefusion.schedule import build_schedule, patch_bands, sa
 from parallel_runtime.pipefusion.stages import plan_stages
 from parallel_runtime.pipefusion.stale_kv import ItemTokens, StaleKVCache
 from parallel_runtime.sampling import flow_sd3
+from parallel_runtime.service.api import LoadRequest, check_pipefusion_request, load_parallel_model
 
-JOB = "parallel_runtime.model_jobs:"
+JOB = "parallel_runtime.service.model_jobs:"
 STATS_JOB = "parallel_runtime.bench_pipefusion:generate_with_stats"
 FAMILIES = ["tiny-flux", "tiny-sd3", "tiny-pixart"]
 PP2 = ParallelConfig(pp=2)

@@ -26,7 +26,7 @@ from parallel_runtime.models.weights import load_stage_transformer
 from parallel_runtime.parallel.config import ParallelConfig
 
 torch.set_num_threads(1)
-JOB = "parallel_runtime.model_jobs:"
+JOB = "parallel_runtime.service.model_jobs:"
 PREFIX = "model.diffusion_model."
 TINY = {"flux": "tiny-flux", "sd3": "tiny-sd3", "pixart": "tiny-pixart"}
 PIXART_OVERRIDES = {"attention_head_dim": 24}  # the tiny PixArt's head width (not stored in its weights)
@@ -463,7 +463,7 @@ def test_pipefusion_stage_from_a_single_file_equals_the_folder_stage(tmp_path, t
 
 
 def test_resolve_model_path_accepts_single_files(tmp_path):
-    from parallel_runtime.api import resolve_model_path
+    from parallel_runtime.service.api import resolve_model_path
 
     f = write_header_only(tmp_path / "m.safetensors", {"img_in.weight": (8, 4)})
     assert resolve_model_path(str(f)) == f

@@ -14,11 +14,11 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from .denoise.loop import SamplingSettings, denoise_latent, model_sampling_for
-from .errors import ConfigError
-from .models.base import Conditioning, ModelAdapter
-from .models.loading import PipelineComponents, load_pipeline_components
-from .runtime.jobs import JobContext
+from ..denoise.loop import SamplingSettings, denoise_latent, model_sampling_for
+from ..errors import ConfigError
+from ..models.base import Conditioning, ModelAdapter
+from ..models.loading import PipelineComponents, load_pipeline_components
+from ..runtime.jobs import JobContext
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 TEXT_RANK = 0  # the rank that holds the text encoders
@@ -62,7 +62,7 @@ def _require_part(model: LoadedModel, part: str) -> None:
     a full checkpoint): name the ComfyUI nodes that do ``part`` otherwise."""
     missing = model.components.vae is None if part == "vae" else model.components.path.is_file()
     if missing:
-        from .models.single_file import missing_part_error
+        from ..models.single_file import missing_part_error
 
         raise missing_part_error(model.components.path, part)
 
@@ -90,17 +90,17 @@ def load_model(
         stages = stage_weights = None
         text: tuple[str, ...] = ()  # text encoders are loaded below, spread over the pool's devices
         if Path(path).is_file() and pp > 1:  # a single-file transformer: no VAE or text encoders
-            from .models.single_file import load_single_file_stage
+            from ..models.single_file import load_single_file_stage
 
             comps, stages, stage_weights = load_single_file_stage(
                 path, pp, ctx.mesh.rank("pp"), ctx.device, _dtype(dtype), weights
             )
         elif Path(path).is_file():
-            from .models.single_file import load_single_file_components
+            from ..models.single_file import load_single_file_components
 
             comps = load_single_file_components(path, ctx.device, _dtype(dtype))
         elif pp > 1:
-            from .models.weights import load_pipeline_stage
+            from ..models.weights import load_pipeline_stage
 
             comps, stages, stage_weights = load_pipeline_stage(
                 path, pp, ctx.mesh.rank("pp"), ctx.device, _dtype(dtype), weights, ("vae", *text)
@@ -124,7 +124,7 @@ def load_model(
     weight_bytes = sum(p.numel() * p.element_size() for p in params if p.device.type != "meta")
     pipefusion = None
     if model.stages is not None:
-        from .pipefusion.pipeline import describe_stages
+        from ..pipefusion.pipeline import describe_stages
 
         pipefusion = describe_stages(ctx.mesh, model.stages, model.stage_weights)
     return {
@@ -146,7 +146,7 @@ def load_model(
 def _vae_from_file(comps: PipelineComponents, file: str, device: torch.device, norm_groups: int) -> torch.nn.Module:
     """The VAE in ``file`` in place of the model's own. It keeps the model's latent scale and shift
     (its own VAE's, or the family's), which a VAE file does not record."""
-    from .vae.file import load_vae_file
+    from ..vae.file import load_vae_file
 
     fmt = comps.adapter().plan.latent_format
     vae = load_vae_file(file, device, torch.float32, norm_groups)
@@ -163,7 +163,7 @@ def _vae_from_file(comps: PipelineComponents, file: str, device: torch.device, n
 
 def _embedded_vae(comps: PipelineComponents, path: str, device: torch.device) -> torch.nn.Module | None:
     """A full checkpoint (transformer plus ``first_stage_model.*``) carries its VAE: use it."""
-    from .vae.file import inspect_vae_file
+    from ..vae.file import inspect_vae_file
 
     try:
         inspect_vae_file(path)
@@ -213,7 +213,7 @@ def encode_text(
     ctx: JobContext, prompts: list[str], max_sequence_length: int | None = None
 ) -> list[Conditioning] | None:
     """Encode each prompt (on TEXT_RANK) into a Conditioning on the CPU."""
-    from .models.text_encoding import encode_prompt
+    from ..models.text_encoding import encode_prompt
 
     model = _loaded(ctx)
     _require_part(model, "text")
@@ -247,7 +247,7 @@ def generate(
     adapter = model.adapter
     ms = model_sampling_for(adapter, model.components.scheduler_config, width, height)
     if model.stages is not None:
-        from .pipefusion.pipeline import PipeFusionSettings, run_pipefusion
+        from ..pipefusion.pipeline import PipeFusionSettings, run_pipefusion
 
         def on_patch_step(step: int, total: int, denoised: torch.Tensor) -> None:
             ctx.emit("progress", {"step": step + 1, "total": total})
@@ -306,7 +306,7 @@ def _preview(adapter: ModelAdapter, denoised: torch.Tensor) -> torch.Tensor:
 
 def decode(ctx: JobContext, latent: torch.Tensor) -> torch.Tensor | None:
     """Exact parallel VAE decode of a raw latent over every rank; ComfyUI IMAGE on rank 0."""
-    from .vae.decode import decode_to_image_tensor
+    from ..vae.decode import decode_to_image_tensor
 
     model = _loaded(ctx)
     _require_part(model, "vae")

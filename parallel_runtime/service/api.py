@@ -13,16 +13,16 @@ from typing import Any
 
 import torch
 
-from .denoise.loop import SamplingSettings
-from .errors import ConfigError
-from .models.base import Conditioning
-from .parallel.config import ParallelConfig, parse_devices
-from .runtime.pool import EventCallback, WorkerPool
-from .runtime.pools import PoolRegistry
-from .sampling import SAMPLER_NAMES, SCHEDULER_NAMES
+from ..denoise.loop import SamplingSettings
+from ..errors import ConfigError
+from ..models.base import Conditioning
+from ..parallel.config import ParallelConfig, parse_devices
+from ..runtime.pool import EventCallback, WorkerPool
+from ..runtime.pools import PoolRegistry
+from ..sampling import SAMPLER_NAMES, SCHEDULER_NAMES
 
 TINY_MODELS = ("tiny-flux", "tiny-sd3", "tiny-pixart")
-JOB = "parallel_runtime.model_jobs:"
+JOB = "parallel_runtime.service.model_jobs:"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,7 +57,7 @@ def resolve_model_path(model: str) -> Path:
     """A diffusers folder or a single transformer file for ``model`` (building the embedded tiny
     models on first use)."""
     if model in TINY_MODELS:
-        from .models.tiny import ensure_tiny_model
+        from ..models.tiny import ensure_tiny_model
 
         return ensure_tiny_model(model)
     path = Path(model).expanduser()
@@ -68,7 +68,7 @@ def resolve_model_path(model: str) -> Path:
             f"pass an existing folder, or one of the built-in test models {', '.join(TINY_MODELS)}",
         )
     if path.is_file():
-        from .models.single_file import existing_model_file
+        from ..models.single_file import existing_model_file
 
         return existing_model_file(path)
     if path.is_dir() and not (path / "model_index.json").exists():
@@ -288,7 +288,7 @@ def load_parallel_model(request: LoadRequest, registry: PoolRegistry, reason: st
     opts = {} if request.threads_per_worker is None else {"threads_per_worker": request.threads_per_worker}
     check_pipefusion_request(request, config)
     if request.vae:
-        from .vae.file import inspect_vae_file
+        from ..vae.file import inspect_vae_file
 
         inspect_vae_file(request.vae, request.vae_norm_groups)  # a bad file fails before any worker starts
     pool = registry.get(devices, config, key=(str(path), request.dtype), **opts)
