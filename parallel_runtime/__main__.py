@@ -1,92 +1,10 @@
-"""Command line: ``python -m parallel_runtime doctor | bench KIND | generate``."""
+"""``python -m parallel_runtime doctor | bench KIND | generate``: see :mod:`parallel_runtime.tools.cli`."""
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 
-
-def _doctor(args: argparse.Namespace) -> int:
-    from . import doctor
-
-    info = doctor.collect()
-    print(json.dumps(info, indent=2) if args.json else doctor.render(info))
-    return 0
-
-
-def _bench(args: argparse.Namespace) -> int:
-    from .report import emit
-
-    if args.kind == "runtime":
-        from .bench_runtime import run
-
-        emit(run(), "runtime benchmark (2 CPU ranks)", args.json)
-    elif args.kind == "scaling":
-        from .bench_scaling import run
-
-        emit(run(quick=args.quick), "sequence/CFG parallel scaling", args.json)
-    elif args.kind == "vae":
-        from .vae_bench import run
-
-        emit(run(quick=args.quick), "parallel VAE decode", args.json)
-    elif args.kind == "pipefusion":
-        from .bench_pipefusion import run
-
-        emit(run(quick=args.quick), "PipeFusion", args.json)
-    return 0
-
-
-def _generate(args: argparse.Namespace) -> int:
-    from .generate_cli import main
-
-    return main(args)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m parallel_runtime", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-
-    p = sub.add_parser("doctor", help="what this machine offers: devices, memory, backends, peer access")
-    p.add_argument("--json", action="store_true", help="print JSON instead of text")
-    p.set_defaults(func=_doctor)
-
-    p = sub.add_parser("bench", help="benchmarks that print a table and write JSON")
-    p.add_argument("kind", choices=["runtime", "scaling", "vae", "pipefusion"])
-    p.add_argument("--json", metavar="PATH", help="write the results here")
-    p.add_argument("--quick", action="store_true", help="smaller sizes (a smoke run)")
-    p.set_defaults(func=_bench)
-
-    p = sub.add_parser("generate", help="generate one image with a parallel layout")
-    p.add_argument(
-        "--model", default="tiny-flux", help="tiny-flux | tiny-sd3 | tiny-pixart | path to a diffusers folder"
-    )
-    p.add_argument("--devices", default="cpu:2", help='e.g. "cuda:0,cuda:1" or "cpu:2"')
-    for dim in ("ulysses", "ring", "cfg", "pp"):
-        p.add_argument(f"--{dim}", type=int, default=None, help=f"{dim} parallel degree (default: automatic layout)")
-    p.add_argument("--patches", type=int, default=None, help="PipeFusion patches (row bands)")
-    p.add_argument("--warmup", type=int, default=1, help="PipeFusion synchronous warmup steps")
-    p.add_argument("--prompt", default="a watercolor fox in a misty forest")
-    p.add_argument("--negative", default="")
-    p.add_argument("--steps", type=int, default=8)
-    p.add_argument("--cfg-scale", type=float, default=None, help="classifier-free guidance scale (default per family)")
-    p.add_argument("--guidance", type=float, default=3.5, help="Flux embedded guidance")
-    p.add_argument("--sampler", default="euler")
-    p.add_argument("--scheduler", default="simple")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--width", type=int, default=256)
-    p.add_argument("--height", type=int, default=256)
-    p.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"])
-    p.add_argument("--attention", default="auto")
-    p.add_argument("--out", default="out.png")
-    p.set_defaults(func=_generate)
-    return parser
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    return args.func(args)
-
+from .tools.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -29,7 +29,7 @@ from parallel_runtime.sampling import flow_sd3
 from parallel_runtime.service.api import LoadRequest, check_pipefusion_request, load_parallel_model
 
 JOB = "parallel_runtime.service.model_jobs:"
-STATS_JOB = "parallel_runtime.bench_pipefusion:generate_with_stats"
+STATS_JOB = "parallel_runtime.tools.bench_pipefusion:generate_with_stats"
 FAMILIES = ["tiny-flux", "tiny-sd3", "tiny-pixart"]
 PP2 = ParallelConfig(pp=2)
 # 208 x 336 px: a 26 x 42 latent, 13 x 21 tokens: odd token rows, 3 patches (not a multiple of pp).

@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from parallel_runtime.bench_runtime import cpu_seconds
 from parallel_runtime.errors import ConfigError, JobCancelled, WorkerDied, WorkerError
 from parallel_runtime.parallel.config import ParallelConfig
 from parallel_runtime.runtime.affinity import allowed_cpus, plan_cpu_affinity
 from parallel_runtime.runtime.pool import WorkerPool
+from parallel_runtime.tools.bench_runtime import cpu_seconds
 
 TWO = ParallelConfig(ulysses=2)
 

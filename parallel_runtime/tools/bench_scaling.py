@@ -11,13 +11,13 @@ from typing import Any
 
 import torch
 
-from .denoise.loop import SamplingSettings
-from .parallel.config import ParallelConfig
-from .runtime.jobs import JobContext
-from .runtime.pool import WorkerPool
-from .service.model_jobs import generate
+from ..denoise.loop import SamplingSettings
+from ..parallel.config import ParallelConfig
+from ..runtime.jobs import JobContext
+from ..runtime.pool import WorkerPool
+from ..service.model_jobs import generate
 
-JOB = "parallel_runtime.bench_scaling:"
+JOB = "parallel_runtime.tools.bench_scaling:"
 
 
 def timed_generate(ctx: JobContext, positive, negative, latent, settings, width, height) -> dict[str, Any]:
@@ -29,13 +29,13 @@ def timed_generate(ctx: JobContext, positive, negative, latent, settings, width,
 
 
 def encode(ctx: JobContext, prompt: str):
-    from .service.model_jobs import encode_text
+    from ..service.model_jobs import encode_text
 
     return encode_text(ctx, [prompt])
 
 
 def _build(name: str, root: Path, **overrides) -> Path:
-    from .models.tiny import build_tiny_pipeline
+    from ..models.tiny import build_tiny_pipeline
 
     dest = root / name
     if not (dest / "model_index.json").exists():

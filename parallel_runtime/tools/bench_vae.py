@@ -9,9 +9,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .parallel.config import ParallelConfig
-from .runtime.jobs import JobContext
-from .runtime.pool import WorkerPool
+from ..parallel.config import ParallelConfig
+from ..runtime.jobs import JobContext
+from ..runtime.pool import WorkerPool
 
 
 def _status_kib(field: str) -> int:
@@ -27,7 +27,7 @@ def timed_decode(ctx: JobContext, vae_dir: str, latent: torch.Tensor) -> dict[st
     kernel's high-water mark (/proc/self/clear_refs) just before."""
     from diffusers import AutoencoderKL
 
-    from .vae.decode import decode_to_image_tensor
+    from ..vae.decode import decode_to_image_tensor
 
     vae = ctx.state.get(("bench_vae", vae_dir))
     if vae is None:
@@ -48,7 +48,7 @@ def timed_decode(ctx: JobContext, vae_dir: str, latent: torch.Tensor) -> dict[st
 
 
 def run(quick: bool = False) -> dict[str, Any]:
-    from .models.tiny import ensure_tiny_model
+    from ..models.tiny import ensure_tiny_model
 
     vae_dir = str(ensure_tiny_model("tiny-sd3") / "vae")
     side = 64 if quick else 256
@@ -56,10 +56,12 @@ def run(quick: bool = False) -> dict[str, Any]:
     res: dict[str, Any] = {"latent": [16, side, side]}
     for n in (1, 2, 4):
         with WorkerPool(f"cpu:{n}", ParallelConfig(ulysses=n), threads_per_worker=1) as pool:
-            pool.submit("parallel_runtime.vae_bench:timed_decode", vae_dir, latent[:, :, :8, :8]).result(600)  # warm
-            outs = pool.submit("parallel_runtime.vae_bench:timed_decode", vae_dir, latent, result_rank="all").result(
-                3600
-            )
+            pool.submit("parallel_runtime.tools.bench_vae:timed_decode", vae_dir, latent[:, :, :8, :8]).result(
+                600
+            )  # warm
+            outs = pool.submit(
+                "parallel_runtime.tools.bench_vae:timed_decode", vae_dir, latent, result_rank="all"
+            ).result(3600)
         res[f"seconds_{n}"] = max(o["seconds"] for o in outs)
         res[f"peak_bytes_{n}"] = max(o["peak_bytes"] for o in outs)
         res[f"peak_bytes_per_rank_{n}"] = [o["peak_bytes"] for o in outs]

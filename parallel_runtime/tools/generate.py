@@ -8,10 +8,10 @@ import time
 
 import torch
 
-from .errors import ConfigError
-from .parallel.config import ParallelConfig
-from .runtime.pools import PoolRegistry
-from .service.api import LoadRequest, load_parallel_model
+from ..errors import ConfigError
+from ..parallel.config import ParallelConfig
+from ..runtime.pools import PoolRegistry
+from ..service.api import LoadRequest, load_parallel_model
 
 DEFAULT_CFG = {"flux": 1.0, "sd3": 5.0, "pixart": 4.5}
 

@@ -20,11 +20,11 @@ from typing import Any
 
 import torch
 
-from .denoise.loop import SamplingSettings, model_sampling_for
-from .models.base import Conditioning
-from .parallel.config import ParallelConfig
-from .runtime.jobs import JobContext
-from .runtime.pool import WorkerPool
+from ..denoise.loop import SamplingSettings, model_sampling_for
+from ..models.base import Conditioning
+from ..parallel.config import ParallelConfig
+from ..runtime.jobs import JobContext
+from ..runtime.pool import WorkerPool
 
 JOB = "parallel_runtime.service.model_jobs:"
 
@@ -42,8 +42,8 @@ def generate_with_stats(
 ) -> dict[str, Any]:
     """Worker job: PipeFusion generation on the loaded model; returns this rank's timing and stats
     (and the latent on rank 0)."""
-    from .pipefusion.pipeline import PipeFusionSettings, run_pipefusion
-    from .service.model_jobs import _loaded
+    from ..pipefusion.pipeline import PipeFusionSettings, run_pipefusion
+    from ..service.model_jobs import _loaded
 
     model = _loaded(ctx)
     ms = model_sampling_for(model.adapter, model.components.scheduler_config, width, height)
@@ -74,9 +74,9 @@ def _psnr(got: torch.Tensor, ref: torch.Tensor) -> float:
 
 def run(quick: bool = False) -> dict[str, Any]:
     """Run the benchmark; ``quick`` uses a smaller model and image (a smoke test, < 2 minutes)."""
-    from .models.loading import load_pipeline_components
-    from .models.text_encoding import encode_prompts
-    from .models.tiny import build_tiny_pipeline
+    from ..models.loading import load_pipeline_components
+    from ..models.text_encoding import encode_prompts
+    from ..models.tiny import build_tiny_pipeline
 
     torch.set_num_threads(1)
     layers, px, steps = (16, 256, 4) if quick else (16, 1024, 20)
@@ -112,7 +112,7 @@ def run(quick: bool = False) -> dict[str, Any]:
             results["stages"] = info["pipefusion"]["stages"]
             results["weight_bytes_per_rank"] = [r["param_bytes"] for r in ranks]
             results["weight_bytes_breakdown"] = ranks
-            job = "parallel_runtime.bench_pipefusion:generate_with_stats"
+            job = "parallel_runtime.tools.bench_pipefusion:generate_with_stats"
             pool.submit(job, pos, neg, latent, short, px, px, 2, 1, result_rank="all").result(600)
             for patches in (2, 4, 8):
                 for warmup in (1, 2):

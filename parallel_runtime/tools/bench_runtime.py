@@ -11,8 +11,8 @@ from typing import Any
 
 import torch
 
-from .parallel.config import ParallelConfig
-from .runtime.pool import WorkerPool
+from ..parallel.config import ParallelConfig
+from ..runtime.pool import WorkerPool
 
 BIG_BYTES = 256 * 1024 * 1024
 
