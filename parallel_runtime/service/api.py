@@ -17,7 +17,8 @@ from ..denoise.loop import SamplingSettings
 from ..errors import ConfigError
 from ..models.base import Conditioning
 from ..parallel.config import ParallelConfig, parse_devices
-from ..runtime.pool import EventCallback, WorkerPool
+from ..runtime.futures import EventCallback
+from ..runtime.pool import WorkerPool
 from ..runtime.pools import PoolRegistry
 from ..sampling import SAMPLER_NAMES, SCHEDULER_NAMES
 

@@ -1,0 +1,397 @@
+"""RunningPool: the processes, shared-memory rings and monitor thread of one started WorkerPool.
+
+Lifecycle: launch -> READY handshake -> jobs -> shutdown. The monitor thread (the event loop)
+drains the workers' rings, resolves job futures and watches the processes: a dead worker fails
+every pending job with its rank, exit code and last log lines and tears the rest down; the
+WorkerPool then starts a fresh RunningPool on the next submit.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import logging
+import os
+import struct
+import subprocess
+import threading
+import time
+import uuid
+from typing import Any
+
+from ..errors import ConfigError, JobCancelled, PoolAborted, PoolClosed, RuntimeTimeout, WorkerDied, WorkerError
+from ..parallel.config import ParallelConfig
+from .affinity import allowed_cpus, plan_cpu_affinity
+from .futures import JobFuture
+from .shm import Segment, ShmRing, drain_doorbell, make_doorbell, sweep_segments
+from .spawn import start_log_pump, start_worker, terminate
+
+log = logging.getLogger(__name__)
+
+
+class RunningPool:
+    """The processes, rings and monitor thread of one running pool (replaced after a death)."""
+
+    def __init__(self, devices: list[str], config: ParallelConfig, opts: dict[str, Any]):
+        self.devices, self.config, self.opts = devices, config, opts
+        self.world = len(devices)
+        self.prefix = f"dpar-{os.getpid()}-{uuid.uuid4().hex[:8]}-"
+        self.procs: list[subprocess.Popen] = []
+        self.logs = [collections.deque(maxlen=200) for _ in devices]
+        self.jobs: dict[int, JobFuture] = {}
+        self.jobs_lock = threading.Lock()
+        self.next_job_id = 1
+        self.ready_info: dict[int, dict] = {}
+        self.ready = threading.Event()
+        self.dead: BaseException | None = None
+        self.closed = False
+        self.shutdown_lock = threading.Lock()
+        self.shutdown_done = threading.Event()
+        self.stop = threading.Event()
+        self.evt_rings: list[ShmRing] = []
+        self.evt_doorbells_r: list[int] = []
+        self.cmd_doorbells_w: list[int] = []
+        self.cmd: ShmRing | None = None
+        self.ctrl: Segment | None = None
+        self.store = None
+        self.thread: threading.Thread | None = None
+        self.log_threads: list[threading.Thread] = []
+        self.waiters = 0  # threads waiting in JobFuture.result (they drain the rings themselves)
+        self.drain_lock = threading.Lock()  # ring readers are single-consumer: one drainer at a time
+        self.affinity: list[list[int] | None] = [None] * self.world
+
+    # -- start ------------------------------------------------------------------------------------
+    def start(self) -> None:
+        import torch.distributed as dist
+
+        t0 = time.monotonic()
+        try:
+            self.ctrl = Segment.create(self.prefix + "ctrl", 64)
+            struct.pack_into("<q", self.ctrl.mm, 0, -1)
+            self.cmd = ShmRing.create(self.prefix + "cmd", n_readers=self.world)
+            child_fds: list[list[int]] = []
+            for rank in range(self.world):
+                evt = ShmRing.create(self.prefix + f"evt{rank}", n_readers=1)
+                evt.reader_index = 0
+                self.evt_rings.append(evt)
+                cmd_r, cmd_w = make_doorbell()
+                evt_r, evt_w = make_doorbell()
+                self.cmd_doorbells_w.append(cmd_w)
+                self.evt_doorbells_r.append(evt_r)
+                child_fds.append([cmd_r, evt_w])
+            self.cmd.set_doorbells(self.cmd_doorbells_w)
+            if self.opts["pin_cpu_workers"]:
+                self.affinity = plan_cpu_affinity(self.devices, self.opts["threads"], allowed_cpus())
+            self.store = dist.TCPStore(
+                "127.0.0.1", 0, None, is_master=True, wait_for_workers=False, timeout=_td(self.opts["start_timeout_s"])
+            )
+            for rank, device in enumerate(self.devices):
+                self.procs.append(self._launch(rank, device, child_fds[rank]))
+                for fd in child_fds[rank]:
+                    os.close(fd)
+            self.thread = threading.Thread(target=self._event_loop, name=f"{self.prefix}events", daemon=True)
+            self.thread.start()
+            self._wait_ready()
+        except BaseException:
+            self.shutdown()
+            raise
+        log.info("pool %s started %d worker(s) in %.2f s", self.prefix, self.world, time.monotonic() - t0)
+
+    def _launch(self, rank: int, device: str, fds: list[int]) -> subprocess.Popen:
+        spec = {
+            "rank": rank,
+            "world_size": self.world,
+            "device": device,
+            "config": self.config.as_dict(),
+            "threads": self.opts["threads"],
+            "cpus": self.affinity[rank],
+            "parent_pid": os.getpid(),
+            "prefix": self.prefix,
+            "cmd_ring": self.cmd.segment.name,
+            "cmd_doorbell_r": fds[0],
+            "evt_ring": self.evt_rings[rank].segment.name,
+            "evt_doorbell_w": fds[1],
+            "ctrl": self.ctrl.name,
+            "store_host": "127.0.0.1",
+            "store_port": self.store.port,
+            "start_timeout_s": self.opts["start_timeout_s"],
+            "collective_timeout_s": self.opts["collective_timeout_s"],
+            "log_level": self.opts["log_level"],
+        }
+        proc = start_worker(spec, fds)
+        self.log_threads.append(start_log_pump(rank, proc, self.logs[rank], f"{self.prefix}log{rank}"))
+        return proc
+
+    def _wait_ready(self) -> None:
+        timeout = self.opts["start_timeout_s"]
+        if not self.ready.wait(timeout):
+            missing = sorted(set(range(self.world)) - set(self.ready_info))
+            if self.dead is not None:
+                raise self.dead
+            tails = "\n".join(f"  rank {r}: " + " | ".join(list(self.logs[r])[-5:]) for r in missing)
+            raise RuntimeTimeout(f"timed out after {timeout:.0f} s waiting for READY from rank(s) {missing}\n{tails}")
+        if self.dead is not None:
+            raise self.dead
+
+    # -- jobs -------------------------------------------------------------------------------------
+    def submit(self, name: str, args: tuple, kwargs: dict, result_rank: int | str, on_event) -> JobFuture:
+        if result_rank != "all" and not (isinstance(result_rank, int) and 0 <= result_rank < self.world):
+            raise ConfigError(
+                f"result_rank {result_rank!r} is not a rank of this pool",
+                f"the pool has ranks 0..{self.world - 1}",
+                "pass an int rank or 'all'",
+            )
+        with self.jobs_lock:
+            job_id = self.next_job_id
+            self.next_job_id += 1
+            fut = JobFuture(job_id, name, self.world, result_rank, self.opts["job_timeout_s"], self)
+            fut.on_event = on_event
+            self.jobs[job_id] = fut
+        try:
+            self.cmd.put(
+                ("job", job_id, name, tuple(args), dict(kwargs), result_rank),
+                timeout=self.opts["send_timeout_s"],
+                what=f"job '{name}'",
+                alive=lambda: self.dead is None,
+            )
+        except BaseException:
+            with self.jobs_lock:
+                self.jobs.pop(job_id, None)
+            raise
+        return fut
+
+    def abort(self, reason: str) -> None:
+        """Tear the workers down on purpose: pending jobs fail with PoolAborted(reason)."""
+        if self.dead is None and not self.closed:
+            self._fail(PoolAborted(f"{reason}; the workers were restarted"))
+
+    def request_cancel(self, job_id: int) -> None:
+        if self.ctrl is not None and not self.closed:
+            struct.pack_into("<q", self.ctrl.mm, 0, job_id)
+
+    # -- the event loop -------------------------------------------------------------------------
+    def drain(self) -> bool:
+        """Read every waiting message from the workers and dispatch it (any thread may call it)."""
+        if not self.drain_lock.acquire(blocking=False):
+            return False
+        try:
+            for rank, ring in enumerate(self.evt_rings):
+                while True:
+                    try:
+                        ok, msg = ring.poll()
+                    except Exception as exc:  # a malformed message must not kill the monitor
+                        log.error("could not read a message from rank %d: %s", rank, exc)
+                        break
+                    if not ok:
+                        break
+                    self._dispatch(msg)
+        finally:
+            self.drain_lock.release()
+        return True
+
+    @contextlib.contextmanager
+    def waiting(self):
+        """While a caller waits in result(), it owns the doorbells and drains the rings itself;
+        the event thread then only does housekeeping (two threads waking on every message would
+        fight over the GIL)."""
+        with self.jobs_lock:
+            self.waiters += 1
+        try:
+            yield
+        finally:
+            with self.jobs_lock:
+                self.waiters -= 1
+
+    def wait_for_messages(self, timeout: float) -> None:
+        """Sleep until a worker rings its doorbell, consuming the rings' wake-up bytes."""
+        import select
+
+        try:
+            ready, _, _ = select.select(self.evt_doorbells_r, [], [], timeout)
+        except (OSError, ValueError):  # closed during shutdown
+            time.sleep(min(timeout, 0.01))
+            return
+        for fd in ready:
+            drain_doorbell(fd)
+
+    def _event_loop(self) -> None:
+        import select
+
+        fds = list(self.evt_doorbells_r)
+        next_check = 0.0
+        while not self.stop.is_set():
+            if self.waiters:
+                self.stop.wait(0.02)  # a caller is draining; just keep house
+                ready = []
+            else:
+                try:
+                    ready, _, _ = select.select(fds, [], [], 0.05)
+                except (OSError, ValueError):
+                    return
+            for fd in ready:
+                drain_doorbell(fd)
+            if not self.drain():
+                with self.drain_lock:  # another thread is draining: let it finish, then look again
+                    pass
+                self.drain()
+            # Housekeeping at most every 20 ms, so a result wakes its waiter without delay.
+            now = time.monotonic()
+            if now >= next_check:
+                next_check = now + 0.02
+                self.cmd.collect()
+                self._check_processes()
+                self._check_error_grace()
+
+    def _dispatch(self, msg: tuple) -> None:
+        kind = msg[0]
+        if kind == "ready":
+            _, rank, info = msg
+            self.ready_info[rank] = info
+            if len(self.ready_info) == self.world:
+                self.ready.set()
+        elif kind == "event":
+            _, job_id, rank, ev_kind, payload = msg
+            fut = self.jobs.get(job_id)
+            if fut is not None and fut.on_event is not None:
+                try:
+                    fut.on_event(rank, ev_kind, payload)
+                except Exception:
+                    log.exception("event callback of job %s raised", job_id)
+        elif kind == "result":
+            _, job_id, rank, status, payload = msg
+            fut = self.jobs.get(job_id)
+            if fut is None:
+                return
+            fut._pending_ranks.discard(rank)
+            if status == "ok":
+                fut._values[rank] = payload
+            elif status == "error":
+                if self._peer_died(payload["message"]):
+                    return  # the death itself is the error; _check_processes has failed the job
+                err = WorkerError(fut.name, rank, payload["type"], payload["message"], payload["traceback"])
+                if fut.error is None:
+                    fut._finish("error", err)
+                    fut.error_deadline = time.monotonic() + self.opts["error_grace_s"]
+            elif status == "cancelled" and not fut.done():
+                fut._finish("cancelled", JobCancelled(f"job '{fut.name}' (id {job_id}) was cancelled"))
+            if not fut._pending_ranks:
+                if not fut.done():
+                    fut._finish("ok")
+                with self.jobs_lock:
+                    self.jobs.pop(job_id, None)
+                if self.ctrl is not None:
+                    (cid,) = struct.unpack_from("<q", self.ctrl.mm, 0)
+                    if cid == job_id:
+                        struct.pack_into("<q", self.ctrl.mm, 0, -1)
+
+    _LINK_ERRORS = ("Connection reset", "Connection closed", "Broken pipe", "pair.cc", "NCCL", "connection")
+
+    def _peer_died(self, message: str, wait_s: float = 1.0) -> bool:
+        """A collective failing because a peer vanished is a symptom: report the death instead.
+        Gives a killed process a moment to be reaped when the message looks like a lost link."""
+        deadline = time.monotonic() + (wait_s if any(k in message for k in self._LINK_ERRORS) else 0.0)
+        while True:
+            self._check_processes()
+            if self.dead is not None:
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.01)
+
+    def _check_processes(self) -> None:
+        if self.dead is not None:
+            return
+        for rank, proc in enumerate(self.procs):
+            code = proc.poll()
+            if code is not None:
+                for t in self.log_threads[rank : rank + 1]:
+                    t.join(timeout=1.0)  # collect the last lines it printed
+                self._fail(WorkerDied(rank, code, list(self.logs[rank])))
+                return
+
+    def _check_error_grace(self) -> None:
+        """A rank that raised may leave the others waiting in a collective forever: if they have not
+        finished within the grace period, the pool is torn down (the next job restarts it)."""
+        now = time.monotonic()
+        for fut in list(self.jobs.values()):
+            if fut.error_deadline is not None and fut._pending_ranks and now > fut.error_deadline:
+                log.warning(
+                    "job '%s' failed on one rank and ranks %s did not finish within %.0f s (stuck in a "
+                    "collective); restarting the pool",
+                    fut.name,
+                    sorted(fut._pending_ranks),
+                    self.opts["error_grace_s"],
+                )
+                self._fail(
+                    RuntimeError(
+                        f"the pool was restarted because job '{fut.name}' failed on one rank and the "
+                        f"others (ranks {sorted(fut._pending_ranks)}) could not finish"
+                    )
+                )
+                return
+
+    def _fail(self, exc: BaseException) -> None:
+        self.dead = exc
+        self.ready.set()
+        with self.jobs_lock:
+            jobs = list(self.jobs.values())
+            self.jobs.clear()
+        for fut in jobs:
+            fut._finish("error", exc)
+        threading.Thread(target=self.shutdown, kwargs={"graceful": False}, daemon=True).start()
+
+    # -- shutdown ---------------------------------------------------------------------------------
+    def shutdown(self, graceful: bool = True) -> None:
+        """Stop the workers and remove every segment. A second caller (e.g. start() failing while
+        the monitor's teardown thread runs) waits for the first to finish instead of returning
+        early: an interpreter exiting right after would kill that daemon thread mid-cleanup."""
+        with self.shutdown_lock:
+            first = not self.closed
+            self.closed = True
+        if not first:
+            self.shutdown_done.wait(timeout=30.0)
+            return
+        try:
+            self._shutdown(graceful)
+        finally:
+            self.shutdown_done.set()
+
+    def _shutdown(self, graceful: bool) -> None:
+        if graceful and self.dead is None and self.cmd is not None and self.procs:
+            with contextlib.suppress(Exception):
+                self.cmd.put(("shutdown",), timeout=2.0, what="shutdown")
+        deadline = time.monotonic() + (5.0 if graceful else 0.0)
+        for proc in self.procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=max(deadline - time.monotonic(), 0.0))
+        terminate(self.procs)
+        self.stop.set()
+        if self.thread is not None and self.thread is not threading.current_thread():
+            self.thread.join(timeout=2.0)
+        for t in self.log_threads:
+            t.join(timeout=2.0)
+        for fd in self.cmd_doorbells_w + self.evt_doorbells_r:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        for ring in self.evt_rings:
+            ring.close(unlink=True)
+        if self.cmd is not None:
+            self.cmd.close(unlink=True)
+        if self.ctrl is not None:
+            self.ctrl.unlink()
+            self.ctrl.close()
+        # Every creator is dead now: remove anything a killed worker could not unlink.
+        sweep_segments(self.prefix)
+        self.store = None
+        err = self.dead or PoolClosed("the pool was closed")
+        with self.jobs_lock:
+            jobs = list(self.jobs.values())
+            self.jobs.clear()
+        for fut in jobs:
+            fut._finish("error", err)
+
+
+def _td(seconds: float):
+    import datetime
+
+    return datetime.timedelta(seconds=seconds)
