@@ -179,7 +179,9 @@ class ParallelModelLoader(ContextNode):
         attention: str,
         vae: str = VAE_FROM_MODEL,
     ) -> dict[str, Any]:
-        from parallel_runtime.parallel.layout import LayoutRequest, MachineInfo, ModelInfo, plan_layout
+        from parallel_runtime.models.files import model_info_from_path
+        from parallel_runtime.parallel.layout import LayoutRequest, plan_layout
+        from parallel_runtime.parallel.machine import MachineInfo
 
         ctx = self.context
         target = resolve_model(model, ctx.bridge)
@@ -189,7 +191,7 @@ class ParallelModelLoader(ContextNode):
 
             inspect_vae_file(vae_path)  # a wrong file fails here, before any memory is freed or worker started
         chosen = None if family == "auto" else family
-        info = ModelInfo.from_path(_local_path(target), family=chosen, dtype=dtype)
+        info = model_info_from_path(_local_path(target), family=chosen, dtype=dtype)
         if chosen is not None and info.family != chosen:
             raise ConfigError(
                 f"{model} is a {info.family} model but family {chosen!r} was chosen",

@@ -8,16 +8,10 @@ import struct
 import pytest
 
 from parallel_runtime.errors import ConfigError
+from parallel_runtime.models.files import detect_family, model_info_from_path
 from parallel_runtime.parallel.config import ParallelConfig
-from parallel_runtime.parallel.layout import (
-    DeviceInfo,
-    GiB,
-    LayoutRequest,
-    MachineInfo,
-    ModelInfo,
-    detect_family,
-    plan_layout,
-)
+from parallel_runtime.parallel.layout import LayoutRequest, ModelInfo, plan_layout
+from parallel_runtime.parallel.machine import DeviceInfo, GiB, MachineInfo
 
 FLUX = ModelInfo("flux", num_heads=24, num_layers=57, hidden_size=3072, weight_bytes=int(23.8 * GiB))  # bf16
 SD3 = ModelInfo("sd3", num_heads=24, num_layers=24, hidden_size=1536, weight_bytes=int(4.2 * GiB))
@@ -124,7 +118,7 @@ def test_detect_without_gpu_degrades_to_cpu():
 def test_model_info_from_tiny_diffusers_folder():
     from parallel_runtime.models.tiny import ensure_tiny_model
 
-    info = ModelInfo.from_path(ensure_tiny_model("tiny-flux"), dtype="fp32")
+    info = model_info_from_path(ensure_tiny_model("tiny-flux"), dtype="fp32")
     assert info.family == "flux" and info.num_heads == 4 and info.num_layers == 4 and info.weight_bytes > 0
 
 
@@ -139,10 +133,10 @@ def _write_safetensors(path, names):
 def test_single_file_family_detection_and_wrong_family(tmp_path):
     f = tmp_path / "sd3.safetensors"
     _write_safetensors(f, ["joint_blocks.0.x_block.attn.qkv.weight", "joint_blocks.1.x_block.attn.qkv.weight"])
-    info = ModelInfo.from_path(f)
+    info = model_info_from_path(f)
     assert info.family == "sd3" and info.num_layers == 2
     with pytest.raises(ConfigError, match="is a sd3 transformer but family 'flux' was chosen"):
-        ModelInfo.from_path(f, family="flux")
+        model_info_from_path(f, family="flux")
     assert detect_family(["double_blocks.0.img_attn.qkv.weight"]) == "flux"
     assert detect_family(["vae.decoder.conv_in.weight"]) is None
 

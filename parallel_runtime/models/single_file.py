@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from ..errors import ConfigError
-from ..parallel.layout import detect_family, read_safetensors_header
+from .files import detect_family, read_safetensors_header
 from .loading import PipelineComponents
 from .original_layout import ANCHOR_KEYS, CONFIG_FROM_WEIGHTS, Shapes, StateDict, detect_variant, to_diffusers
 

@@ -13,172 +13,32 @@ the transformer's head count and depth, the token count (resolution) and whether
 4. What is left: Ring attention when those devices have P2P, PipeFusion across PCIe links
    without P2P (it sends only patch activations point to point).
 
-``MachineInfo.detect()`` reads torch.cuda (device count, memory, ``can_device_access_peer``) and
-degrades to CPU ranks when no GPU is visible. ``ModelInfo.from_path()`` reads a diffusers folder
-or a single .safetensors file (config / tensor shapes only, no weights are loaded).
+The machine comes from :class:`~.machine.MachineInfo`; the model facts (:class:`ModelInfo`) from
+the caller, who reads them from the model's files (``parallel_runtime.models.files``).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
-import os
-import struct
-from collections.abc import Iterable, Mapping, Sequence
-from pathlib import Path
+from collections.abc import Sequence
 
 from ..errors import ConfigError
-from .config import ParallelConfig, parse_devices
+from .config import ParallelConfig
+from .machine import GiB, MachineInfo
 
-GiB = 1024**3
 ASSUMED_SIDE = 1024  # image side the planner assumes when the size is not known
-DTYPE_BYTES: Mapping[str, int] = {"fp32": 4, "bf16": 2, "fp16": 2}
-FAMILIES: tuple[str, ...] = ("flux", "sd3", "pixart")
 TOKEN_PIXELS = 16  # every supported family makes one token per 16x16 image pixels (VAE 8 x patch 2)
-# Per family: typical head dim (to count heads from a single file), default CFG scale when unknown.
-_HEAD_DIM = {"flux": 128, "sd3": 64, "pixart": 72}
+# Per family: default CFG scale when unknown, joint-attention text tokens (PixArt: cross-attention).
 _DEFAULT_CFG = {"flux": 1.0, "sd3": 4.5, "pixart": 4.5}
-_TEXT_TOKENS = {"flux": 512, "sd3": 333, "pixart": 0}  # joint-attention text tokens (PixArt: cross-attention)
-_SAFETENSORS_DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1, "I64": 8, "I32": 4}
-
-
-# -- machine --------------------------------------------------------------------------------------
-@dataclasses.dataclass(frozen=True)
-class DeviceInfo:
-    """One device a worker can run on."""
-
-    name: str  # "cuda:N" or "cpu"
-    label: str  # e.g. "NVIDIA GeForce RTX 4090"
-    total_bytes: int
-    free_bytes: int
-
-
-@dataclasses.dataclass(frozen=True)
-class MachineInfo:
-    """The devices offered to the workers and which pairs reach each other directly."""
-
-    devices: tuple[DeviceInfo, ...]
-    p2p: tuple[tuple[bool, ...], ...]  # p2p[i][j]: device i can read device j's memory directly
-
-    def __post_init__(self) -> None:
-        n = len(self.devices)
-        if n == 0:
-            raise ConfigError(
-                "the machine description has no devices",
-                "the runtime starts one worker per device",
-                "describe at least one device, or use MachineInfo.cpu(ranks) for CPU workers",
-            )
-        if len(self.p2p) != n or any(len(row) != n for row in self.p2p):
-            raise ConfigError(
-                f"the peer-access matrix is not {n} x {n}",
-                "p2p[i][j] must say for every pair of devices whether i reaches j directly",
-                "give one row of booleans per device",
-            )
-
-    @property
-    def is_cpu(self) -> bool:
-        return all(d.name == "cpu" for d in self.devices)
-
-    def peer(self, i: int, j: int) -> bool:
-        """Direct access both ways (a link an all-to-all can use at full speed)."""
-        return i == j or (self.p2p[i][j] and self.p2p[j][i])
-
-    def clique(self, indices: Sequence[int]) -> bool:
-        return all(self.peer(a, b) for a in indices for b in indices)
-
-    def describe(self) -> str:
-        lines = [
-            f"{d.name} {d.label}: {d.free_bytes / GiB:.1f} of {d.total_bytes / GiB:.1f} GiB free" for d in self.devices
-        ]
-        return "; ".join(lines)
-
-    @classmethod
-    def cpu(cls, ranks: int, memory_bytes: int | None = None) -> MachineInfo:
-        """``ranks`` CPU worker processes sharing the machine's memory (all "peers": shared memory)."""
-        if memory_bytes is None:
-            memory_bytes = _available_ram()
-        share = memory_bytes // max(ranks, 1)
-        devs = tuple(DeviceInfo("cpu", "CPU", share, share) for _ in range(ranks))
-        return cls(devs, tuple(tuple(True for _ in range(ranks)) for _ in range(ranks)))
-
-    @classmethod
-    def uniform(cls, count: int, memory_gib: float, p2p: bool, label: str = "GPU") -> MachineInfo:
-        """A described machine of ``count`` identical GPUs, all with or all without peer access."""
-        mem = int(memory_gib * GiB)
-        devs = tuple(DeviceInfo(f"cuda:{i}", label, mem, mem) for i in range(count))
-        return cls(devs, tuple(tuple(p2p or i == j for j in range(count)) for i in range(count)))
-
-    @classmethod
-    def detect(cls, devices: str | Sequence[str] | None = None) -> MachineInfo:
-        """Read this machine: the listed devices (``"cuda:0,cuda:2"``, ``"cpu:2"``) or, with
-        ``None`` / ``"all"``, every visible GPU. Without a GPU it describes one CPU rank.
-
-        Free memory comes from NVML when available (no CUDA context is created on the GPUs),
-        else from ``torch.cuda.mem_get_info``."""
-        try:
-            import torch
-
-            cuda_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        except Exception:  # torch missing or broken CUDA driver: plan for CPU ranks
-            cuda_count = 0
-        if devices is None or (isinstance(devices, str) and devices.strip().lower() in ("", "all")):
-            if cuda_count == 0:
-                return cls.cpu(1)
-            names = [f"cuda:{i}" for i in range(cuda_count)]
-        else:
-            names = parse_devices(devices)
-        if all(n == "cpu" for n in names):
-            return cls.cpu(len(names))
-        ids = [int(n.split(":")[1]) for n in names]
-        bad = [f"cuda:{i}" for i in ids if i >= cuda_count]
-        if bad:
-            raise ConfigError(
-                f"device(s) {', '.join(bad)} requested but {cuda_count} CUDA GPU(s) are visible",
-                "a worker can only use a GPU this process can see (CUDA_VISIBLE_DEVICES applies)",
-                "list visible GPUs only, or use CPU ranks such as 'cpu:2'",
-            )
-        return cls(tuple(_cuda_device(i) for i in ids), tuple(tuple(_can_access(i, j) for j in ids) for i in ids))
-
-
-def _cuda_device(index: int) -> DeviceInfo:
-    import torch
-
-    props = torch.cuda.get_device_properties(index)
-    total = int(props.total_memory)
-    try:
-        free = total - int(torch.cuda.device_memory_used(index))  # NVML: no context on the GPU
-    except Exception:
-        free, total = (int(v) for v in torch.cuda.mem_get_info(index))
-    return DeviceInfo(f"cuda:{index}", props.name, total, max(free, 0))
-
-
-def _can_access(i: int, j: int) -> bool:
-    if i == j:
-        return True
-    import torch
-
-    try:
-        return bool(torch.cuda.can_device_access_peer(i, j))
-    except Exception:
-        return False
-
-
-def _available_ram() -> int:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 16 * GiB
+_TEXT_TOKENS = {"flux": 512, "sd3": 333, "pixart": 0}
 
 
 # -- model ----------------------------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
 class ModelInfo:
-    """What the planner needs to know about a transformer."""
+    """What the planner needs to know about a transformer (read from its files by
+    :func:`parallel_runtime.models.files.model_info_from_path`)."""
 
     family: str
     num_heads: int
@@ -186,149 +46,7 @@ class ModelInfo:
     hidden_size: int
     weight_bytes: int  # transformer weights in the run dtype
 
-    @classmethod
-    def from_path(cls, path: str | os.PathLike, family: str | None = None, dtype: str = "bf16") -> ModelInfo:
-        """Read a diffusers folder (model_index.json + transformer/) or a single .safetensors file."""
-        path = Path(path).expanduser()
-        run_bytes = DTYPE_BYTES.get(dtype)
-        if run_bytes is None:
-            raise ConfigError(
-                f"unknown dtype {dtype!r}", "weights are held in one float type", f"use one of {list(DTYPE_BYTES)}"
-            )
-        if path.is_dir():
-            return _from_diffusers_folder(path, run_bytes)
-        if path.is_file() and path.suffix == ".safetensors":
-            return _from_single_file(path, family, run_bytes)
-        raise ConfigError(
-            f"model {path} does not exist"
-            if not path.exists()
-            else f"model {path} is not a folder or .safetensors file",
-            "a model is a diffusers folder (with model_index.json) or a single .safetensors transformer file",
-            "pick a folder under models/diffusers or a file under models/diffusion_models",
-        )
 
-
-def _from_diffusers_folder(path: Path, run_bytes: int) -> ModelInfo:
-    cfg_file = path / "transformer" / "config.json"
-    if not cfg_file.is_file():
-        raise ConfigError(
-            f"{path} has no transformer/config.json",
-            "the planner reads the transformer's head count and depth from its config",
-            "point at the top folder of a diffusers pipeline (the one holding model_index.json)",
-        )
-    config = json.loads(cfg_file.read_text(encoding="utf-8"))
-    cls_name = config.get("_class_name", "")
-    family = {
-        "FluxTransformer2DModel": "flux",
-        "SD3Transformer2DModel": "sd3",
-        "PixArtTransformer2DModel": "pixart",
-    }.get(cls_name)
-    if family is None:
-        raise ConfigError(
-            f"{path} holds a {cls_name or 'unknown'} transformer",
-            "only Flux, SD3 and PixArt transformers have parallel adapters",
-            "use a FLUX.1, SD3/3.5 or PixArt-alpha/sigma diffusers folder",
-        )
-    heads = int(config["num_attention_heads"])
-    layers = int(config.get("num_layers", 0)) + int(config.get("num_single_layers", 0))
-    hidden = heads * int(config["attention_head_dim"])
-    params = sum(_safetensors_params(f) for f in sorted((path / "transformer").glob("*.safetensors")))
-    return ModelInfo(family, heads, layers, hidden, params * run_bytes)
-
-
-def read_safetensors_header(file: str | os.PathLike) -> dict[str, dict]:
-    """Tensor name -> {"dtype", "shape", ...} from a .safetensors header (reads only the header)."""
-    with open(file, "rb") as f:
-        raw = f.read(8)
-        if len(raw) != 8:
-            raise ConfigError(
-                f"{file} is empty or truncated",
-                "a .safetensors file starts with its header size",
-                "download the file again",
-            )
-        (size,) = struct.unpack("<Q", raw)
-        if size > 100 * 1024**2:
-            raise ConfigError(
-                f"{file} has an implausible header ({size} bytes)",
-                "the file is not a safetensors file",
-                "check that the file is a .safetensors model",
-            )
-        header = json.loads(f.read(size))
-    header.pop("__metadata__", None)
-    return header
-
-
-def _safetensors_params(file: Path) -> int:
-    return sum(math.prod(v.get("shape", [])) for v in read_safetensors_header(file).values())
-
-
-_FAMILY_MARKERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    # (family, key fragments: any one present identifies it; checked in this order)
-    ("flux", ("double_blocks.", "single_transformer_blocks.", "single_blocks.")),
-    ("sd3", ("joint_blocks.", "context_embedder.weight", "transformer_blocks.0.ff_context")),
-    ("pixart", ("adaln_single.", "t_block.", "y_embedder.", "caption_projection.")),
-)
-
-
-def detect_family(keys: Iterable[str]) -> str | None:
-    """Family of a transformer state dict from its tensor names (diffusers or original layout)."""
-    keys = list(keys)
-    for family, markers in _FAMILY_MARKERS:
-        if any(m in k for k in keys for m in markers):
-            return family
-    return None
-
-
-def _count_blocks(keys: Iterable[str], prefixes: Sequence[str]) -> int:
-    total = 0
-    for prefix in prefixes:
-        idx = {k[len(prefix) :].split(".", 1)[0] for k in keys if k.startswith(prefix)}
-        total += len({i for i in idx if i.isdigit()})
-    return total
-
-
-def _from_single_file(path: Path, family: str | None, run_bytes: int) -> ModelInfo:
-    header = read_safetensors_header(path)
-    keys = [k.removeprefix("model.diffusion_model.") for k in header]
-    found = detect_family(keys)
-    if found is None:
-        raise ConfigError(
-            f"{path.name} does not look like a Flux, SD3 or PixArt transformer",
-            "its tensor names match none of the supported families (is it a full checkpoint, a LoRA or a VAE?)",
-            "use a transformer-only file (models/diffusion_models) of a supported family, or a diffusers folder",
-        )
-    if family is not None and family != found:
-        raise ConfigError(
-            f"{path.name} is a {found} transformer but family {family!r} was chosen",
-            "the family decides which adapter splits the model; a wrong one cannot load the weights",
-            f"set family to {found!r} (or 'auto')",
-        )
-    layers = _count_blocks(
-        keys,
-        (
-            "double_blocks.",
-            "single_blocks.",
-            "transformer_blocks.",
-            "single_transformer_blocks.",
-            "joint_blocks.",
-            "blocks.",
-        ),
-    )
-    hidden = _hidden_size(header, found)
-    params = sum(math.prod(v.get("shape", [])) for v in header.values())
-    heads = max(hidden // _HEAD_DIM[found], 1)
-    return ModelInfo(found, heads, layers, hidden, params * run_bytes)
-
-
-def _hidden_size(header: Mapping[str, dict], family: str) -> int:
-    for key, value in header.items():
-        k = key.removeprefix("model.diffusion_model.")
-        if k in ("img_in.weight", "x_embedder.proj.weight", "pos_embed.proj.weight", "x_embedder.weight"):
-            return int(value["shape"][0])
-    return _HEAD_DIM[family] * 24
-
-
-# -- request and plan ------------------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
 class LayoutRequest:
     """What the generation will look like (the loader plans before the sampler's values are known,

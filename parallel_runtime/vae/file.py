@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from ..errors import ConfigError
-from ..parallel.layout import read_safetensors_header
+from ..models.files import read_safetensors_header
 
 PREFIXES: tuple[str, ...] = ("", "first_stage_model.", "vae.")
 DEFAULT_NORM_GROUPS = 32

@@ -1,0 +1,148 @@
+"""The machine the workers run on: its devices, their free memory and which pairs reach each other
+directly (NVLink / PCIe P2P), as the layout planner sees it.
+
+``MachineInfo.detect()`` reads torch.cuda (device count, memory, ``can_device_access_peer``) and
+degrades to CPU ranks when no GPU is visible; ``MachineInfo.cpu`` and ``MachineInfo.uniform``
+describe machines for planning and tests.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from ..errors import ConfigError
+from .config import parse_devices
+
+GiB = 1024**3
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceInfo:
+    """One device a worker can run on."""
+
+    name: str  # "cuda:N" or "cpu"
+    label: str  # e.g. "NVIDIA GeForce RTX 4090"
+    total_bytes: int
+    free_bytes: int
+
+
+@dataclasses.dataclass(frozen=True)
+class MachineInfo:
+    """The devices offered to the workers and which pairs reach each other directly."""
+
+    devices: tuple[DeviceInfo, ...]
+    p2p: tuple[tuple[bool, ...], ...]  # p2p[i][j]: device i can read device j's memory directly
+
+    def __post_init__(self) -> None:
+        n = len(self.devices)
+        if n == 0:
+            raise ConfigError(
+                "the machine description has no devices",
+                "the runtime starts one worker per device",
+                "describe at least one device, or use MachineInfo.cpu(ranks) for CPU workers",
+            )
+        if len(self.p2p) != n or any(len(row) != n for row in self.p2p):
+            raise ConfigError(
+                f"the peer-access matrix is not {n} x {n}",
+                "p2p[i][j] must say for every pair of devices whether i reaches j directly",
+                "give one row of booleans per device",
+            )
+
+    @property
+    def is_cpu(self) -> bool:
+        return all(d.name == "cpu" for d in self.devices)
+
+    def peer(self, i: int, j: int) -> bool:
+        """Direct access both ways (a link an all-to-all can use at full speed)."""
+        return i == j or (self.p2p[i][j] and self.p2p[j][i])
+
+    def clique(self, indices: Sequence[int]) -> bool:
+        return all(self.peer(a, b) for a in indices for b in indices)
+
+    def describe(self) -> str:
+        lines = [
+            f"{d.name} {d.label}: {d.free_bytes / GiB:.1f} of {d.total_bytes / GiB:.1f} GiB free" for d in self.devices
+        ]
+        return "; ".join(lines)
+
+    @classmethod
+    def cpu(cls, ranks: int, memory_bytes: int | None = None) -> MachineInfo:
+        """``ranks`` CPU worker processes sharing the machine's memory (all "peers": shared memory)."""
+        if memory_bytes is None:
+            memory_bytes = _available_ram()
+        share = memory_bytes // max(ranks, 1)
+        devs = tuple(DeviceInfo("cpu", "CPU", share, share) for _ in range(ranks))
+        return cls(devs, tuple(tuple(True for _ in range(ranks)) for _ in range(ranks)))
+
+    @classmethod
+    def uniform(cls, count: int, memory_gib: float, p2p: bool, label: str = "GPU") -> MachineInfo:
+        """A described machine of ``count`` identical GPUs, all with or all without peer access."""
+        mem = int(memory_gib * GiB)
+        devs = tuple(DeviceInfo(f"cuda:{i}", label, mem, mem) for i in range(count))
+        return cls(devs, tuple(tuple(p2p or i == j for j in range(count)) for i in range(count)))
+
+    @classmethod
+    def detect(cls, devices: str | Sequence[str] | None = None) -> MachineInfo:
+        """Read this machine: the listed devices (``"cuda:0,cuda:2"``, ``"cpu:2"``) or, with
+        ``None`` / ``"all"``, every visible GPU. Without a GPU it describes one CPU rank.
+
+        Free memory comes from NVML when available (no CUDA context is created on the GPUs),
+        else from ``torch.cuda.mem_get_info``."""
+        try:
+            import torch
+
+            cuda_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        except Exception:  # torch missing or broken CUDA driver: plan for CPU ranks
+            cuda_count = 0
+        if devices is None or (isinstance(devices, str) and devices.strip().lower() in ("", "all")):
+            if cuda_count == 0:
+                return cls.cpu(1)
+            names = [f"cuda:{i}" for i in range(cuda_count)]
+        else:
+            names = parse_devices(devices)
+        if all(n == "cpu" for n in names):
+            return cls.cpu(len(names))
+        ids = [int(n.split(":")[1]) for n in names]
+        bad = [f"cuda:{i}" for i in ids if i >= cuda_count]
+        if bad:
+            raise ConfigError(
+                f"device(s) {', '.join(bad)} requested but {cuda_count} CUDA GPU(s) are visible",
+                "a worker can only use a GPU this process can see (CUDA_VISIBLE_DEVICES applies)",
+                "list visible GPUs only, or use CPU ranks such as 'cpu:2'",
+            )
+        return cls(tuple(_cuda_device(i) for i in ids), tuple(tuple(_can_access(i, j) for j in ids) for i in ids))
+
+
+def _cuda_device(index: int) -> DeviceInfo:
+    import torch
+
+    props = torch.cuda.get_device_properties(index)
+    total = int(props.total_memory)
+    try:
+        free = total - int(torch.cuda.device_memory_used(index))  # NVML: no context on the GPU
+    except Exception:
+        free, total = (int(v) for v in torch.cuda.mem_get_info(index))
+    return DeviceInfo(f"cuda:{index}", props.name, total, max(free, 0))
+
+
+def _can_access(i: int, j: int) -> bool:
+    if i == j:
+        return True
+    import torch
+
+    try:
+        return bool(torch.cuda.can_device_access_peer(i, j))
+    except Exception:
+        return False
+
+
+def _available_ram() -> int:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 16 * GiB
