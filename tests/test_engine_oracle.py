@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from parallel_runtime.denoise.loop import SamplingSettings, denoise_latent, model_sampling_for
+from parallel_runtime.denoise.loop import denoise_latent
+from parallel_runtime.denoise.settings import SamplingSettings, model_sampling_for
 from parallel_runtime.models.loading import load_pipeline_components
 from parallel_runtime.models.text_encoding import encode_prompts
 from parallel_runtime.models.tiny import ensure_tiny_model

@@ -7,7 +7,8 @@ import time
 import pytest
 import torch
 
-from parallel_runtime.denoise.loop import SamplingSettings, denoise_latent, model_sampling_for
+from parallel_runtime.denoise.loop import denoise_latent
+from parallel_runtime.denoise.settings import SamplingSettings, model_sampling_for
 from parallel_runtime.errors import JobCancelled, WorkerError
 from parallel_runtime.models.loading import load_pipeline_components
 from parallel_runtime.models.text_encoding import encode_prompts

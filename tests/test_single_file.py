@@ -11,7 +11,7 @@ import torch
 from ldm_vae_layout import to_ldm  # tests/ helper
 from safetensors.torch import save_file
 
-from parallel_runtime.denoise.loop import SamplingSettings
+from parallel_runtime.denoise.settings import SamplingSettings
 from parallel_runtime.errors import ConfigError, WorkerError
 from parallel_runtime.models.loading import load_pipeline_components
 from parallel_runtime.models.single_file import (

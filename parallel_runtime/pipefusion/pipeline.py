@@ -32,7 +32,9 @@ from typing import Any
 
 import torch
 
-from ..denoise.loop import SamplingSettings, _batchable, _concat, _expand_batch, schedule
+from ..denoise.denoiser import can_batch, concat_conditioning, expand_conditioning
+from ..denoise.loop import schedule
+from ..denoise.settings import SamplingSettings, embedded_guidance
 from ..errors import ConfigError, JobCancelled
 from ..models.base import Activations, Conditioning, ModelAdapter
 from ..models.weights import StageWeights
@@ -90,17 +92,17 @@ class _Branches:
     ):
         self.cfg = cfg
         self.use_uncond = uses_uncond(cfg, negative)
-        positive = _expand_batch(positive, batch)
-        negative = _expand_batch(negative, batch)
+        positive = expand_conditioning(positive, batch)
+        negative = expand_conditioning(negative, batch)
         self.mode = "single"
         self.conds: list[Conditioning] = [positive]
         if self.use_uncond:
             if mesh.size("cfg") == 2:
                 self.mode = "cfg_parallel"
                 self.conds = [positive if mesh.rank("cfg") == 0 else negative]
-            elif _batchable(positive, negative):
+            elif can_batch(positive, negative):
                 self.mode = "batched"
-                self.conds = [_concat(positive, negative)]
+                self.conds = [concat_conditioning(positive, negative)]
             else:
                 self.mode = "separate"
                 self.conds = [positive, negative]
@@ -180,7 +182,7 @@ class _Pipeline:
             raise ConfigError(
                 "PipeFusion with pp=1",
                 "a pipeline needs at least two stages; one stage is the ordinary engine",
-                "use engine.denoise_latent, or a mesh with pp >= 2",
+                "use denoise.loop.denoise_latent, or a mesh with pp >= 2",
             )
         self.first, self.last = self.stage == 0, self.stage == self.pp - 1
         self.group = mesh.group("pp")
@@ -192,10 +194,7 @@ class _Pipeline:
         self.batch = latent_raw.shape[0]
         neg = None if negative is None else negative.to(self.device)
         self.branches = _Branches(mesh, positive.to(self.device), neg, settings.cfg, self.batch)
-        guidance = settings.guidance
-        if adapter.plan.guidance_embed and guidance is None:
-            guidance = 3.5
-        self.guidance = guidance if adapter.plan.guidance_embed else None
+        self.guidance = embedded_guidance(adapter, settings.guidance)
         self.sigmas = schedule(ms, settings)
         self.latent = self.fmt.to_model(latent_raw.float())
         self.rows, self.cols = adapter.grid_of(self.latent)  # raises for sizes that do not form patches

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from ..denoise.loop import SamplingSettings
+from ..denoise.settings import SamplingSettings
 from ..errors import ConfigError
 from ..models.base import Conditioning
 from ..parallel.config import ParallelConfig, parse_devices

@@ -14,7 +14,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from ..denoise.loop import SamplingSettings, denoise_latent, model_sampling_for
+from ..denoise.loop import denoise_latent
+from ..denoise.settings import SamplingSettings, model_sampling_for
 from ..errors import ConfigError
 from ..models.base import Conditioning, ModelAdapter
 from ..models.loading import PipelineComponents, load_pipeline_components

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from ..denoise.loop import SamplingSettings, model_sampling_for
+from ..denoise.settings import SamplingSettings, model_sampling_for
 from ..models.base import Conditioning
 from ..parallel.config import ParallelConfig
 from ..runtime.jobs import JobContext

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from ..denoise.loop import SamplingSettings
+from ..denoise.settings import SamplingSettings
 from ..parallel.config import ParallelConfig
 from ..runtime.jobs import JobContext
 from ..runtime.pool import WorkerPool

@@ -1,0 +1,55 @@
+"""What one generation is asked for (KSampler's settings) and the model sampling of a family."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+
+from ..errors import ConfigError
+from ..models.base import ModelAdapter
+from ..sampling import ModelSampling, discrete_eps, flow_flux, flow_sd3
+
+DEFAULT_FLUX_GUIDANCE = 3.5  # ComfyUI's FluxGuidance default
+
+
+def model_sampling_for(
+    adapter: ModelAdapter, scheduler_config: dict[str, Any], width: int, height: int
+) -> ModelSampling:
+    """ComfyUI's model sampling for the family: Flux dev (resolution-dependent shift), Flux schnell
+    (shift 1), SD3 (the scheduler's shift, default 3), PixArt (discrete epsilon)."""
+    plan = adapter.plan
+    if plan.family == "flux":
+        return flow_flux(width, height) if plan.guidance_embed else flow_sd3(1.0, 1.0)
+    if plan.family == "sd3":
+        return flow_sd3(float(scheduler_config.get("shift", 3.0)))
+    if plan.family == "pixart":
+        return discrete_eps()
+    raise ConfigError(
+        f"no model sampling known for family {plan.family!r}",
+        "the sampler needs the model's noise parameterisation",
+        "add the family to denoise.settings.model_sampling_for",
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingSettings:
+    """What ComfyUI's KSampler takes, plus Flux's embedded guidance."""
+
+    seed: int = 0
+    steps: int = 20
+    cfg: float = 1.0
+    sampler: str = "euler"
+    scheduler: str = "simple"
+    denoise: float = 1.0
+    sigmas: torch.Tensor | None = None  # explicit schedule (overrides scheduler/steps/denoise)
+    guidance: float | None = None  # Flux dev distilled guidance
+
+
+def embedded_guidance(adapter: ModelAdapter, guidance: float | None) -> float | None:
+    """The distilled guidance a guidance-embedding model (Flux dev) is given (its default when
+    unset); None for models without one."""
+    if not adapter.plan.guidance_embed:
+        return None
+    return DEFAULT_FLUX_GUIDANCE if guidance is None else guidance
