@@ -20,10 +20,10 @@ from parallel_runtime.errors import ConfigError, JobCancelled, WorkerDied, Worke
 from parallel_runtime.models.loading import load_pipeline_components
 from parallel_runtime.models.text_encoding import encode_prompts
 from parallel_runtime.models.tiny import build_tiny_pipeline, ensure_tiny_model
-from parallel_runtime.models.weights import load_stage_transformer
 from parallel_runtime.parallel.config import ParallelConfig
 from parallel_runtime.parallel.mesh import ParallelMesh
 from parallel_runtime.pipefusion.schedule import build_schedule, patch_bands, sampler_rounds
+from parallel_runtime.pipefusion.stage_loading import load_stage_transformer
 from parallel_runtime.pipefusion.stages import plan_stages
 from parallel_runtime.pipefusion.stale_kv import ItemTokens, StaleKVCache
 from parallel_runtime.sampling import flow_sd3

@@ -14,16 +14,11 @@ from safetensors.torch import save_file
 from parallel_runtime.denoise.settings import SamplingSettings
 from parallel_runtime.errors import ConfigError, WorkerError
 from parallel_runtime.models.loading import load_pipeline_components
-from parallel_runtime.models.single_file import (
-    inspect_single_file,
-    load_single_file_stage,
-    load_single_file_transformer,
-    shipped_config,
-)
+from parallel_runtime.models.single_file import inspect_single_file, load_single_file_transformer, shipped_config
 from parallel_runtime.models.text_encoding import encode_prompts
 from parallel_runtime.models.tiny import ensure_tiny_model
-from parallel_runtime.models.weights import load_stage_transformer
 from parallel_runtime.parallel.config import ParallelConfig
+from parallel_runtime.pipefusion.stage_loading import load_single_file_stage, load_stage_transformer
 
 torch.set_num_threads(1)
 JOB = "parallel_runtime.service.model_jobs:"

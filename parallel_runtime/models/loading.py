@@ -76,7 +76,8 @@ def read_model_index(path: str | os.PathLike) -> dict[str, Any]:
         return json.load(f)
 
 
-def _component_class(name: str, entry: Any, path: Path) -> type:
+def component_class(name: str, entry: Any, path: Path) -> type:
+    """The diffusers/transformers class ``entry`` of model_index.json names (no remote code)."""
     if not (isinstance(entry, (list, tuple)) and len(entry) == 2 and entry[0] in _LIBRARIES):
         raise ConfigError(
             f"component {name!r} in {path / 'model_index.json'} is {entry!r}",
@@ -139,7 +140,7 @@ def load_pipeline_components(
             "this engine runs diffusion transformers (DiT) only; UNet pipelines are not supported",
             f"use a pipeline whose transformer is one of: {', '.join(supported_class_names())}",
         )
-    transformer_cls = _component_class("transformer", index["transformer"], path)
+    transformer_cls = component_class("transformer", index["transformer"], path)
     family = adapter_class_for(transformer_cls).family  # raises for unsupported classes
     comps = PipelineComponents(
         path=path,
@@ -153,7 +154,7 @@ def load_pipeline_components(
     )
 
     def load_model(name: str, part: str) -> nn.Module:
-        cls = _component_class(name, index[name], path)
+        cls = component_class(name, index[name], path)
         kw = {"torch_dtype": dtype} if index[name][0] == "diffusers" else {"dtype": dtype}
         model = cls.from_pretrained(path / name, local_files_only=True, **kw)
         return model.to(_device_for(device, name, part)).eval().requires_grad_(False)
@@ -164,7 +165,7 @@ def load_pipeline_components(
         comps.vae = load_model("vae", "vae")
     for name, entry in sorted(index.items()):
         if name.startswith("tokenizer") and isinstance(entry, list) and entry[0]:
-            cls = _component_class(name, entry, path)
+            cls = component_class(name, entry, path)
             comps.tokenizers[name] = cls.from_pretrained(path / name, local_files_only=True)
         if "text" in parts and name.startswith("text_encoder") and isinstance(entry, list) and entry[0]:
             comps.text_encoders[name] = load_model(name, "text")

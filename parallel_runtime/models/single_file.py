@@ -33,6 +33,7 @@ from ..errors import ConfigError
 from .files import detect_family, read_safetensors_header
 from .loading import PipelineComponents
 from .original_layout import ANCHOR_KEYS, CONFIG_FROM_WEIGHTS, Shapes, StateDict, detect_variant, to_diffusers
+from .weights import TensorSource, parameters_on_meta
 
 log = logging.getLogger(__name__)
 
@@ -267,7 +268,6 @@ def load_single_file_transformer(
     import diffusers
 
     from .registry import adapter_class_for
-    from .weights import parameters_on_meta
 
     info = inspect_single_file(path, family, variant, overrides)
     device = torch.device(device)
@@ -292,24 +292,16 @@ def load_single_file_components(
 ) -> PipelineComponents:
     """A transformer-only ``PipelineComponents`` (no VAE, text encoders or tokenizers)."""
     transformer, found, scheduler = load_single_file_transformer(path, device, dtype, family)
-    return _transformer_only(path, transformer, found, scheduler)
+    return transformer_only(path, transformer, found, scheduler)
 
 
-def load_single_file_stage(
-    path: str | os.PathLike,
-    pp: int,
-    stage: int,
-    device: str | torch.device,
-    dtype: torch.dtype,
-    stage_weights: tuple[float, ...] | None = None,
-    family: str | None = None,
-):
-    """PipeFusion from one file: (components, stage plan, stage weights) with only ``stage``'s
-    tensors on ``device``. The file is converted to diffusers names as uncopied views of its
-    mapping (fused tensors are split as views too), then the stage copies just its own share."""
+def single_file_tensor_source(
+    path: str | os.PathLike, family: str | None = None
+) -> tuple[SingleFileInfo, type, TensorSource]:
+    """(what the file holds, its diffusers transformer class, its tensors under diffusers names):
+    the file converted as uncopied views of its mapping (fused tensors are split as views too), so a
+    caller that reads only some tensors (a PipeFusion stage) copies just those."""
     import diffusers
-
-    from .weights import TensorSource, build_stage_transformer
 
     info = inspect_single_file(path, family)
     state = _read_state(info, torch.device("cpu"), None)
@@ -320,14 +312,11 @@ def load_single_file_stage(
         {k: v.numel() for k, v in converted.items()},
         lambda names: ((n, converted[n]) for n in names),
     )
-    cls = getattr(diffusers, str(info.config["_class_name"]))
-    model, stages, weights = build_stage_transformer(
-        cls, dict(info.config), source, pp, stage, device, dtype, stage_weights
-    )
-    return _transformer_only(path, model, info.family, dict(info.scheduler_config)), stages, weights
+    return info, getattr(diffusers, str(info.config["_class_name"])), source
 
 
-def _transformer_only(path, transformer: nn.Module, family: str, scheduler: dict[str, Any]) -> PipelineComponents:
+def transformer_only(path, transformer: nn.Module, family: str, scheduler: dict[str, Any]) -> PipelineComponents:
+    """A ``PipelineComponents`` holding just ``transformer`` (no VAE, text encoders or tokenizers)."""
     return PipelineComponents(
         path=Path(path).expanduser(),
         family=family,

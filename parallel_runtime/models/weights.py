@@ -1,10 +1,10 @@
-"""Per-stage partial loading of a transformer for PipeFusion, straight from its safetensors files.
+"""Building a transformer from a subset of its tensors, straight from files.
 
-A stage builds the transformer's module tree with every parameter on the "meta" device (no
-memory; buffers such as position tables are real, as the constructor computes them), then reads
-from the safetensors files only the tensors it runs: its own blocks, plus the embedding modules
-on the first stage and the output layers on the last. No rank ever holds the whole transformer,
-in host memory or on the device; the other stages' parameters stay on "meta".
+A model's module tree is built with every parameter on the "meta" device (no memory; buffers such
+as position tables are real, as the constructor computes them); then only the tensors a caller
+wants are read from a :class:`TensorSource` (the safetensors files of a diffusers folder, or a
+converted single file) and put in place, with names and shapes checked against the model.
+PipeFusion stages (``parallel_runtime.pipefusion.stage_loading``) and single files use it.
 
 Which non-block parameters are "embedding" and which are "output layers" is found by tracing
 the adapter's ``embed_full`` and ``project_out`` on a fully meta copy of the model (shapes only,
@@ -17,9 +17,9 @@ import contextlib
 import dataclasses
 import json
 import logging
-from collections.abc import Callable, Iterator, Sequence
+import math
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -28,39 +28,14 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten
 
 from ..errors import ConfigError
-from ..pipefusion.stages import StagePlan, plan_stages
 from .base import Conditioning, ModelAdapter
-from .loading import PipelineComponents, _component_class, load_pipeline_components, read_model_index
+from .files import read_safetensors_header
 from .registry import adapter_class_for
 
 log = logging.getLogger(__name__)
 
 SAFETENSORS_NAME = "diffusion_pytorch_model.safetensors"
 SAFETENSORS_INDEX = "diffusion_pytorch_model.safetensors.index.json"
-
-
-@dataclasses.dataclass(frozen=True)
-class StageWeights:
-    """What one stage loaded: its block range and bytes of parameters by role, plus buffers."""
-
-    stage: int
-    num_stages: int
-    blocks: tuple[int, int]  # [first, last + 1)
-    block_bytes: int
-    embed_bytes: int  # embedding parameters (first stage)
-    final_bytes: int  # output-layer parameters (last stage)
-    buffer_bytes: int
-    total_transformer_bytes: int  # every parameter of the transformer (from the file headers)
-    all_block_bytes: int  # every block's parameters
-
-    @property
-    def param_bytes(self) -> int:
-        return self.block_bytes + self.embed_bytes + self.final_bytes
-
-    def as_dict(self) -> dict[str, Any]:
-        out = dataclasses.asdict(self)
-        out["param_bytes"] = self.param_bytes
-        return out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,22 +141,12 @@ def _weight_map(folder: Path) -> dict[str, Path]:
     )
 
 
-_DTYPE_SIZES = MappingProxyType(
-    {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2, "I16": 2, "U16": 2}
-)
-
-
 def _tensor_numels(files: dict[str, Path]) -> dict[str, int]:
     """Element count of every tensor, read from the safetensors headers (no data is read)."""
     out: dict[str, int] = {}
     for file in sorted(set(files.values())):
-        with open(file, "rb") as f:
-            n = int.from_bytes(f.read(8), "little")
-            header = json.loads(f.read(n))
-        for name, info in header.items():
-            if name != "__metadata__":
-                start, end = info["data_offsets"]
-                out[name] = (end - start) // _DTYPE_SIZES.get(info["dtype"], 1)
+        for name, info in read_safetensors_header(file).items():
+            out[name] = math.prod(info.get("shape", []))
     return out
 
 
@@ -222,72 +187,46 @@ def folder_tensor_source(folder: Path) -> TensorSource:
     return TensorSource(f"the safetensors files of {folder.parent}", _tensor_numels(files), read)
 
 
-def load_stage_transformer(
-    folder: str | Path,
-    pp: int,
-    stage: int,
-    device: torch.device | str,
-    dtype: torch.dtype,
-    stage_weights: Sequence[float] | None = None,
-) -> tuple[nn.Module, StagePlan, StageWeights]:
-    """The transformer of the diffusers pipeline ``folder`` with only ``stage``'s tensors loaded on
-    ``device`` in ``dtype`` (every other parameter stays on "meta"), the stage plan over ``pp``
-    stages (``stage_weights``: see :func:`plan_stages`) and what this stage loaded."""
-    folder = Path(folder)
-    index = read_model_index(folder)
-    model_cls = _component_class("transformer", index["transformer"], folder)
-    with open(folder / "transformer" / "config.json", encoding="utf-8") as f:
-        config = json.load(f)
-    source = folder_tensor_source(folder / "transformer")
-    return build_stage_transformer(model_cls, config, source, pp, stage, device, dtype, stage_weights)
-
-
-def build_stage_transformer(
-    model_cls: type,
-    config: dict[str, Any],
-    source: TensorSource,
-    pp: int,
-    stage: int,
-    device: torch.device | str,
-    dtype: torch.dtype,
-    stage_weights: Sequence[float] | None = None,
-) -> tuple[nn.Module, StagePlan, StageWeights]:
-    """``model_cls(config)`` with only ``stage``'s tensors read from ``source`` (see
-    :func:`load_stage_transformer`); names and shapes are checked against the model."""
-    roles = trace_extra_roles(model_cls, config)
+def meta_model(model_cls: type, config: dict[str, Any]) -> nn.Module:
+    """``model_cls(config)`` in eval mode with every parameter on "meta" (no weights allocated)."""
     with parameters_on_meta():
         model = model_cls.from_config(config)
-    model.eval().requires_grad_(False)
-    adapter = adapter_class_for(model_cls)(model)
-    prefixes = block_prefixes(model, adapter)
-    stages = plan_stages(len(prefixes), pp, stage_weights)
-    mine = tuple(prefixes[b] for b in stages.blocks(stage))
-    first, last = stage == 0, stage == stages.num_stages - 1
+    return model.eval().requires_grad_(False)
+
+
+@dataclasses.dataclass(frozen=True)
+class LoadedTensors:
+    """Bytes of parameters put in place by role, and of the buffers left on a real device."""
+
+    param_bytes: dict[str, int]
+    buffer_bytes: int
+
+
+def load_tensors(
+    model: nn.Module,
+    source: TensorSource,
+    role_of: Callable[[str], str | None],
+    device: torch.device | str,
+    dtype: torch.dtype,
+    what: str = "",
+) -> LoadedTensors:
+    """Read from ``source`` every tensor of ``model`` whose ``role_of(name)`` is not None and put it
+    on ``device`` (floats in ``dtype``); every other parameter stays on "meta" and its buffers move
+    there too. Raises ConfigError for a wanted parameter missing from the source or a wrong shape
+    (``what``, e.g. "of stage 1", says whose parameters in that message)."""
     numels = source.numels
     device = torch.device(device)
     params = dict(model.named_parameters())
     buffers = dict(model.named_buffers())
-
-    def role(name: str) -> str | None:
-        if name.startswith(mine):
-            return "block"
-        if name.startswith(tuple(prefixes)):
-            return None
-        if first and name in roles.embed:
-            return "embed"
-        if last and name in roles.final:
-            return "final"
-        return None
-
-    wanted = {n: role(n) for n in (*params, *buffers)}
+    wanted = {n: role_of(n) for n in (*params, *buffers)}
     missing = [n for n, r in wanted.items() if r and n in params and n not in numels]
     if missing:
         raise ConfigError(
-            f"{len(missing)} parameter(s) of stage {stage} are not in {source.description} (e.g. {missing[0]})",
+            f"{len(missing)} parameter(s) {what + ' ' if what else ''}are not in {source.description} (e.g. {missing[0]})",
             "the files must hold every parameter of the model's config",
             "re-save the transformer with diffusers' save_pretrained, or use the model's published files",
         )
-    loaded_bytes = {"block": 0, "embed": 0, "final": 0}
+    loaded: dict[str, int] = {}
     for n, t in source.read([n for n, r in wanted.items() if r and n in numels]):
         expected = params[n].shape if n in params else buffers[n].shape
         if t.shape != expected:
@@ -299,51 +238,11 @@ def build_stage_transformer(
         t = t.to(device=device, dtype=dtype if t.is_floating_point() else t.dtype, copy=t.device == device)
         _set_tensor(model, n, t, parameter=n in params)
         if n in params:
-            loaded_bytes[wanted[n]] += t.numel() * t.element_size()
-    buffer_bytes = 0
+            loaded[wanted[n]] = loaded.get(wanted[n], 0) + t.numel() * t.element_size()
     for n, b in buffers.items():
         if wanted[n] and n not in numels:  # computed by the constructor (e.g. a position table)
             _set_tensor(model, n, b.to(device), parameter=False)
         elif not wanted[n]:
             _set_tensor(model, n, b.to("meta"), parameter=False)
-    for b in model.buffers():
-        if b.device.type != "meta":
-            buffer_bytes += b.numel() * b.element_size()
-    itemsize = torch.empty(0, dtype=dtype).element_size()
-    total = sum(numels.get(n, 0) for n in params) * itemsize
-    all_blocks = sum(numels.get(n, 0) for n in params if n.startswith(tuple(prefixes))) * itemsize
-    weights = StageWeights(
-        stage=stage,
-        num_stages=stages.num_stages,
-        blocks=(stages.bounds[stage], stages.bounds[stage + 1]),
-        block_bytes=loaded_bytes["block"],
-        embed_bytes=loaded_bytes["embed"],
-        final_bytes=loaded_bytes["final"],
-        buffer_bytes=buffer_bytes,
-        total_transformer_bytes=total,
-        all_block_bytes=all_blocks,
-    )
-    return model, stages, weights
-
-
-def load_pipeline_stage(
-    path: str | Path,
-    pp: int,
-    stage: int,
-    device: torch.device | str,
-    dtype: torch.dtype,
-    stage_weights: Sequence[float] | None = None,
-    parts: Sequence[str] = ("vae",),
-) -> tuple[PipelineComponents, StagePlan, StageWeights]:
-    """:func:`~parallel_runtime.models.loading.load_pipeline_components` for a PipeFusion stage: the
-    other ``parts`` ("vae", "text") as usual, the transformer with only this stage's tensors."""
-    if "transformer" in parts:
-        raise ConfigError(
-            "load_pipeline_stage was asked for the whole transformer",
-            "a PipeFusion stage loads only its own blocks",
-            'pass parts without "transformer" (it is always loaded partially)',
-        )
-    comps = load_pipeline_components(path, device, dtype, parts)
-    model, stages, weights = load_stage_transformer(path, pp, stage, device, dtype, stage_weights)
-    comps.transformer = model
-    return comps, stages, weights
+    buffer_bytes = sum(b.numel() * b.element_size() for b in model.buffers() if b.device.type != "meta")
+    return LoadedTensors(loaded, buffer_bytes)

@@ -37,7 +37,6 @@ from ..denoise.loop import schedule
 from ..denoise.settings import SamplingSettings, embedded_guidance
 from ..errors import ConfigError, JobCancelled
 from ..models.base import Activations, Conditioning, ModelAdapter
-from ..models.weights import StageWeights
 from ..parallel.collectives import PendingP2P, all_gather_cat, recv_object, recv_start, send_object, send_start
 from ..parallel.mesh import ParallelMesh
 from ..sampling import (
@@ -527,16 +526,3 @@ class _PatchSamplers:
         if any(f is None for f in self.finals):
             raise RuntimeError("PipeFusion ended before every patch's sampler finished")
         return torch.cat(self.finals, dim=-2).contiguous()  # type: ignore[arg-type]
-
-
-def describe_stages(mesh: ParallelMesh, stages: StagePlan, weights: StageWeights | None) -> dict[str, Any]:
-    """The stage plan and every rank's loaded weight bytes (collective over all ranks: every rank
-    calls it at the same point, e.g. at the end of the load job)."""
-    import torch.distributed as dist
-
-    mine = {"rank": mesh.global_rank, **({} if weights is None else weights.as_dict())}
-    ranks = [mine]
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        ranks = [None] * dist.get_world_size()
-        dist.all_gather_object(ranks, mine)
-    return {"stages": stages.describe(), "blocks_per_stage": list(stages.counts), "ranks": ranks}

@@ -91,7 +91,7 @@ def load_model(
         stages = stage_weights = None
         text: tuple[str, ...] = ()  # text encoders are loaded below, spread over the pool's devices
         if Path(path).is_file() and pp > 1:  # a single-file transformer: no VAE or text encoders
-            from ..models.single_file import load_single_file_stage
+            from ..pipefusion.stage_loading import load_single_file_stage
 
             comps, stages, stage_weights = load_single_file_stage(
                 path, pp, ctx.mesh.rank("pp"), ctx.device, _dtype(dtype), weights
@@ -101,7 +101,7 @@ def load_model(
 
             comps = load_single_file_components(path, ctx.device, _dtype(dtype))
         elif pp > 1:
-            from ..models.weights import load_pipeline_stage
+            from ..pipefusion.stage_loading import load_pipeline_stage
 
             comps, stages, stage_weights = load_pipeline_stage(
                 path, pp, ctx.mesh.rank("pp"), ctx.device, _dtype(dtype), weights, ("vae", *text)
@@ -125,7 +125,7 @@ def load_model(
     weight_bytes = sum(p.numel() * p.element_size() for p in params if p.device.type != "meta")
     pipefusion = None
     if model.stages is not None:
-        from ..pipefusion.pipeline import describe_stages
+        from ..pipefusion.stage_loading import describe_stages
 
         pipefusion = describe_stages(ctx.mesh, model.stages, model.stage_weights)
     return {
