@@ -32,24 +32,17 @@ from typing import Any
 
 import torch
 
-from ..denoise.denoiser import can_batch, concat_conditioning, expand_conditioning
 from ..denoise.loop import schedule
 from ..denoise.settings import SamplingSettings, embedded_guidance
 from ..errors import ConfigError, JobCancelled
 from ..models.base import Activations, Conditioning, ModelAdapter
-from ..parallel.collectives import PendingP2P, all_gather_cat, recv_object, recv_start, send_object, send_start
+from ..parallel.collectives import PendingP2P, recv_object, recv_start, send_object, send_start
 from ..parallel.mesh import ParallelMesh
 from ..sampling import (
-    ModelCall,
     ModelSampling,
-    SharedNoise,
-    cfg_combine,
-    default_noise,
-    initial_noise,
-    noise_latent,
-    sampler_steps,
-    uses_uncond,
 )
+from .branches import Branches
+from .patch_samplers import PatchSamplers
 from .schedule import Band, Item, PipelineSchedule, build_schedule, default_patches, sampler_rounds
 from .stages import StagePlan
 from .stale_kv import ItemTokens, StaleKVCache, run_block_stale
@@ -83,45 +76,6 @@ class PipeFusionStats:
     seconds: dict[str, float] = dataclasses.field(default_factory=dict)  # compute / receive / agree / total
 
 
-class _Branches:
-    """The conditioning branches this rank's pipeline evaluates per item and how they combine."""
-
-    def __init__(
-        self, mesh: ParallelMesh, positive: Conditioning, negative: Conditioning | None, cfg: float, batch: int
-    ):
-        self.cfg = cfg
-        self.use_uncond = uses_uncond(cfg, negative)
-        positive = expand_conditioning(positive, batch)
-        negative = expand_conditioning(negative, batch)
-        self.mode = "single"
-        self.conds: list[Conditioning] = [positive]
-        if self.use_uncond:
-            if mesh.size("cfg") == 2:
-                self.mode = "cfg_parallel"
-                self.conds = [positive if mesh.rank("cfg") == 0 else negative]
-            elif can_batch(positive, negative):
-                self.mode = "batched"
-                self.conds = [concat_conditioning(positive, negative)]
-            else:
-                self.mode = "separate"
-                self.conds = [positive, negative]
-
-    def model_input(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.cat([x, x]) if self.mode == "batched" else x
-
-    def combine(self, denoised: list[torch.Tensor], mesh: ParallelMesh) -> torch.Tensor:  # denoised per branch, float32
-        if self.mode == "single":
-            return denoised[0]
-        if self.mode == "batched":
-            cond, uncond = denoised[0].chunk(2, dim=0)
-            return cfg_combine(cond, uncond, self.cfg)
-        if self.mode == "separate":
-            return cfg_combine(denoised[0], denoised[1], self.cfg)
-        both = all_gather_cat(denoised[0].contiguous(), mesh.group("cfg"), mesh.stats, dim=0, op="cfg")
-        cond, uncond = both.chunk(2, dim=0)
-        return cfg_combine(cond, uncond, self.cfg)
-
-
 def run_pipefusion(
     adapter: ModelAdapter,
     mesh: ParallelMesh,
@@ -146,13 +100,13 @@ def run_pipefusion(
     on the reporting rank (last stage, cfg 0, sp 0), once per step. ``message_tag`` (equal on all
     ranks, different for every generation, e.g. the job id) keeps one generation's point-to-point
     messages apart from another's, should an error have left a receive posted."""
-    runner = _Pipeline(
+    runner = Pipeline(
         adapter, mesh, stages, model_sampling, positive, negative, latent_raw, settings, options, message_tag
     )
     return runner.run(attention_backend, check_cancel, on_step)
 
 
-class _Pipeline:
+class Pipeline:
     """One generation on one rank (created per call: no state survives between generations)."""
 
     def __init__(
@@ -192,7 +146,7 @@ class _Pipeline:
         self.latent_raw = latent_raw
         self.batch = latent_raw.shape[0]
         neg = None if negative is None else negative.to(self.device)
-        self.branches = _Branches(mesh, positive.to(self.device), neg, settings.cfg, self.batch)
+        self.branches = Branches(mesh, positive.to(self.device), neg, settings.cfg, self.batch)
         self.guidance = embedded_guidance(adapter, settings.guidance)
         self.sigmas = schedule(ms, settings)
         self.latent = self.fmt.to_model(latent_raw.float())
@@ -235,7 +189,7 @@ class _Pipeline:
         )
         with torch.no_grad():
             layouts = self._setup()
-            samplers = _PatchSamplers(self, sched) if self.last else None
+            samplers = self._patch_samplers(sched) if self.last else None
             posts = self._receive_plan(sched)
             if samplers is not None:
                 samplers.send_initial()
@@ -277,6 +231,18 @@ class _Pipeline:
             sent_bytes=self.mesh.stats.snapshot(),
             kv_buffer_bytes=0 if self.cache is None else self.cache.buffer_bytes,
             seconds=dict(self.seconds),
+        )
+
+    def _patch_samplers(self, sched: PipelineSchedule) -> PatchSamplers:
+        return PatchSamplers(
+            sched,
+            self.settings,
+            self.ms,
+            self.sigmas,
+            self.latent,
+            self.adapter.plan.patch_size,
+            self.device,
+            lambda x: self._send(x, 0, "latent"),
         )
 
     # -- messages ----------------------------------------------------------------------------------
@@ -381,7 +347,7 @@ class _Pipeline:
         item: Item,
         layouts: dict[str, BandLayout],
         statics: dict[str, list[dict[str, Any]]],
-        samplers: _PatchSamplers | None,
+        samplers: PatchSamplers | None,
         on_step: StepReport | None,
     ) -> None:
         assert self.sched is not None
@@ -454,75 +420,3 @@ class _Pipeline:
         x = recv_start(buf, self.pp - 1, self.group, "pp_final", self.tags["final"]).wait(self.timeout)
         x = self.ms.inverse_noise_scaling(self.sigmas[-1], x)
         return self.fmt.to_raw(x).cpu()
-
-
-class _PatchSamplers:
-    """Per-patch sampler generators on the last stage, and the latents they send back to stage 0."""
-
-    def __init__(self, pipe: _Pipeline, sched: PipelineSchedule):
-        self.pipe, self.sched = pipe, sched
-        settings, ms, sigmas = pipe.settings, pipe.ms, pipe.sigmas
-        noise = initial_noise(settings.seed, pipe.latent_raw.shape)
-        x = noise_latent(ms, sigmas, noise, pipe.latent).to(pipe.device)
-        full = default_noise(settings.sampler, tuple(x.shape), sigmas, settings.seed)
-        shared = None if full is None else SharedNoise(full, tuple(x.shape))
-        p = pipe.adapter.plan.patch_size
-        self.rows = [band.latent_rows(p) for band in sched.bands]
-        views = [None if shared is None else shared.view(r) for r in self.rows]
-        self.gens = [
-            sampler_steps(settings.sampler, x[..., r0:r1, :], sigmas, v, model_sampling=ms)
-            for (r0, r1), v in zip(self.rows, views)
-        ]
-        self.calls: list[ModelCall | None] = [next(g) for g in self.gens]
-        self.finals: list[torch.Tensor | None] = [None] * len(self.gens)
-        self.preview = torch.zeros_like(x)
-        self.done: set[int] = set()
-        self.sent: set[int] = set()
-        self.dependents = sched.dependents()
-        self.last_of_step = sched.last_item_of_step()
-
-    def _patches_of(self, band: Band) -> list[int]:
-        return list(range(len(self.gens))) if band.index is None else [band.index]
-
-    def x_of(self, item: Item) -> torch.Tensor:
-        rnd = self.sched.rounds[item.round]
-        xs = []
-        for p in self._patches_of(item.band):
-            call = self.calls[p]
-            if call is None or (call.step, call.stage) != (rnd.step, rnd.stage):
-                raise RuntimeError(f"patch {p} sampler is at {call} but item {item.index} is round {rnd}")
-            xs.append(call.x)
-        return xs[0] if len(xs) == 1 else torch.cat(xs, dim=-2)
-
-    def step(self, item: Item, denoised: torch.Tensor) -> None:
-        """Feed the item's denoised prediction to its patches' samplers; send ready latents to stage 0."""
-        rnd = self.sched.rounds[item.round]
-        start = self.rows[self._patches_of(item.band)[0]][0]
-        for p in self._patches_of(item.band):
-            r0, r1 = self.rows[p]
-            part = denoised[..., r0 - start : r1 - start, :]
-            if rnd.stage == 0:
-                self.preview[..., r0:r1, :] = part
-            try:
-                self.calls[p] = self.gens[p].send(part)
-            except StopIteration as stop:
-                self.calls[p], self.finals[p] = None, stop.value
-        self.done.add(item.index)
-        for n in self.dependents.get(item.index, []):
-            self._send_if_ready(self.sched.items[n])
-
-    def send_initial(self) -> None:
-        for item in self.sched.items:
-            if item.round == 0:
-                self._send_if_ready(item)
-
-    def _send_if_ready(self, item: Item) -> None:
-        if item.index in self.sent or not all(d in self.done for d in item.deps):
-            return
-        self.sent.add(item.index)
-        self.pipe._send(self.x_of(item).contiguous(), 0, "latent")
-
-    def final(self) -> torch.Tensor:
-        if any(f is None for f in self.finals):
-            raise RuntimeError("PipeFusion ended before every patch's sampler finished")
-        return torch.cat(self.finals, dim=-2).contiguous()  # type: ignore[arg-type]

@@ -1,0 +1,97 @@
+"""The last PipeFusion stage's samplers: one sampler generator per patch (noise from one shared
+draw, so every sampler works patch by patch), fed each item's denoised prediction."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from ..denoise.settings import SamplingSettings
+from ..sampling import ModelCall, ModelSampling, SharedNoise, default_noise, initial_noise, noise_latent, sampler_steps
+from .schedule import Band, Item, PipelineSchedule
+
+
+class PatchSamplers:
+    """Per-patch sampler generators on the last stage, and the latents they send back to stage 0.
+
+    ``latent`` is the whole start latent in model space (not yet noised); ``send_latent(x)`` sends
+    an item's next latent to stage 0."""
+
+    def __init__(
+        self,
+        sched: PipelineSchedule,
+        settings: SamplingSettings,
+        model_sampling: ModelSampling,
+        sigmas: torch.Tensor,
+        latent: torch.Tensor,
+        patch_size: int,
+        device: torch.device,
+        send_latent: Callable[[torch.Tensor], None],
+    ):
+        self.sched, self.send_latent = sched, send_latent
+        ms = model_sampling
+        noise = initial_noise(settings.seed, latent.shape)
+        x = noise_latent(ms, sigmas, noise, latent).to(device)
+        full = default_noise(settings.sampler, tuple(x.shape), sigmas, settings.seed)
+        shared = None if full is None else SharedNoise(full, tuple(x.shape))
+        p = patch_size
+        self.rows = [band.latent_rows(p) for band in sched.bands]
+        views = [None if shared is None else shared.view(r) for r in self.rows]
+        self.gens = [
+            sampler_steps(settings.sampler, x[..., r0:r1, :], sigmas, v, model_sampling=ms)
+            for (r0, r1), v in zip(self.rows, views)
+        ]
+        self.calls: list[ModelCall | None] = [next(g) for g in self.gens]
+        self.finals: list[torch.Tensor | None] = [None] * len(self.gens)
+        self.preview = torch.zeros_like(x)
+        self.done: set[int] = set()
+        self.sent: set[int] = set()
+        self.dependents = sched.dependents()
+        self.last_of_step = sched.last_item_of_step()
+
+    def _patches_of(self, band: Band) -> list[int]:
+        return list(range(len(self.gens))) if band.index is None else [band.index]
+
+    def x_of(self, item: Item) -> torch.Tensor:
+        rnd = self.sched.rounds[item.round]
+        xs = []
+        for p in self._patches_of(item.band):
+            call = self.calls[p]
+            if call is None or (call.step, call.stage) != (rnd.step, rnd.stage):
+                raise RuntimeError(f"patch {p} sampler is at {call} but item {item.index} is round {rnd}")
+            xs.append(call.x)
+        return xs[0] if len(xs) == 1 else torch.cat(xs, dim=-2)
+
+    def step(self, item: Item, denoised: torch.Tensor) -> None:
+        """Feed the item's denoised prediction to its patches' samplers; send ready latents to stage 0."""
+        rnd = self.sched.rounds[item.round]
+        start = self.rows[self._patches_of(item.band)[0]][0]
+        for p in self._patches_of(item.band):
+            r0, r1 = self.rows[p]
+            part = denoised[..., r0 - start : r1 - start, :]
+            if rnd.stage == 0:
+                self.preview[..., r0:r1, :] = part
+            try:
+                self.calls[p] = self.gens[p].send(part)
+            except StopIteration as stop:
+                self.calls[p], self.finals[p] = None, stop.value
+        self.done.add(item.index)
+        for n in self.dependents.get(item.index, []):
+            self._send_if_ready(self.sched.items[n])
+
+    def send_initial(self) -> None:
+        for item in self.sched.items:
+            if item.round == 0:
+                self._send_if_ready(item)
+
+    def _send_if_ready(self, item: Item) -> None:
+        if item.index in self.sent or not all(d in self.done for d in item.deps):
+            return
+        self.sent.add(item.index)
+        self.send_latent(self.x_of(item).contiguous())
+
+    def final(self) -> torch.Tensor:
+        if any(f is None for f in self.finals):
+            raise RuntimeError("PipeFusion ended before every patch's sampler finished")
+        return torch.cat(self.finals, dim=-2).contiguous()  # type: ignore[arg-type]
