@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,6 +14,11 @@ from parallel_runtime.runtime.pools import PoolRegistry
 
 torch.set_num_threads(1)
 os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+# Jobs in tests/dist_jobs are submitted as functions of the package tests.dist_jobs, which the workers
+# import from the repository root (their PYTHONPATH): make the same name importable here.
+ROOT = str(Path(__file__).resolve().parent.parent)
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
 
 
 @pytest.fixture(scope="session")

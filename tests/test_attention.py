@@ -16,8 +16,8 @@ from parallel_runtime.attention.usp import ATTENTION_BACKENDS, SequenceLayout, S
 from parallel_runtime.errors import ConfigError
 from parallel_runtime.parallel.config import ParallelConfig
 from parallel_runtime.parallel.mesh import ParallelMesh
+from tests.dist_jobs import attention_jobs
 
-JOBS = "tests.dist_jobs.attention_jobs"
 TIMEOUT = 120
 
 LAYOUTS = {
@@ -44,8 +44,8 @@ def layout(request, cpu_pool):
     return config, cpu_pool(config)
 
 
-def _run(pool, job: str, *args, **kwargs):
-    return pool.submit(f"{JOBS}:{job}", *args, result_rank="all", **kwargs).result(timeout=TIMEOUT)
+def _run(pool, job, *args, **kwargs):
+    return pool.submit(job, *args, result_rank="all", **kwargs).result(timeout=TIMEOUT)
 
 
 @pytest.mark.parametrize("seq", [16, 37, 3])
@@ -53,7 +53,7 @@ def test_matches_single_device(layout, seq):
     """Even and uneven token splits (37 over 2 and 4 ranks; 3 tokens over 4 leaves one rank empty)."""
     config, pool = layout
     q, k, v = _qkv(2, 4, seq, 8, seed=seq)
-    outs = _run(pool, "run_usp", q, k, v, backend="sdpa")
+    outs = _run(pool, attention_jobs.run_usp, q, k, v, backend="sdpa")
     got = torch.cat([o for o, _ in outs], dim=2)
     assert got.shape == q.shape
     assert _max_diff(got, F.scaled_dot_product_attention(q, k, v)) <= 1e-5
@@ -63,7 +63,7 @@ def test_heads_not_divisible(layout):
     """3 heads over 2 (or 4) ulysses ranks: heads split unevenly (a rank may hold none)."""
     _, pool = layout
     q, k, v = _qkv(1, 3, 37, 8, seed=3)
-    outs = _run(pool, "run_usp", q, k, v)
+    outs = _run(pool, attention_jobs.run_usp, q, k, v)
     got = torch.cat([o for o, _ in outs], dim=2)
     assert _max_diff(got, F.scaled_dot_product_attention(q, k, v)) <= 1e-5
 
@@ -73,7 +73,7 @@ def test_grouped_query_heads(layout):
     _, pool = layout
     q, k, v = _qkv(1, 4, 19, 8, seed=4)
     k, v = k[:, :2], v[:, :2]
-    outs = _run(pool, "run_usp", q, k, v, enable_gqa=True)
+    outs = _run(pool, attention_jobs.run_usp, q, k, v, enable_gqa=True)
     got = torch.cat([o for o, _ in outs], dim=2)
     assert _max_diff(got, F.scaled_dot_product_attention(q, k, v, enable_gqa=True)) <= 1e-5
 
@@ -82,7 +82,7 @@ def test_scale_through_intercept(layout):
     """``scale`` is respected, and F.scaled_dot_product_attention inside intercept() is routed."""
     _, pool = layout
     q, k, v = _qkv(1, 4, 21, 8, seed=5)
-    outs = _run(pool, "run_usp", q, k, v, scale=0.3, via_intercept=True)
+    outs = _run(pool, attention_jobs.run_usp, q, k, v, scale=0.3, via_intercept=True)
     got = torch.cat([o for o, _ in outs], dim=2)
     assert _max_diff(got, F.scaled_dot_product_attention(q, k, v, scale=0.3)) <= 1e-5
     assert all(sent.get("ulysses", 0) + sent.get("ring", 0) > 0 for _, sent in outs)  # really parallel
@@ -93,7 +93,7 @@ def test_joint_text_image(layout):
     _, pool = layout
     tq, tk, tv = _qkv(1, 4, 7, 8, seed=7)
     iq, ik, iv = _qkv(1, 4, 30, 8, seed=8)
-    outs = _run(pool, "run_joint", tq, tk, tv, iq, ik, iv)
+    outs = _run(pool, attention_jobs.run_joint, tq, tk, tv, iq, ik, iv)
     full = [torch.cat(p, dim=2) for p in ((tq, iq), (tk, ik), (tv, iv))]
     ref = F.scaled_dot_product_attention(*full)
     got = torch.cat([o for o, _ in outs], dim=2)
@@ -105,7 +105,7 @@ def test_joint_text_image(layout):
 def test_bf16_smoke(layout):
     _, pool = layout
     q, k, v = _qkv(1, 4, 37, 16, seed=11, dtype=torch.bfloat16)
-    outs = _run(pool, "run_usp", q, k, v)
+    outs = _run(pool, attention_jobs.run_usp, q, k, v)
     got = torch.cat([o for o, _ in outs], dim=2)
     assert got.dtype == torch.bfloat16
     ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float())
@@ -118,7 +118,7 @@ def test_byte_counts_match_formulas(layout):
     config, pool = layout
     b, heads, seq, d = 2, 4, 16, 8
     q, k, v = _qkv(b, heads, seq, d, seed=13)
-    outs = _run(pool, "run_usp", q, k, v, calls=2)
+    outs = _run(pool, attention_jobs.run_usp, q, k, v, calls=2)
     e, hidden, n_uly, n_ring = 4, heads * d, config.ulysses, config.ring
     # Per rank and layer: Ulysses 4·e·B·S·h·(N−1)/N² over the ring block's S/R tokens;
     # Ring 2·e·B·S·h·(N−1)/N over the h/U hidden units left after Ulysses.
@@ -133,11 +133,11 @@ def test_byte_counts_match_formulas(layout):
 def test_mask_and_cross_attention_rejected(layout):
     _, pool = layout
     q, k, v = _qkv(1, 4, 16, 8)
-    msgs = _run(pool, "run_rejected", q, k, v, attn_mask=torch.ones(16, 16, dtype=torch.bool))
+    msgs = _run(pool, attention_jobs.run_rejected, q, k, v, attn_mask=torch.ones(16, 16, dtype=torch.bool))
     assert all("attn_mask" in m and "fix:" in m for m in msgs), msgs
-    msgs = _run(pool, "run_rejected", q, k, v, is_causal=True)
+    msgs = _run(pool, attention_jobs.run_rejected, q, k, v, is_causal=True)
     assert all("is_causal" in m for m in msgs), msgs
-    msgs = _run(pool, "run_rejected", q, k, v, dropout_p=0.1)
+    msgs = _run(pool, attention_jobs.run_rejected, q, k, v, dropout_p=0.1)
     assert all("dropout_p" in m for m in msgs), msgs
 
 

@@ -15,8 +15,10 @@ from parallel_runtime.models.text_encoding import encode_prompts
 from parallel_runtime.models.tiny import build_tiny_pipeline, ensure_tiny_model
 from parallel_runtime.parallel.config import ParallelConfig
 from parallel_runtime.parallel.mesh import ParallelMesh
+from parallel_runtime.runtime.builtin_jobs import echo
+from parallel_runtime.service.load_job import load_model
+from parallel_runtime.service.model_jobs import decode, encode_text, generate
 
-JOB = "parallel_runtime.service.model_jobs:"
 FAMILIES = ["tiny-flux", "tiny-sd3", "tiny-pixart"]
 LAYOUTS = {
     "single": ParallelConfig(),
@@ -80,11 +82,11 @@ def test_parallel_equals_single_device(cpu_pool, reference, layout, name):
     pool = cpu_pool(LAYOUTS[layout])
     cfg = 1.0 if name == "tiny-flux" else 4.0
     pos, neg, latent, settings, expected = reference.case(name, cfg)
-    pool.submit(JOB + "load_model", str(ensure_tiny_model(name)), "fp32", "sdpa").result(300)
+    pool.submit(load_model, str(ensure_tiny_model(name)), "fp32", "sdpa").result(300)
     events = []
-    got = pool.submit(
-        JOB + "generate", pos, neg, latent, settings, WIDTH, HEIGHT, on_event=lambda *e: events.append(e)
-    ).result(300)
+    got = pool.submit(generate, pos, neg, latent, settings, WIDTH, HEIGHT, on_event=lambda *e: events.append(e)).result(
+        300
+    )
     assert got.shape == expected.shape
     assert _close(got, expected)
     assert [p["step"] for _, kind, p in events if kind == "progress"] == [1, 2, 3]
@@ -101,31 +103,31 @@ def test_three_heads_with_ulysses_two(cpu_pool, tmp_path):
     ms = model_sampling_for(adapter, comps.scheduler_config, 112, 80)
     expected = denoise_latent(adapter, ParallelMesh.single(), ms, pos, neg, latent, settings)
     pool = cpu_pool(LAYOUTS["ulysses2"])
-    pool.submit(JOB + "load_model", str(path), "fp32", "sdpa").result(300)
-    got = pool.submit(JOB + "generate", pos, neg, latent, settings, 112, 80).result(300)
+    pool.submit(load_model, str(path), "fp32", "sdpa").result(300)
+    got = pool.submit(generate, pos, neg, latent, settings, 112, 80).result(300)
     assert _close(got, expected)
 
 
 def test_odd_latent_fails_early_with_clear_message(cpu_pool):
     pool = cpu_pool(LAYOUTS["ulysses2"])
-    pool.submit(JOB + "load_model", str(ensure_tiny_model("tiny-flux")), "fp32", "sdpa").result(300)
+    pool.submit(load_model, str(ensure_tiny_model("tiny-flux")), "fp32", "sdpa").result(300)
     comps = load_pipeline_components(ensure_tiny_model("tiny-flux"), "cpu", torch.float32, parts=("text",))
     pos, _ = encode_prompts(comps, "flux", "x", "")
     latent = torch.zeros(1, 16, 25, 41)  # 200 x 328 px: 25 x 41 latent rows/cols do not form 2x2 patches
     with pytest.raises(WorkerError) as info:
-        pool.submit(JOB + "generate", pos, None, latent, SamplingSettings(steps=2), 328, 200).result(120)
+        pool.submit(generate, pos, None, latent, SamplingSettings(steps=2), 328, 200).result(120)
     assert "does not divide into 2x2 patches" in str(info.value) and "fix:" in str(info.value)
-    assert pool.submit("echo", 1).result(30) == 1
+    assert pool.submit(echo, 1).result(30) == 1
 
 
 def test_cancel_mid_generation_keeps_pool_warm(cpu_pool, reference):
     pool = cpu_pool(LAYOUTS["ulysses2"])
     pos, neg, latent, _, _ = reference.case("tiny-sd3", 4.0)
-    pool.submit(JOB + "load_model", str(ensure_tiny_model("tiny-sd3")), "fp32", "sdpa").result(300)
+    pool.submit(load_model, str(ensure_tiny_model("tiny-sd3")), "fp32", "sdpa").result(300)
     pids = pool.pids
     seen = []
     fut = pool.submit(
-        JOB + "generate",
+        generate,
         pos,
         neg,
         latent,
@@ -141,7 +143,7 @@ def test_cancel_mid_generation_keeps_pool_warm(cpu_pool, reference):
     with pytest.raises(JobCancelled):
         fut.result(30)
     assert seen.count("progress") < 500
-    assert pool.submit("echo", "warm").result(30) == "warm" and pool.pids == pids
+    assert pool.submit(echo, "warm").result(30) == "warm" and pool.pids == pids
 
 
 @pytest.mark.parametrize("name", ["tiny-sd3", "tiny-pixart"])
@@ -153,8 +155,8 @@ def test_decode_job_equals_diffusers_vae_on_a_raw_latent(cpu_pool, reference, na
     with torch.no_grad():
         ref = (comps.vae.decode(latent).sample / 2 + 0.5).clamp(0, 1).permute(0, 2, 3, 1)
     pool = cpu_pool(LAYOUTS["ulysses2"])
-    pool.submit(JOB + "load_model", str(ensure_tiny_model(name)), "fp32", "sdpa").result(300)
-    image = pool.submit(JOB + "decode", latent).result(300)
+    pool.submit(load_model, str(ensure_tiny_model(name)), "fp32", "sdpa").result(300)
+    image = pool.submit(decode, latent).result(300)
     assert image.shape == (1, 104, 144, 3)
     assert (image - ref).abs().max().item() <= 1e-4
 
@@ -180,7 +182,7 @@ def test_encode_job_equals_in_process_encoding(cpu_pool, reference, name):
     comps = reference.components_for(name)
     expected, _ = encode_prompts(comps, comps.family, "a quiet harbour at night", "")
     pool = cpu_pool(LAYOUTS["ulysses2"])
-    pool.submit(JOB + "load_model", str(ensure_tiny_model(name)), "fp32", "sdpa").result(300)
-    (got,) = pool.submit(JOB + "encode_text", ["a quiet harbour at night"]).result(120)
+    pool.submit(load_model, str(ensure_tiny_model(name)), "fp32", "sdpa").result(300)
+    (got,) = pool.submit(encode_text, ["a quiet harbour at night"]).result(120)
     assert torch.equal(got.prompt_embeds, expected.prompt_embeds)
     assert torch.equal(got.pooled, expected.pooled)

@@ -26,11 +26,14 @@ from parallel_runtime.pipefusion.schedule import build_schedule, patch_bands, sa
 from parallel_runtime.pipefusion.stage_loading import load_stage_transformer
 from parallel_runtime.pipefusion.stages import plan_stages
 from parallel_runtime.pipefusion.stale_kv import ItemTokens, StaleKVCache
+from parallel_runtime.runtime.builtin_jobs import echo
 from parallel_runtime.sampling import flow_sd3
 from parallel_runtime.service.api import LoadRequest, check_pipefusion_request, load_parallel_model
+from parallel_runtime.service.load_job import load_model
+from parallel_runtime.service.model_jobs import generate
+from parallel_runtime.tools.bench_pipefusion import generate_with_stats
 
-JOB = "parallel_runtime.service.model_jobs:"
-STATS_JOB = "parallel_runtime.tools.bench_pipefusion:generate_with_stats"
+STATS_JOB = generate_with_stats
 FAMILIES = ["tiny-flux", "tiny-sd3", "tiny-pixart"]
 PP2 = ParallelConfig(pp=2)
 # 208 x 336 px: a 26 x 42 latent, 13 x 21 tokens: odd token rows, 3 patches (not a multiple of pp).
@@ -90,7 +93,7 @@ def deep_pixart(tmp_path_factory):
 
 def _load(pool, name_or_path, **kwargs):
     path = name_or_path if not isinstance(name_or_path, str) else ensure_tiny_model(name_or_path)
-    return pool.submit(JOB + "load_model", str(path), "fp32", "sdpa", **kwargs).result(300)
+    return pool.submit(load_model, str(path), "fp32", "sdpa", **kwargs).result(300)
 
 
 def _generate(pool, case, patches=3, warmup=STEPS, events=None, **overrides):
@@ -99,7 +102,7 @@ def _generate(pool, case, patches=3, warmup=STEPS, events=None, **overrides):
         settings = dataclasses.replace(settings, **overrides)
     on_event = None if events is None else (lambda *e: events.append(e))
     fut = pool.submit(
-        JOB + "generate", pos, neg, latent, settings, WIDTH, HEIGHT, patches=patches, warmup=warmup, on_event=on_event
+        generate, pos, neg, latent, settings, WIDTH, HEIGHT, patches=patches, warmup=warmup, on_event=on_event
     )
     return fut.result(300)
 
@@ -255,9 +258,9 @@ def test_odd_sizes_uneven_stage_weights_and_patches_not_multiple_of_pp(cpu_pool,
     assert "14 PipeFusion patches" in str(info.value) and "fix:" in str(info.value)
     pos, _, _, settings, _ = case
     with pytest.raises(WorkerError) as info:  # 25 x 41 latent rows/cols do not form 2x2 patches
-        pool.submit(JOB + "generate", pos, None, torch.zeros(1, 16, 25, 41), settings, 328, 200).result(120)
+        pool.submit(generate, pos, None, torch.zeros(1, 16, 25, 41), settings, 328, 200).result(120)
     assert "does not divide into 2x2 patches" in str(info.value)
-    assert pool.submit("echo", 1).result(30) == 1
+    assert pool.submit(echo, 1).result(30) == 1
 
 
 @pytest.mark.parametrize("sampler", ["heun", "euler_ancestral", "dpmpp_2m"])
@@ -301,7 +304,7 @@ def _start_long_run(pool, case, progress_events: int):
     pos, neg, latent, settings, _ = case
     seen: list[str] = []
     fut = pool.submit(
-        JOB + "generate",
+        generate,
         pos,
         neg,
         latent,
@@ -357,7 +360,7 @@ def test_worker_killed_mid_pipeline_is_an_error_not_a_hang(cpu_pool, reference):
         fut.result(60)
     assert time.monotonic() - t0 < 30
     assert "rank 0" in str(info.value)
-    assert pool.submit("echo", "fresh").result(120) == "fresh" and victim not in pool.pids
+    assert pool.submit(echo, "fresh").result(120) == "fresh" and victim not in pool.pids
 
 
 def test_cfg_branches_of_different_text_lengths_and_a_batch_of_two(cpu_pool, reference):

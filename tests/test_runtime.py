@@ -18,8 +18,11 @@ import torch
 from parallel_runtime.errors import ConfigError, JobCancelled, WorkerDied, WorkerError
 from parallel_runtime.parallel.config import ParallelConfig
 from parallel_runtime.runtime.affinity import allowed_cpus, plan_cpu_affinity
+from parallel_runtime.runtime.builtin_jobs import all_reduce_demo, echo, fail_on_rank, noop, sleep_steps
+from parallel_runtime.runtime.jobs import job_reference, resolve_job
 from parallel_runtime.runtime.pool import WorkerPool
 from parallel_runtime.tools.bench_runtime import cpu_seconds
+from tests.dist_jobs import runtime_jobs
 
 TWO = ParallelConfig(ulysses=2)
 
@@ -85,7 +88,7 @@ def test_tensor_roundtrip_every_dtype(cpu_pool, dtype):
     scalar = t[1, 2].clone()  # 0-d
     strided = t.t()[::2]  # non-contiguous
     assert scalar.dim() == 0 and not strided.is_contiguous()
-    out = pool.submit("echo", {"t": t, "scalar": scalar, "strided": strided, "empty": t[:0]}, result_rank=1).result(30)
+    out = pool.submit(echo, {"t": t, "scalar": scalar, "strided": strided, "empty": t[:0]}, result_rank=1).result(30)
     for key, ref in {"t": t, "scalar": scalar, "strided": strided, "empty": t[:0]}.items():
         assert out[key].dtype == ref.dtype and out[key].shape == ref.shape, key
         assert torch.equal(out[key], ref), key
@@ -94,22 +97,22 @@ def test_tensor_roundtrip_every_dtype(cpu_pool, dtype):
 def test_large_tensor_both_ways_and_larger_than_a_slot(cpu_pool):
     pool = cpu_pool(TWO)
     big = torch.randint(-(2**31), 2**31 - 1, (64 * 1024 * 1024,), dtype=torch.int32)  # 256 MB
-    back = pool.submit("echo", big, result_rank=1).result(120)
+    back = pool.submit(echo, big, result_rank=1).result(120)
     assert back.shape == big.shape and torch.equal(back, big)
     # a control message (no tensor) larger than a slot also goes through
     blob = "x" * (3 * 1024 * 1024)
-    assert pool.submit("echo", blob).result(30) == blob
+    assert pool.submit(echo, blob).result(30) == blob
 
 
 def test_thousand_small_jobs_answer_in_order(cpu_pool):
     pool = cpu_pool(TWO)
-    futures = [pool.submit("echo", i) for i in range(1000)]
+    futures = [pool.submit(echo, i) for i in range(1000)]
     assert [f.result(60) for f in futures] == list(range(1000))
 
 
 def test_all_ranks_results_and_collective(cpu_pool):
     pool = cpu_pool(ParallelConfig(ring=2, ulysses=2))
-    outs = pool.submit("all_reduce_demo", 3, result_rank="all").result(60)
+    outs = pool.submit(all_reduce_demo, 3, result_rank="all").result(60)
     assert len(outs) == 4
     for out in outs:
         assert torch.equal(out, torch.full((3,), 1.0 + 2 + 3 + 4))
@@ -119,19 +122,19 @@ def test_exception_on_one_rank_names_rank_and_traceback_then_pool_works(cpu_pool
     pool = cpu_pool(TWO)
     pids = pool.pids
     with pytest.raises(WorkerError) as info:
-        pool.submit("fail_on_rank", 1, "boom").result(30)
+        pool.submit(fail_on_rank, 1, "boom").result(30)
     err = info.value
     assert err.rank == 1 and err.exc_type == "ValueError"
     assert "rank 1" in str(err) and "boom on rank 1" in str(err)
     assert "fail_on_rank" in err.remote_traceback and "Traceback" in err.remote_traceback
-    assert pool.submit("echo", "still alive").result(30) == "still alive"
+    assert pool.submit(echo, "still alive").result(30) == "still alive"
     assert pool.pids == pids
 
 
 def test_events_stream_while_job_runs(cpu_pool):
     pool = cpu_pool(TWO)
     seen = []
-    fut = pool.submit("sleep_steps", 5, 0.01, on_event=lambda rank, kind, payload: seen.append((rank, kind, payload)))
+    fut = pool.submit(sleep_steps, 5, 0.01, on_event=lambda rank, kind, payload: seen.append((rank, kind, payload)))
     assert fut.result(30) == 5
     progress = [p["step"] for r, k, p in seen if k == "progress"]
     assert progress == [1, 2, 3, 4, 5]
@@ -140,7 +143,7 @@ def test_events_stream_while_job_runs(cpu_pool):
 def test_cancel_ends_long_job_within_a_second_and_pool_stays_warm(cpu_pool):
     pool = cpu_pool(TWO)
     pids = pool.pids
-    fut = pool.submit("sleep_steps", 10_000, 0.02)
+    fut = pool.submit(sleep_steps, 10_000, 0.02)
     time.sleep(0.5)
     t0 = time.monotonic()
     fut.cancel()
@@ -148,23 +151,23 @@ def test_cancel_ends_long_job_within_a_second_and_pool_stays_warm(cpu_pool):
         fut.result(5)
     assert time.monotonic() - t0 < 1.0
     assert fut.status == "cancelled"
-    assert pool.submit("echo", 7).result(10) == 7
+    assert pool.submit(echo, 7).result(10) == 7
     assert pool.pids == pids
 
 
-STUBBORN = "tests.dist_jobs.runtime_jobs:ignore_cancel"
+STUBBORN = runtime_jobs.ignore_cancel
 
 
 def test_wait_cancels_a_cooperative_job_without_restarting(cpu_pool):
     pool = cpu_pool(TWO)
     starts, pids = pool.starts, pool.pids
     t0 = time.monotonic()
-    fut = pool.submit("sleep_steps", 200, 0.05)
+    fut = pool.submit(sleep_steps, 200, 0.05)
     with pytest.raises(JobCancelled):
         fut.wait(should_cancel=lambda: time.monotonic() - t0 > 0.3, cancel_grace_s=30)
     assert time.monotonic() - t0 < 2.0
     assert pool.starts == starts and pool.pids == pids
-    assert pool.submit("echo", 1).result(10) == 1
+    assert pool.submit(echo, 1).result(10) == 1
 
 
 def test_wait_restarts_the_pool_when_a_job_ignores_cancel():
@@ -175,7 +178,7 @@ def test_wait_restarts_the_pool_when_a_job_ignores_cancel():
         with pytest.raises(JobCancelled, match="did not stop within 1 s.*workers were restarted"):
             fut.wait(should_cancel=lambda: time.monotonic() - t0 > 0.2, cancel_grace_s=1.0)
         assert time.monotonic() - t0 < 5.0
-        assert pool.submit("echo", 7).result(60) == 7  # not queued behind the abandoned job
+        assert pool.submit(echo, 7).result(60) == 7  # not queued behind the abandoned job
         assert pool.starts == 2
         _assert_gone(old_pids, prefix)
 
@@ -187,7 +190,7 @@ def test_wait_restarts_the_pool_when_a_job_runs_past_its_limit():
         with pytest.raises(TimeoutError, match="did not finish within 1 s.*workers were restarted"):
             pool.submit(STUBBORN, 60).wait(timeout=1.0)
         assert time.monotonic() - t0 < 5.0
-        assert pool.submit("echo", 8).result(60) == 8
+        assert pool.submit(echo, 8).result(60) == 8
         assert pool.starts == 2
 
 
@@ -196,7 +199,7 @@ def test_kill_9_during_job_fails_fast_and_next_job_restarts_pool():
     try:
         pool.start()
         old_pids, old_prefix = pool.pids, pool.shm_prefix
-        fut = pool.submit("sleep_steps", 10_000, 0.02)
+        fut = pool.submit(sleep_steps, 10_000, 0.02)
         time.sleep(0.3)
         os.kill(old_pids[1], signal.SIGKILL)
         t0 = time.monotonic()
@@ -207,7 +210,7 @@ def test_kill_9_during_job_fails_fast_and_next_job_restarts_pool():
         assert "rank 1" in msg and "exit code -9" in msg and "SIGKILL" in msg
         assert info.value.rank == 1 and info.value.exitcode == -9
         _assert_gone(old_pids, old_prefix)
-        assert pool.submit("echo", "fresh").result(60) == "fresh"
+        assert pool.submit(echo, "fresh").result(60) == "fresh"
         assert pool.starts == 2 and set(pool.pids).isdisjoint(old_pids)
     finally:
         pool.close()
@@ -216,7 +219,7 @@ def test_kill_9_during_job_fails_fast_and_next_job_restarts_pool():
 def test_close_leaves_no_process_and_no_segment():
     pool = WorkerPool("cpu:2", TWO, threads_per_worker=1).start()
     big = torch.ones(1 << 20)  # forces data segments on both sides
-    assert torch.equal(pool.submit("echo", big).result(30), big)
+    assert torch.equal(pool.submit(echo, big).result(30), big)
     pids, prefix = pool.pids, pool.shm_prefix
     assert _segments(prefix)  # the rings exist while it runs
     pool.close()
@@ -227,7 +230,7 @@ def test_close_leaves_no_process_and_no_segment():
 def test_garbage_collection_and_context_manager_clean_up():
     with WorkerPool("cpu:2", TWO, threads_per_worker=1) as pool:
         pids, prefix = pool.pids, pool.shm_prefix
-        assert pool.submit("echo", 1).result(30) == 1
+        assert pool.submit(echo, 1).result(30) == 1
     _assert_gone(pids, prefix)
 
     pool = WorkerPool("cpu:2", TWO, threads_per_worker=1).start()
@@ -242,8 +245,9 @@ SCRIPT = textwrap.dedent(
     import json, os, signal, sys
     from parallel_runtime.runtime.pool import WorkerPool
     from parallel_runtime.parallel.config import ParallelConfig
+    from parallel_runtime.runtime.builtin_jobs import echo
     pool = WorkerPool("cpu:2", ParallelConfig(ulysses=2), threads_per_worker=1).start()
-    assert pool.submit("echo", 3).result(30) == 3
+    assert pool.submit(echo, 3).result(30) == 3
     print(json.dumps({"pids": pool.pids, "prefix": pool.shm_prefix}), flush=True)
     if sys.argv[1] == "kill-host":
         os.kill(os.getpid(), signal.SIGKILL)
@@ -295,8 +299,8 @@ def test_worker_dying_at_startup_fails_start_and_leaves_nothing(tmp_path):
 
 def test_two_pools_side_by_side():
     with WorkerPool("cpu:2", TWO, threads_per_worker=1) as a, WorkerPool("cpu:1", ParallelConfig()) as b:
-        fa = [a.submit("echo", ("a", i)) for i in range(20)]
-        fb = [b.submit("echo", ("b", i)) for i in range(20)]
+        fa = [a.submit(echo, ("a", i)) for i in range(20)]
+        fb = [b.submit(echo, ("b", i)) for i in range(20)]
         assert [f.result(30) for f in fa] == [("a", i) for i in range(20)]
         assert [f.result(30) for f in fb] == [("b", i) for i in range(20)]
         assert a.shm_prefix != b.shm_prefix and set(a.pids).isdisjoint(b.pids)
@@ -330,6 +334,49 @@ def test_bad_configuration_rejected_before_start(kwargs, needle):
     assert _children() == before
 
 
+def _main_script_job(ctx):
+    return 1
+
+
+_main_script_job.__module__ = "__main__"  # as if defined in the script run with ``python script.py``
+
+
+def _nested_job():
+    def job(ctx):
+        return 1
+
+    return job
+
+
+@pytest.mark.parametrize(
+    "job, needle",
+    [
+        (lambda ctx: 1, "is a lambda"),
+        (_nested_job(), "defined inside another function"),
+        (_main_script_job, "defined in the __main__ script"),
+        ("echo", "is not a function"),
+        (ParallelConfig().describe, "cannot be found under that name"),
+    ],
+)
+def test_jobs_workers_cannot_import_are_rejected_before_start(job, needle):
+    before = _children()
+    pool = WorkerPool("cpu:2", TWO, threads_per_worker=1)
+    with pytest.raises(ConfigError) as info:
+        pool.submit(job)
+    msg = str(info.value)
+    assert needle in msg and "why:" in msg and "fix:" in msg
+    assert pool.pids == [] and _children() == before
+    pool.close()
+
+
+def test_job_reference_round_trip():
+    assert job_reference(echo) == "parallel_runtime.runtime.builtin_jobs:echo"
+    assert resolve_job(job_reference(echo)) is echo
+    assert resolve_job(job_reference(runtime_jobs.ignore_cancel)) is runtime_jobs.ignore_cancel
+    with pytest.raises(ConfigError, match="cannot be imported on the worker"):
+        resolve_job("parallel_runtime.runtime.builtin_jobs:no_such_job")
+
+
 def _children() -> set[int]:
     """Live child processes of this test process (read from /proc, so no helper process counts)."""
     me, kids = os.getpid(), set()
@@ -345,7 +392,7 @@ def _children() -> set[int]:
 
 def test_idle_worker_does_not_spin(cpu_pool):
     pool = cpu_pool(TWO)
-    pool.submit("noop").result(10)
+    pool.submit(noop).result(10)
     time.sleep(1.0)  # let post-job housekeeping finish
     before = [cpu_seconds(p) for p in pool.pids]
     time.sleep(2.0)
@@ -368,16 +415,16 @@ def test_idle_gloo_loop_thread_wakes_rarely(cpu_pool):
     """gloo's loop thread has a fixed 10 ms epoll timeout (100 wake-ups/s); workers create it with
     a 100 ms timer slack, so an idle one wakes about 10 times a second."""
     pool = cpu_pool(TWO)
-    pool.submit("noop").result(10)
+    pool.submit(noop).result(10)
     time.sleep(0.5)
     before = [_voluntary_switches(p, "gloo_tcp_loop") for p in pool.pids]
     time.sleep(2.0)
     wakeups_per_s = [(_voluntary_switches(p, "gloo_tcp_loop") - b) / 2.0 for p, b in zip(pool.pids, before)]
     assert max(wakeups_per_s) <= 30, wakeups_per_s
     # ...while the job thread keeps precise timers (its slack was restored).
-    assert pool.submit("sleep_steps", 20, 0.001, result_rank=0).result(10) == 20
+    assert pool.submit(sleep_steps, 20, 0.001, result_rank=0).result(10) == 20
     start = time.perf_counter()
-    pool.submit("sleep_steps", 20, 0.001).result(10)
+    pool.submit(sleep_steps, 20, 0.001).result(10)
     assert time.perf_counter() - start < 1.0
 
 

@@ -19,9 +19,10 @@ from parallel_runtime.models.text_encoding import encode_prompts
 from parallel_runtime.models.tiny import ensure_tiny_model
 from parallel_runtime.parallel.config import ParallelConfig
 from parallel_runtime.pipefusion.stage_loading import load_single_file_stage, load_stage_transformer
+from parallel_runtime.service.load_job import load_model
+from parallel_runtime.service.model_jobs import decode, encode_text, generate
 
 torch.set_num_threads(1)
-JOB = "parallel_runtime.service.model_jobs:"
 PREFIX = "model.diffusion_model."
 TINY = {"flux": "tiny-flux", "sd3": "tiny-sd3", "pixart": "tiny-pixart"}
 PIXART_OVERRIDES = {"attention_head_dim": 24}  # the tiny PixArt's head width (not stored in its weights)
@@ -480,29 +481,29 @@ def test_pool_generate_from_single_file_equals_folder(cpu_pool, tmp_path, family
     settings = SamplingSettings(seed=3, steps=2, cfg=cfg, guidance=3.5)
     latent = torch.zeros(1, 16, 8, 12)
     pool = cpu_pool(ParallelConfig(ulysses=2))
-    pool.submit(JOB + "load_model", str(folder), "fp32", "sdpa").result(300)
-    expected = pool.submit(JOB + "generate", pos, neg if cfg > 1 else None, latent, settings, 96, 64).result(300)
-    info = pool.submit(JOB + "load_model", str(path), "fp32", "sdpa").result(300)
+    pool.submit(load_model, str(folder), "fp32", "sdpa").result(300)
+    expected = pool.submit(generate, pos, neg if cfg > 1 else None, latent, settings, 96, 64).result(300)
+    info = pool.submit(load_model, str(path), "fp32", "sdpa").result(300)
     assert info["family"] == family and info["embed_dim"] == comps.transformer_config["joint_attention_dim"]
-    got = pool.submit(JOB + "generate", pos, neg if cfg > 1 else None, latent, settings, 96, 64).result(300)
+    got = pool.submit(generate, pos, neg if cfg > 1 else None, latent, settings, 96, 64).result(300)
     assert (got - expected).abs().max().item() <= 1e-6
     with pytest.raises(WorkerError, match="CLIP Text Encode"):
-        pool.submit(JOB + "encode_text", ["a house"]).result(60)
+        pool.submit(encode_text, ["a house"]).result(60)
     with pytest.raises(WorkerError, match="VAE Decode"):
-        pool.submit(JOB + "decode", latent).result(60)
+        pool.submit(decode, latent).result(60)
 
     # With the VAE from its own file (original LDM names): sampling is unchanged (the model keeps
     # its latent scale and shift) and the parallel decode equals the folder model's.
-    pool.submit(JOB + "load_model", str(folder), "fp32", "sdpa").result(300)
+    pool.submit(load_model, str(folder), "fp32", "sdpa").result(300)
     z = torch.randn(1, 16, 8, 12, generator=torch.Generator().manual_seed(1))
-    folder_image = pool.submit(JOB + "decode", z).result(300)
+    folder_image = pool.submit(decode, z).result(300)
     vae = load_pipeline_components(folder, "cpu", torch.float32, parts=("vae",)).vae
     vae_file = tmp_path / "ae.safetensors"
     save_file(to_ldm(vae.state_dict(), len(vae.config.block_out_channels)), str(vae_file))
-    pool.submit(JOB + "load_model", str(path), "fp32", "sdpa", vae_path=str(vae_file), vae_norm_groups=4).result(300)
-    got = pool.submit(JOB + "generate", pos, neg if cfg > 1 else None, latent, settings, 96, 64).result(300)
+    pool.submit(load_model, str(path), "fp32", "sdpa", vae_path=str(vae_file), vae_norm_groups=4).result(300)
+    got = pool.submit(generate, pos, neg if cfg > 1 else None, latent, settings, 96, 64).result(300)
     assert (got - expected).abs().max().item() <= 1e-6
-    torch.testing.assert_close(pool.submit(JOB + "decode", z).result(300), folder_image, rtol=0, atol=1e-6)
+    torch.testing.assert_close(pool.submit(decode, z).result(300), folder_image, rtol=0, atol=1e-6)
 
 
 def test_pool_decodes_with_a_vae_file_instead_of_the_models_own(cpu_pool, tmp_path):
@@ -516,10 +517,10 @@ def test_pool_decodes_with_a_vae_file_instead_of_the_models_own(cpu_pool, tmp_pa
     save_file(to_ldm(state, len(vae.config.block_out_channels)), str(vae_file))
     pool = cpu_pool(ParallelConfig(ulysses=2))
     z = torch.randn(1, 16, 16, 8, generator=torch.Generator().manual_seed(2))
-    pool.submit(JOB + "load_model", str(folder), "fp32", "sdpa").result(300)
-    own = pool.submit(JOB + "decode", z).result(300)
-    pool.submit(JOB + "load_model", str(folder), "fp32", "sdpa", vae_path=str(vae_file), vae_norm_groups=4).result(300)
-    other = pool.submit(JOB + "decode", z).result(300)
+    pool.submit(load_model, str(folder), "fp32", "sdpa").result(300)
+    own = pool.submit(decode, z).result(300)
+    pool.submit(load_model, str(folder), "fp32", "sdpa", vae_path=str(vae_file), vae_norm_groups=4).result(300)
+    other = pool.submit(decode, z).result(300)
     with torch.no_grad():
         expected = (vae.decode(z).sample / 2 + 0.5).clamp(0, 1).permute(0, 2, 3, 1)
     torch.testing.assert_close(other, expected, rtol=0, atol=1e-5)
@@ -529,9 +530,7 @@ def test_pool_decodes_with_a_vae_file_instead_of_the_models_own(cpu_pool, tmp_pa
     four_channel = tmp_path / "sdxl_vae.safetensors"
     save_file(to_ldm(pixart_vae.state_dict(), 4), str(four_channel))
     with pytest.raises(WorkerError, match="4 latent channels but this flux model makes 16"):
-        pool.submit(
-            JOB + "load_model", str(folder), "fp32", "sdpa", vae_path=str(four_channel), vae_norm_groups=4
-        ).result(300)
+        pool.submit(load_model, str(folder), "fp32", "sdpa", vae_path=str(four_channel), vae_norm_groups=4).result(300)
 
 
 def test_pool_pipefusion_from_single_file_equals_folder(cpu_pool, tmp_path):
@@ -544,10 +543,10 @@ def test_pool_pipefusion_from_single_file_equals_folder(cpu_pool, tmp_path):
     settings = SamplingSettings(seed=5, steps=3, cfg=1.0, guidance=3.5)
     latent = torch.zeros(1, 16, 8, 8)
     pool = cpu_pool(ParallelConfig(pp=2))
-    pool.submit(JOB + "load_model", str(folder), "fp32", "sdpa").result(300)
-    expected = pool.submit(JOB + "generate", pos, None, latent, settings, 64, 64, False, 2).result(300)
-    info = pool.submit(JOB + "load_model", str(path), "fp32", "sdpa").result(300)
+    pool.submit(load_model, str(folder), "fp32", "sdpa").result(300)
+    expected = pool.submit(generate, pos, None, latent, settings, 64, 64, False, 2).result(300)
+    info = pool.submit(load_model, str(path), "fp32", "sdpa").result(300)
     ranks = info["pipefusion"]["ranks"]
     assert all(0 < r["param_bytes"] < r["total_transformer_bytes"] for r in ranks)
-    got = pool.submit(JOB + "generate", pos, None, latent, settings, 64, 64, False, 2).result(300)
+    got = pool.submit(generate, pos, None, latent, settings, 64, 64, False, 2).result(300)
     assert (got - expected).abs().max().item() <= 1e-6

@@ -17,9 +17,9 @@ from parallel_runtime.vae.decode import compute_dtype, decode_latent, decode_to_
 from parallel_runtime.vae.decoder import check_decoder, upsampling_factor
 from parallel_runtime.vae.ops import band_attention, band_conv2d, band_group_norm, band_upsample_nearest2x
 from parallel_runtime.vae.tiled import tile_starts, tiled_decode_single
+from tests.dist_jobs import vae_jobs
 
 TOL = 1e-4
-JOB = "tests.dist_jobs.vae_jobs:"
 
 
 def tiny_vae(latent_channels: int, seed: int = 0) -> AutoencoderKL:
@@ -259,7 +259,7 @@ def test_parallel_decode_equals_single_device(cpu_pool, vae_dirs, layout, channe
     config = LAYOUTS[layout]
     z = torch.randn(2, channels, *size, generator=torch.Generator().manual_seed(sum(size) + channels))
     ref = reference(vae_dirs[channels], z)
-    outs = cpu_pool(config).submit(JOB + "decode_band", vae_dirs[channels], z, result_rank="all").result(timeout=300)
+    outs = cpu_pool(config).submit(vae_jobs.decode_band, vae_dirs[channels], z, result_rank="all").result(timeout=300)
     image = outs[0]["image"]
     assert image.shape == ref.shape
     torch.testing.assert_close(image, ref, atol=TOL, rtol=0)
@@ -276,16 +276,16 @@ def test_thin_latent_sits_ranks_out_and_one_row_bands_are_exact(cpu_pool, vae_di
     z = torch.randn(2, 16, 5, 34, generator=torch.Generator().manual_seed(7))
     ref = reference(vae_dirs[16], z)
     # Default: at least 2 latent rows per band, so only ranks 0 and 1 decode (3 + 2 rows).
-    outs = pool.submit(JOB + "decode_band", vae_dirs[16], z, result_rank="all").result(timeout=300)
+    outs = pool.submit(vae_jobs.decode_band, vae_dirs[16], z, result_rank="all").result(timeout=300)
     assert [out["sent"].get("halo", 0) > 0 for out in outs] == [True, True, False, False]
     torch.testing.assert_close(outs[0]["image"], ref, atol=TOL, rtol=0)
     # min_band_rows=1: four bands of 2, 1, 1, 1 rows (1-row bands take both halos from neighbours).
-    outs = pool.submit(JOB + "decode_band", vae_dirs[16], z, result_rank="all", min_band_rows=1).result(timeout=300)
+    outs = pool.submit(vae_jobs.decode_band, vae_dirs[16], z, result_rank="all", min_band_rows=1).result(timeout=300)
     assert all(out["sent"].get("halo", 0) > 0 for out in outs)
     torch.testing.assert_close(outs[0]["image"], ref, atol=TOL, rtol=0)
     # A 1-row latent: rank 0 decodes alone, the others sit out without deadlock.
     z1 = z[:, :, :1]
-    image = pool.submit(JOB + "decode_band", vae_dirs[16], z1, result_rank=0).result(timeout=300)["image"]
+    image = pool.submit(vae_jobs.decode_band, vae_dirs[16], z1, result_rank=0).result(timeout=300)["image"]
     torch.testing.assert_close(image, reference(vae_dirs[16], z1), atol=TOL, rtol=0)
 
 
@@ -293,10 +293,10 @@ def test_result_on_another_rank_and_on_all(cpu_pool, vae_dirs):
     pool = cpu_pool(LAYOUTS["ulysses2"])
     z = torch.randn(1, 4, 9, 7, generator=torch.Generator().manual_seed(11))
     ref = reference(vae_dirs[4], z)
-    outs = pool.submit(JOB + "decode_band", vae_dirs[4], z, image_rank=1, result_rank="all").result(timeout=300)
+    outs = pool.submit(vae_jobs.decode_band, vae_dirs[4], z, image_rank=1, result_rank="all").result(timeout=300)
     assert outs[0]["image"] is None
     torch.testing.assert_close(outs[1]["image"], ref, atol=TOL, rtol=0)
-    outs = pool.submit(JOB + "decode_band", vae_dirs[4], z, image_rank="all", result_rank="all").result(timeout=300)
+    outs = pool.submit(vae_jobs.decode_band, vae_dirs[4], z, image_rank="all", result_rank="all").result(timeout=300)
     for out in outs:
         torch.testing.assert_close(out["image"], ref, atol=TOL, rtol=0)
 
@@ -304,13 +304,13 @@ def test_result_on_another_rank_and_on_all(cpu_pool, vae_dirs):
 def test_parallel_image_tensor_convention(cpu_pool, vae_dirs):
     z = torch.randn(2, 16, 6, 5, generator=torch.Generator().manual_seed(5))
     ref = (reference(vae_dirs[16], z) / 2 + 0.5).clamp(0, 1).permute(0, 2, 3, 1)
-    image = cpu_pool(LAYOUTS["ulysses2"]).submit(JOB + "decode_image", vae_dirs[16], z).result(timeout=300)
+    image = cpu_pool(LAYOUTS["ulysses2"]).submit(vae_jobs.decode_image, vae_dirs[16], z).result(timeout=300)
     assert image.shape == (2, 24, 20, 3) and image.dtype == torch.float32
     torch.testing.assert_close(image, ref, atol=TOL, rtol=0)
 
 
 def test_ranks_given_different_latents_all_raise(cpu_pool, vae_dirs):
     z = torch.randn(1, 4, 8, 8)
-    outs = cpu_pool(LAYOUTS["ulysses2"]).submit(JOB + "decode_mismatched", vae_dirs[4], z, result_rank="all")
+    outs = cpu_pool(LAYOUTS["ulysses2"]).submit(vae_jobs.decode_mismatched, vae_dirs[4], z, result_rank="all")
     messages = outs.result(timeout=300)
     assert all("ranks disagree on the latent" in m for m in messages)

@@ -1,7 +1,8 @@
-"""Job resolution and the worker-side job context.
+"""Job references and the worker-side job context.
 
-A job is a function ``fn(ctx: JobContext, *args, **kwargs)`` run on every rank. It is named
-either by a short name from ``JOB_TABLE`` or by ``"package.module:function"``.
+A job is a module-level function ``fn(ctx: JobContext, *args, **kwargs)`` run on every rank. The
+host submits the function object; :func:`job_reference` turns it into "module:qualified name",
+which the worker imports with :func:`resolve_job` (a job is never named by a hand-written string).
 """
 
 from __future__ import annotations
@@ -9,8 +10,8 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import logging
+import sys
 from collections.abc import Callable
-from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -19,38 +20,67 @@ from ..errors import ConfigError, JobCancelled
 from ..parallel.collectives import agree_any
 from ..parallel.mesh import ParallelMesh
 
-JOB_TABLE = MappingProxyType(
-    {
-        "echo": "parallel_runtime.runtime.builtin_jobs:echo",
-        "noop": "parallel_runtime.runtime.builtin_jobs:noop",
-        "info": "parallel_runtime.runtime.builtin_jobs:info",
-        "sleep_steps": "parallel_runtime.runtime.builtin_jobs:sleep_steps",
-        "fail_on_rank": "parallel_runtime.runtime.builtin_jobs:fail_on_rank",
-        "all_reduce_demo": "parallel_runtime.runtime.builtin_jobs:all_reduce_demo",
-        "tensor_sink": "parallel_runtime.runtime.builtin_jobs:tensor_sink",
-    }
-)
-"""Short job names -> "module:function". Immutable; other jobs are named by their full path."""
+Job = Callable[..., Any]  # fn(ctx: JobContext, *args, **kwargs)
+
+_IMPORTABLE_FIX = "define the job as a module-level function in an importable module and submit that function"
 
 
-def resolve_job(name: str) -> Callable[..., Any]:
-    """Import the function a job name refers to."""
-    target = JOB_TABLE.get(name, name)
-    if ":" not in target:
+def _lookup(module: Any, qualname: str) -> Any:
+    obj = module
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def job_reference(job: Job) -> str:
+    """The "module:qualname" a worker imports ``job`` by (checked here, before anything is sent)."""
+    module = getattr(job, "__module__", None)
+    qualname = getattr(job, "__qualname__", None)
+    if not callable(job) or not isinstance(module, str) or not isinstance(qualname, str):
         raise ConfigError(
-            f"unknown job {name!r}",
-            "a job is a short name from JOB_TABLE or a 'package.module:function' path",
-            f"use one of {sorted(JOB_TABLE)} or a full 'module:function' path",
+            f"job {job!r} is not a function",
+            "a job is a module-level function fn(ctx, *args, **kwargs) that every worker imports by its name",
+            "pass the function object itself, e.g. pool.submit(echo, 1)",
         )
-    module_name, func_name = target.split(":", 1)
-    module = importlib.import_module(module_name)
-    try:
-        return getattr(module, func_name)
-    except AttributeError:
+    if "<lambda>" in qualname or "<locals>" in qualname:
+        kind = "a lambda" if "<lambda>" in qualname else "defined inside another function"
         raise ConfigError(
-            f"job {name!r}: module {module_name} has no function {func_name!r}",
-            "the job path must name a function defined in that module",
-            "check the spelling of the job path",
+            f"job {module}.{qualname} is {kind}",
+            "workers are separate processes that import a job by its module and name; "
+            "lambdas and nested functions have no name they can import",
+            _IMPORTABLE_FIX,
+        )
+    if module == "__main__":
+        raise ConfigError(
+            f"job {qualname} is defined in the __main__ script",
+            "workers import a job's module by name, and __main__ in a worker is the worker itself",
+            "move the job into a module of its own and import it from the script",
+        )
+    try:
+        found = _lookup(sys.modules[module], qualname)
+    except (KeyError, AttributeError):
+        found = None
+    if found is not job:
+        raise ConfigError(
+            f"job {module}.{qualname} cannot be found under that name",
+            "workers import a job by its module and qualified name, which here do not lead back to the "
+            "function (a bound method, a decorated or a renamed function?)",
+            _IMPORTABLE_FIX,
+        )
+    return f"{module}:{qualname}"
+
+
+def resolve_job(reference: str) -> Job:
+    """The function a :func:`job_reference` names (imported on the worker)."""
+    module_name, _, qualname = reference.partition(":")
+    try:
+        return _lookup(importlib.import_module(module_name), qualname)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(
+            f"job {reference} cannot be imported on the worker ({exc})",
+            "workers import jobs from the modules the host's functions live in, with the host's package root "
+            "on their path",
+            "keep job modules importable from the folder holding parallel_runtime (or on PYTHONPATH)",
         ) from None
 
 

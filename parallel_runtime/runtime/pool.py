@@ -15,6 +15,7 @@ from ..errors import ConfigError, PoolClosed
 from ..parallel.config import ParallelConfig, parse_devices, validate_layout
 from .affinity import allowed_cpus
 from .futures import EventCallback, JobFuture
+from .jobs import Job, job_reference
 from .running import RunningPool
 
 
@@ -30,7 +31,7 @@ class WorkerPool:
     CPU ranks are pinned to disjoint cores when they fit (``pin_cpu_workers``; see affinity.py).
 
     >>> with WorkerPool("cpu:2", ParallelConfig(ulysses=2)) as pool:
-    ...     pool.submit("echo", 41).result()
+    ...     pool.submit(echo, 41).result()  # echo from parallel_runtime.runtime.builtin_jobs
     """
 
     def __init__(
@@ -127,20 +128,22 @@ class WorkerPool:
 
     def submit(
         self,
-        name: str,
+        job: Job,
         *args: Any,
         result_rank: int | str = 0,
         on_event: EventCallback | None = None,
         **kwargs: Any,
     ) -> JobFuture:
-        """Run job ``name`` on every rank; the future holds ``result_rank``'s return value
-        (or a list of every rank's with ``result_rank="all"``)."""
+        """Run ``job(ctx, *args, **kwargs)`` on every rank; ``job`` is a module-level function (the
+        workers import it by its module and name). The future holds ``result_rank``'s return
+        value (or a list of every rank's with ``result_rank="all"``)."""
+        reference = job_reference(job)  # a job the workers cannot import fails here, before anything starts
         rt = self._ensure_started()
-        return rt.submit(name, args, kwargs, result_rank, on_event)
+        return rt.submit(reference, args, kwargs, result_rank, on_event)
 
-    def run(self, name: str, *args: Any, timeout: float | None = None, **kwargs: Any) -> Any:
+    def run(self, job: Job, *args: Any, timeout: float | None = None, **kwargs: Any) -> Any:
         """``submit(...).result(timeout)``."""
-        return self.submit(name, *args, **kwargs).result(timeout)
+        return self.submit(job, *args, **kwargs).result(timeout)
 
     def abort(self, reason: str) -> None:
         """Tear the workers down now (e.g. a job that ignores cancel); pending jobs fail with

@@ -134,7 +134,8 @@ class RunningPool:
             raise self.dead
 
     # -- jobs -------------------------------------------------------------------------------------
-    def submit(self, name: str, args: tuple, kwargs: dict, result_rank: int | str, on_event) -> JobFuture:
+    def submit(self, reference: str, args: tuple, kwargs: dict, result_rank: int | str, on_event) -> JobFuture:
+        """Send job ``reference`` ("module:qualname", from jobs.job_reference) to every rank."""
         if result_rank != "all" and not (isinstance(result_rank, int) and 0 <= result_rank < self.world):
             raise ConfigError(
                 f"result_rank {result_rank!r} is not a rank of this pool",
@@ -144,14 +145,14 @@ class RunningPool:
         with self.jobs_lock:
             job_id = self.next_job_id
             self.next_job_id += 1
-            fut = JobFuture(job_id, name, self.world, result_rank, self.opts["job_timeout_s"], self)
+            fut = JobFuture(job_id, reference, self.world, result_rank, self.opts["job_timeout_s"], self)
             fut.on_event = on_event
             self.jobs[job_id] = fut
         try:
             self.cmd.put(
-                ("job", job_id, name, tuple(args), dict(kwargs), result_rank),
+                ("job", job_id, reference, tuple(args), dict(kwargs), result_rank),
                 timeout=self.opts["send_timeout_s"],
-                what=f"job '{name}'",
+                what=f"job '{reference}'",
                 alive=lambda: self.dead is None,
             )
         except BaseException:

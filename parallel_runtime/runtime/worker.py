@@ -18,6 +18,7 @@ import struct
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -84,6 +85,7 @@ class Worker:
         self.evt.set_doorbells([spec["evt_doorbell_w"]])
         self.ctrl = Segment.attach(spec["ctrl"])
         self.state: dict[str, Any] = {}
+        self.jobs: dict[str, Callable[..., Any]] = {}  # job reference -> imported function
         self.mesh: ParallelMesh | None = None
         self.current_job = -1
         self.got_sigterm = False
@@ -160,7 +162,7 @@ class Worker:
             msg = None
             self.evt.collect()
 
-    def run_job(self, job_id: int, name: str, args: tuple, kwargs: dict, result_rank: int | str) -> None:
+    def run_job(self, job_id: int, reference: str, args: tuple, kwargs: dict, result_rank: int | str) -> None:
         self.current_job = job_id
         assert self.mesh is not None
         self.mesh.stats.reset()
@@ -180,7 +182,7 @@ class Worker:
             logger=self.log,
         )
         try:
-            fn = resolve_job(name)
+            fn = self.jobs.get(reference) or self.jobs.setdefault(reference, resolve_job(reference))
             value = fn(ctx, *args, **kwargs)
             status = "ok"
             payload = value if result_rank in ("all", self.rank) else None
@@ -189,7 +191,7 @@ class Worker:
         except BaseException as exc:  # noqa: BLE001 - every failure must reach the host
             status = "error"
             payload = {"type": type(exc).__name__, "message": str(exc), "traceback": traceback.format_exc()}
-            self.log.error("job %s (%s) failed: %s", job_id, name, exc)
+            self.log.error("job %s (%s) failed: %s", job_id, reference, exc)
             if isinstance(exc, (KeyboardInterrupt, SystemExit)):
                 raise
         finally:

@@ -18,12 +18,14 @@ from ..errors import ConfigError
 from ..models.base import Conditioning
 from ..parallel.config import ParallelConfig, parse_devices
 from ..runtime.futures import EventCallback
+from ..runtime.jobs import Job
 from ..runtime.pool import WorkerPool
 from ..runtime.pools import PoolRegistry
 from ..sampling import SAMPLER_NAMES, SCHEDULER_NAMES
+from .load_job import load_model
+from .model_jobs import decode, encode_text, generate
 
 TINY_MODELS = ("tiny-flux", "tiny-sd3", "tiny-pixart")
-JOB = "parallel_runtime.service.model_jobs:"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,17 +118,17 @@ class ParallelModel:
         )
 
     # -- jobs --------------------------------------------------------------------------------------
-    def _run(self, job: str, *args: Any, on_event: EventCallback | None = None, should_cancel=None, **kwargs: Any):
+    def _run(self, job: Job, *args: Any, on_event: EventCallback | None = None, should_cancel=None, **kwargs: Any):
         with self._lock:
             self._ensure_loaded()
-            fut = self.pool.submit(JOB + job, *args, on_event=on_event, **kwargs)
+            fut = self.pool.submit(job, *args, on_event=on_event, **kwargs)
             return fut.wait(should_cancel=should_cancel)
 
     def _ensure_loaded(self) -> None:
         """A restarted pool (after a worker death) has lost the model: load it again."""
         if self.pool.starts != self.info.get("_pool_start"):
             info = self.pool.submit(
-                JOB + "load_model",
+                load_model,
                 str(self.path),
                 self.request.dtype,
                 self.request.attention,
@@ -136,7 +138,7 @@ class ParallelModel:
 
     def encode_text(self, prompt: str | list[str]) -> Conditioning:
         prompts = [prompt] if isinstance(prompt, str) else list(prompt)
-        conds = self._run("encode_text", prompts)
+        conds = self._run(encode_text, prompts)
         return _stack(conds)
 
     def sample(
@@ -173,7 +175,7 @@ class ParallelModel:
             height, width = latent.shape[-2] * self.spatial_factor, latent.shape[-1] * self.spatial_factor
         settings = SamplingSettings(seed, steps, cfg, sampler_name, scheduler, denoise, sigmas, guidance)
         return self._run(
-            "generate",
+            generate,
             positive,
             negative,
             latent.float().contiguous(),
@@ -192,7 +194,7 @@ class ParallelModel:
 
     def decode(self, latent: torch.Tensor) -> torch.Tensor:
         """Raw VAE latent [B,C,H,W] -> IMAGE [B,H,W,3] in 0..1 (exact parallel decode)."""
-        return self._run("decode", latent.float().contiguous())
+        return self._run(decode, latent.float().contiguous())
 
     def unload(self) -> None:
         self.pool.close()
@@ -293,7 +295,7 @@ def load_parallel_model(request: LoadRequest, registry: PoolRegistry, reason: st
 
         inspect_vae_file(request.vae, request.vae_norm_groups)  # a bad file fails before any worker starts
     pool = registry.get(devices, config, key=(str(path), request.dtype), **opts)
-    info = pool.submit(JOB + "load_model", str(path), request.dtype, request.attention, **request.load_kwargs()).wait()
+    info = pool.submit(load_model, str(path), request.dtype, request.attention, **request.load_kwargs()).wait()
     info["_pool_start"] = pool.starts
     if request.family and request.family != info["family"]:
         raise ConfigError(

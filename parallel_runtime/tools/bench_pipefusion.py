@@ -25,8 +25,8 @@ from ..models.base import Conditioning
 from ..parallel.config import ParallelConfig
 from ..runtime.jobs import JobContext
 from ..runtime.pool import WorkerPool
-
-JOB = "parallel_runtime.service.model_jobs:"
+from ..service.load_job import load_model, loaded_model
+from ..service.model_jobs import generate
 
 
 def generate_with_stats(
@@ -43,9 +43,8 @@ def generate_with_stats(
     """Worker job: PipeFusion generation on the loaded model; returns this rank's timing and stats
     (and the latent on rank 0)."""
     from ..pipefusion.pipeline import PipeFusionSettings, run_pipefusion
-    from ..service.model_jobs import _loaded
 
-    model = _loaded(ctx)
+    model = loaded_model(ctx)
     ms = model_sampling_for(model.adapter, model.components.scheduler_config, width, height)
     ctx.mesh.stats.reset()
     t0 = time.perf_counter()
@@ -97,28 +96,27 @@ def run(quick: bool = False) -> dict[str, Any]:
             "threads_per_rank": 1,
         }
         with WorkerPool("cpu:1", ParallelConfig(), threads_per_worker=1) as pool:
-            info = pool.submit(JOB + "load_model", str(path), "fp32", "sdpa").result(600)
+            info = pool.submit(load_model, str(path), "fp32", "sdpa").result(600)
             short = SamplingSettings(seed=3, steps=1, cfg=cfg_scale)
-            pool.submit(JOB + "generate", pos, neg, latent, short, px, px, preview=False).result(600)
+            pool.submit(generate, pos, neg, latent, short, px, px, preview=False).result(600)
             t0 = time.perf_counter()
-            ref = pool.submit(JOB + "generate", pos, neg, latent, settings, px, px, preview=False).result(3600)
+            ref = pool.submit(generate, pos, neg, latent, settings, px, px, preview=False).result(3600)
             serial_s = time.perf_counter() - t0
         results["serial_seconds"] = serial_s
         results["serial_weight_bytes"] = info["transformer_bytes"]
         settings_out: dict[str, Any] = {}
         with WorkerPool("cpu:2", ParallelConfig(pp=2), threads_per_worker=1) as pool:
-            info = pool.submit(JOB + "load_model", str(path), "fp32", "sdpa").result(600)
+            info = pool.submit(load_model, str(path), "fp32", "sdpa").result(600)
             ranks = info["pipefusion"]["ranks"]
             results["stages"] = info["pipefusion"]["stages"]
             results["weight_bytes_per_rank"] = [r["param_bytes"] for r in ranks]
             results["weight_bytes_breakdown"] = ranks
-            job = "parallel_runtime.tools.bench_pipefusion:generate_with_stats"
-            pool.submit(job, pos, neg, latent, short, px, px, 2, 1, result_rank="all").result(600)
+            pool.submit(generate_with_stats, pos, neg, latent, short, px, px, 2, 1, result_rank="all").result(600)
             for patches in (2, 4, 8):
                 for warmup in (1, 2):
                     t0 = time.perf_counter()
                     per_rank = pool.submit(
-                        job, pos, neg, latent, settings, px, px, patches, warmup, result_rank="all"
+                        generate_with_stats, pos, neg, latent, settings, px, px, patches, warmup, result_rank="all"
                     ).result(3600)
                     wall = time.perf_counter() - t0
                     sent0, sent1 = per_rank[0]["stats"].sent_bytes, per_rank[1]["stats"].sent_bytes

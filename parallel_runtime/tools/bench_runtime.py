@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from ..parallel.config import ParallelConfig
+from ..runtime.builtin_jobs import noop, tensor_sink
 from ..runtime.pool import WorkerPool
 
 BIG_BYTES = 256 * 1024 * 1024
@@ -81,7 +82,7 @@ def run(n_roundtrips: int = 4000, repeats: int = 5) -> dict[str, Any]:
     results["cold_start_s"] = time.perf_counter() - t0
     try:
         for _ in range(50):
-            pool.submit("noop").result(30)
+            pool.submit(noop).result(30)
         # Ours and the baseline alternate in blocks, so machine noise hits both alike.
         rts, base = [], []
         echo = MpQueueEcho()
@@ -89,7 +90,7 @@ def run(n_roundtrips: int = 4000, repeats: int = 5) -> dict[str, Any]:
             for _ in range(10):
                 for _ in range(n_roundtrips // 10):
                     t = time.perf_counter()
-                    pool.submit("noop").result(30)
+                    pool.submit(noop).result(30)
                     rts.append((time.perf_counter() - t) * 1e3)
                 base.extend(echo.roundtrips_ms(n_roundtrips // 10))
         finally:
@@ -102,7 +103,7 @@ def run(n_roundtrips: int = 4000, repeats: int = 5) -> dict[str, Any]:
         # 256 MB host -> worker (the worker touches the data), against an in-process copy into
         # fresh memory (tensor.clone(): what receiving the tensor costs at minimum).
         big = torch.randint(0, 255, (BIG_BYTES,), dtype=torch.uint8)
-        pool.submit("tensor_sink", big).result(120)  # warm the data segments
+        pool.submit(tensor_sink, big).result(120)  # warm the data segments
         shm_s, copy_s, warm_s = [], [], []
         warm_dst = torch.empty_like(big)
         for _ in range(repeats):
@@ -110,7 +111,7 @@ def run(n_roundtrips: int = 4000, repeats: int = 5) -> dict[str, Any]:
             warm_dst.copy_(big)
             warm_s.append(time.perf_counter() - t)
             t = time.perf_counter()
-            pool.submit("tensor_sink", big).result(120)
+            pool.submit(tensor_sink, big).result(120)
             shm_s.append(time.perf_counter() - t)
             t = time.perf_counter()
             c = big.clone()
@@ -132,7 +133,7 @@ def run(n_roundtrips: int = 4000, repeats: int = 5) -> dict[str, Any]:
         results["worker_cpus"] = [info.get("cpus") for _, info in sorted(pool.worker_info.items())]
 
         t = time.perf_counter()
-        pool.submit("noop").result(30)
+        pool.submit(noop).result(30)
         results["warm_submit_s"] = time.perf_counter() - t
     finally:
         pool.close()

@@ -15,9 +15,8 @@ from ..denoise.settings import SamplingSettings
 from ..parallel.config import ParallelConfig
 from ..runtime.jobs import JobContext
 from ..runtime.pool import WorkerPool
-from ..service.model_jobs import generate
-
-JOB = "parallel_runtime.tools.bench_scaling:"
+from ..service.load_job import load_model
+from ..service.model_jobs import encode_text, generate
 
 
 def timed_generate(ctx: JobContext, positive, negative, latent, settings, width, height) -> dict[str, Any]:
@@ -29,8 +28,6 @@ def timed_generate(ctx: JobContext, positive, negative, latent, settings, width,
 
 
 def encode(ctx: JobContext, prompt: str):
-    from ..service.model_jobs import encode_text
-
     return encode_text(ctx, [prompt])
 
 
@@ -46,18 +43,16 @@ def _build(name: str, root: Path, **overrides) -> Path:
 def _measure(path: Path, config: ParallelConfig, px: int, steps: int, cfg: float, repeats: int) -> dict[str, Any]:
     pool = WorkerPool(f"cpu:{config.world_size}", config, threads_per_worker=1)
     try:
-        info = pool.submit("parallel_runtime.service.model_jobs:load_model", str(path), "fp32", "sdpa").result(600)
-        pos = pool.submit(JOB + "encode", "a lighthouse on a cliff at dawn").result(600)[0]
-        neg = pool.submit(JOB + "encode", "").result(600)[0] if cfg != 1.0 else None
+        info = pool.submit(load_model, str(path), "fp32", "sdpa").result(600)
+        pos = pool.submit(encode, "a lighthouse on a cliff at dawn").result(600)[0]
+        neg = pool.submit(encode, "").result(600)[0] if cfg != 1.0 else None
         latent = torch.zeros(1, info["latent_channels"], px // 8, px // 8)
         warm = SamplingSettings(seed=0, steps=1, cfg=cfg)
-        pool.submit(JOB + "timed_generate", pos, neg, latent, warm, px, px).result(600)
+        pool.submit(timed_generate, pos, neg, latent, warm, px, px).result(600)
         settings = SamplingSettings(seed=0, steps=steps, cfg=cfg)
         best = None
         for _ in range(repeats):
-            outs = pool.submit(JOB + "timed_generate", pos, neg, latent, settings, px, px, result_rank="all").result(
-                1800
-            )
+            outs = pool.submit(timed_generate, pos, neg, latent, settings, px, px, result_rank="all").result(1800)
             seconds = max(o["seconds"] for o in outs)
             if best is None or seconds < best["seconds"]:
                 best = {"seconds": seconds, "sent": outs[0]["sent"]}

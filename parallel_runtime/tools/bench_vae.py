@@ -56,12 +56,8 @@ def run(quick: bool = False) -> dict[str, Any]:
     res: dict[str, Any] = {"latent": [16, side, side]}
     for n in (1, 2, 4):
         with WorkerPool(f"cpu:{n}", ParallelConfig(ulysses=n), threads_per_worker=1) as pool:
-            pool.submit("parallel_runtime.tools.bench_vae:timed_decode", vae_dir, latent[:, :, :8, :8]).result(
-                600
-            )  # warm
-            outs = pool.submit(
-                "parallel_runtime.tools.bench_vae:timed_decode", vae_dir, latent, result_rank="all"
-            ).result(3600)
+            pool.submit(timed_decode, vae_dir, latent[:, :, :8, :8]).result(600)  # warm
+            outs = pool.submit(timed_decode, vae_dir, latent, result_rank="all").result(3600)
         res[f"seconds_{n}"] = max(o["seconds"] for o in outs)
         res[f"peak_bytes_{n}"] = max(o["peak_bytes"] for o in outs)
         res[f"peak_bytes_per_rank_{n}"] = [o["peak_bytes"] for o in outs]

@@ -1,0 +1,203 @@
+"""Worker-side jobs that load and unload a model; the loaded pipeline lives in ``ctx.state``
+between jobs (the point of a warm pool). Every job runs on every rank; collectives inside happen
+in the same order everywhere."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ..errors import ConfigError
+from ..models.base import ModelAdapter
+from ..models.loading import PipelineComponents, load_pipeline_components
+from ..runtime.jobs import JobContext
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+TEXT_RANK = 0  # the rank that holds the text encoders
+
+
+@dataclasses.dataclass
+class LoadedModel:
+    key: tuple
+    components: PipelineComponents
+    adapter: ModelAdapter
+    attention: str
+    stages: Any = None  # PipeFusion StagePlan when the mesh has pp > 1 (this rank holds one stage)
+    stage_weights: Any = None  # what this rank's stage loaded (pipefusion.stage_loading.StageWeights)
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """ "fp32" / "bf16" / "fp16" as a torch dtype."""
+    try:
+        return DTYPES[name]
+    except KeyError:
+        raise ConfigError(
+            f"unknown dtype {name!r}",
+            "weights are loaded in one of the supported precisions",
+            f"use one of {sorted(DTYPES)}",
+        ) from None
+
+
+def loaded_model(ctx: JobContext) -> LoadedModel:
+    """The model the load_model job put in this worker's state (a clear error when none is loaded)."""
+    model = ctx.state.get("model")
+    if model is None:
+        raise ConfigError(
+            "no model is loaded in this pool",
+            "generate/encode/decode jobs run on the model loaded by the load_model job",
+            "load a model first (ParallelModel / the loader node does this)",
+        )
+    return model
+
+
+def load_model(
+    ctx: JobContext,
+    path: str,
+    dtype: str = "fp32",
+    attention: str = "auto",
+    pp_stage_weights: tuple[float, ...] | None = None,
+    vae_path: str | None = None,
+    vae_norm_groups: int = 32,
+) -> dict[str, Any]:
+    """Load the pipeline onto this rank's device (text encoders only on TEXT_RANK). Reuses it when
+    the same model and dtype are already loaded. With pp > 1 each rank loads only its PipeFusion
+    stage's blocks (``pp_stage_weights``: relative share of blocks per stage; None: equal). A single
+    transformer file (``path`` is a file) loads the transformer only (single_file.py)."""
+    pp = ctx.mesh.size("pp")
+    weights = tuple(pp_stage_weights) if pp > 1 and pp_stage_weights else None
+    key = (str(path), dtype, pp, weights, vae_path, vae_norm_groups)
+    model = ctx.state.get("model")
+    if model is None or model.key != key:
+        ctx.state.pop("model", None)
+        devices = _world_devices(ctx)  # collective: every rank takes part
+        stages = stage_weights = None
+        text: tuple[str, ...] = ()  # text encoders are loaded below, spread over the pool's devices
+        if Path(path).is_file() and pp > 1:  # a single-file transformer: no VAE or text encoders
+            from ..pipefusion.stage_loading import load_single_file_stage
+
+            comps, stages, stage_weights = load_single_file_stage(
+                path, pp, ctx.mesh.rank("pp"), ctx.device, torch_dtype(dtype), weights
+            )
+        elif Path(path).is_file():
+            from ..models.single_file import load_single_file_components
+
+            comps = load_single_file_components(path, ctx.device, torch_dtype(dtype))
+        elif pp > 1:
+            from ..pipefusion.stage_loading import load_pipeline_stage
+
+            comps, stages, stage_weights = load_pipeline_stage(
+                path, pp, ctx.mesh.rank("pp"), ctx.device, torch_dtype(dtype), weights, ("vae", *text)
+            )
+        else:
+            comps = load_pipeline_components(path, ctx.device, torch_dtype(dtype), ("transformer", "vae", *text))
+        if vae_path is not None:
+            comps.vae = _vae_from_file(comps, vae_path, ctx.device, vae_norm_groups)
+        elif Path(path).is_file():
+            comps.vae = _embedded_vae(comps, path, ctx.device)
+        if comps.vae is not None:
+            comps.vae.to(torch.float32 if dtype == "fp16" else torch_dtype(dtype))
+        if ctx.rank == TEXT_RANK and Path(path).is_dir():
+            placement = text_encoder_placement(_encoder_bytes(Path(path)), devices)
+            comps.text_encoders = load_pipeline_components(path, placement, torch_dtype(dtype), ("text",)).text_encoders
+        model = LoadedModel(key, comps, comps.adapter(), attention, stages, stage_weights)
+        ctx.state["model"] = model
+    model.attention = attention
+    adapter, cfg = model.adapter, model.components.transformer_config
+    params = model.components.transformer.parameters()
+    weight_bytes = sum(p.numel() * p.element_size() for p in params if p.device.type != "meta")
+    pipefusion = None
+    if model.stages is not None:
+        from ..pipefusion.stage_loading import describe_stages
+
+        pipefusion = describe_stages(ctx.mesh, model.stages, model.stage_weights)
+    return {
+        "pipefusion": pipefusion,
+        "family": adapter.plan.family,
+        "latent_channels": adapter.plan.latent_channels,
+        "spatial_factor": adapter.plan.vae_scale_factor,
+        "patch_size": adapter.plan.patch_size,
+        "guidance_embed": adapter.plan.guidance_embed,
+        "num_heads": cfg.get("num_attention_heads"),
+        "num_blocks": adapter.num_blocks,
+        "embed_dim": _embed_dim(model),
+        "pooled_dim": cfg.get("pooled_projection_dim"),
+        "transformer_bytes": weight_bytes,
+        "memory": ctx.report_memory(),
+    }
+
+
+def _vae_from_file(comps: PipelineComponents, file: str, device: torch.device, norm_groups: int) -> torch.nn.Module:
+    """The VAE in ``file`` in place of the model's own. It keeps the model's latent scale and shift
+    (its own VAE's, or the family's), which a VAE file does not record."""
+    from ..vae.file import load_vae_file
+
+    fmt = comps.adapter().plan.latent_format
+    vae = load_vae_file(file, device, torch.float32, norm_groups)
+    if vae.config.latent_channels != fmt.channels:
+        raise ConfigError(
+            f"the VAE {Path(file).name} has {vae.config.latent_channels} latent channels but this "
+            f"{comps.family} model makes {fmt.channels}",
+            "a latent can only be decoded by the VAE family that made it",
+            f"pick the {comps.family} VAE (e.g. ae.safetensors for Flux), or the model's own VAE",
+        )
+    vae.register_to_config(scaling_factor=fmt.scale, shift_factor=fmt.shift or None)
+    return vae
+
+
+def _embedded_vae(comps: PipelineComponents, path: str, device: torch.device) -> torch.nn.Module | None:
+    """A full checkpoint (transformer plus ``first_stage_model.*``) carries its VAE: use it."""
+    from ..vae.file import inspect_vae_file
+
+    try:
+        inspect_vae_file(path)
+    except ConfigError:
+        return None  # a transformer-only file
+    return _vae_from_file(comps, path, device, 32)
+
+
+def _world_devices(ctx: JobContext) -> list[str]:
+    """Every rank's device, in rank order."""
+    if ctx.world_size == 1:
+        return [str(ctx.device)]
+    out: list[Any] = [None] * ctx.world_size
+    dist.all_gather_object(out, str(ctx.device))
+    return out
+
+
+def _encoder_bytes(path: Path) -> dict[str, int]:
+    """Weight-file size of each text encoder of a diffusers folder."""
+    sizes = {}
+    for folder in sorted(path.glob("text_encoder*")):
+        if folder.is_dir():
+            sizes[folder.name] = sum(f.stat().st_size for f in folder.glob("*.safetensors"))
+    return sizes
+
+
+def text_encoder_placement(encoder_bytes: dict[str, int], devices: list[str]) -> dict[str, str]:
+    """Spread the text encoders over the pool's distinct devices: the biggest first, each onto the
+    device with the fewest encoder bytes so far (T5-XXL's ~9 GB then does not share a GPU with
+    the CLIPs). They run in the TEXT_RANK process, which can address every visible GPU."""
+    distinct = list(dict.fromkeys(devices))
+    load = dict.fromkeys(distinct, 0)
+    placement = {}
+    for name, size in sorted(encoder_bytes.items(), key=lambda item: (-item[1], item[0])):
+        device = min(distinct, key=lambda d: (load[d], distinct.index(d)))
+        placement[name] = device
+        load[device] += size
+    return placement
+
+
+def _embed_dim(model: LoadedModel) -> int | None:
+    cfg = model.components.transformer_config
+    return cfg.get("joint_attention_dim") or cfg.get("caption_channels") or cfg.get("cross_attention_dim")
+
+
+def unload(ctx: JobContext) -> None:
+    """Drop the loaded model and free device memory."""
+    ctx.state.pop("model", None)
+    if ctx.device.type == "cuda":
+        torch.cuda.empty_cache()
