@@ -162,7 +162,7 @@ def test_decode_job_equals_diffusers_vae_on_a_raw_latent(cpu_pool, reference, na
 
 
 def test_text_encoder_placement_spreads_biggest_first():
-    from parallel_runtime.service.model_jobs import text_encoder_placement
+    from parallel_runtime.service.load_job import text_encoder_placement
 
     sizes = {"text_encoder": 246, "text_encoder_2": 1390, "text_encoder_3": 9524}
     assert text_encoder_placement(sizes, ["cuda:0", "cuda:1"]) == {
