@@ -243,15 +243,15 @@ def test_flux_reverse_mapping_round_trips_through_diffusers_at_flux1_width():
     """diffusers' Flux converter splits single blocks at FLUX.1's width (3072), so the check runs at
     that width: one double and one single block, with one input column per weight (values differ)."""
     from diffusers import FluxTransformer2DModel
-    from diffusers.loaders.single_file_utils import convert_flux_transformer_checkpoint_to_diffusers
 
+    from parallel_runtime.models.compat import convert_flux_transformer
     from parallel_runtime.models.weights import parameters_on_meta
 
     with parameters_on_meta():
         meta = FluxTransformer2DModel(num_layers=1, num_single_layers=1, guidance_embeds=True)
     g = torch.Generator().manual_seed(0)
     state = {k: torch.randn(v.shape[0], *[1] * (v.dim() - 1), generator=g) for k, v in meta.state_dict().items()}
-    back = convert_flux_transformer_checkpoint_to_diffusers(flux_to_bfl(state))
+    back = convert_flux_transformer(flux_to_bfl(state))
     assert sorted(back) == sorted(state)
     assert all(torch.equal(back[k], state[k]) for k in state)
 
@@ -259,7 +259,8 @@ def test_flux_reverse_mapping_round_trips_through_diffusers_at_flux1_width():
 @pytest.mark.parametrize("qk_norm, dual", [("rms_norm", (0,)), (None, ())], ids=["sd3.5-medium", "sd3-medium"])
 def test_sd3_reverse_mapping_round_trips_through_diffusers(qk_norm, dual):
     from diffusers import SD3Transformer2DModel
-    from diffusers.loaders.single_file_utils import convert_sd3_transformer_checkpoint_to_diffusers
+
+    from parallel_runtime.models.compat import convert_sd3_transformer
 
     torch.manual_seed(0)
     model = SD3Transformer2DModel(
@@ -275,7 +276,7 @@ def test_sd3_reverse_mapping_round_trips_through_diffusers(qk_norm, dual):
         dual_attention_layers=dual,
     )
     state = model.state_dict()
-    back = convert_sd3_transformer_checkpoint_to_diffusers(sd3_to_mmdit(state))
+    back = convert_sd3_transformer(sd3_to_mmdit(state))
     assert sorted(back) == sorted(state)
     assert all(torch.equal(back[k], state[k]) for k in state)
 

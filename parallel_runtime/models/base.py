@@ -22,6 +22,7 @@ from torch import nn
 from ..errors import ConfigError
 from ..parallel.mesh import ParallelMesh
 from ..parallel.sharding import gather, shard
+from . import compat
 
 
 class AttentionScope(Protocol):
@@ -104,9 +105,9 @@ Rope = tuple[torch.Tensor, torch.Tensor]
 
 JOINT_TEXT_ORDER: Mapping[str, Literal["first", "last"]] = MappingProxyType(
     {
-        "FluxAttnProcessor": "first",  # [text, image]
-        "JointAttnProcessor2_0": "last",  # [image, text] (SD3)
-        "AttnProcessor2_0": "last",  # self-attention over image tokens only (PixArt attn1)
+        compat.FLUX_ATTN_PROCESSOR: "first",  # [text, image]
+        compat.JOINT_ATTN_PROCESSOR: "last",  # [image, text] (SD3)
+        compat.ATTN_PROCESSOR: "last",  # self-attention over image tokens only (PixArt attn1)
     }
 )
 """Where a diffusers attention processor puts the text tokens of joint attention."""
@@ -388,8 +389,6 @@ def check_attention_path(adapter: ModelAdapter) -> None:
     ``dispatch_attention_fn``, which calls it only for diffusers' "native" backend. Other processors
     or backends (xformers, flash-attn, cuDNN, diffusers' own context parallel) would silently compute
     rank-local attention, so they are refused here."""
-    from diffusers.models.attention_dispatch import AttentionBackendName, _AttentionBackendRegistry
-
     for i in range(adapter.num_blocks):
         for module in adapter.attention_modules(i):
             proc = module.processor
@@ -397,12 +396,10 @@ def check_attention_path(adapter: ModelAdapter) -> None:
             problem = None
             if name not in adapter.sdpa_processors:
                 problem = f"uses attention processor {name}"
-            elif getattr(proc, "_parallel_config", None) is not None:
+            elif compat.uses_context_parallel(proc):
                 problem = "has diffusers' own context parallelism enabled"
-            elif hasattr(proc, "_attention_backend"):  # routed through dispatch_attention_fn
-                backend = proc._attention_backend or _AttentionBackendRegistry.get_active_backend()[0]
-                if AttentionBackendName(backend) != AttentionBackendName.NATIVE:
-                    problem = f"uses diffusers attention backend {AttentionBackendName(backend).value!r}"
+            elif compat.attention_backend(proc) not in (None, compat.NATIVE_BACKEND):
+                problem = f"uses diffusers attention backend {compat.attention_backend(proc)!r}"
             if problem:
                 raise ConfigError(
                     f"block {i} of {adapter.family} {problem}",

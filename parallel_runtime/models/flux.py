@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from ..errors import ConfigError
+from . import compat
 from .base import Activations, Conditioning, LatentFormat, ModelAdapter, ModelPlan, Split
 
 PACK = 2  # FluxPipeline packs 2x2 latent pixels into one token
@@ -20,7 +21,7 @@ PACK = 2  # FluxPipeline packs 2x2 latent pixels into one token
 
 class FluxAdapter(ModelAdapter):
     family = "flux"
-    sdpa_processors = ("FluxAttnProcessor",)
+    sdpa_processors = (compat.FLUX_ATTN_PROCESSOR,)
 
     @classmethod
     def make_plan(cls, config: Any, latent_format: LatentFormat | None) -> ModelPlan:

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from ..errors import ConfigError
+from . import compat
 
 Shapes = Mapping[str, tuple[int, ...]]
 StateDict = dict[str, torch.Tensor]
@@ -176,13 +177,11 @@ def _flux_to_diffusers(state: StateDict, config: Mapping[str, Any]) -> StateDict
     """diffusers' Flux converter, except for the single blocks' fused q/k/v/MLP projection, which it
     splits at FLUX.1's fixed width: it gets shape-only stand-ins and the real tensors are split here
     at the width of these weights."""
-    from diffusers.loaders.single_file_utils import convert_flux_transformer_checkpoint_to_diffusers
-
     hidden = int(config["num_attention_heads"]) * int(config["attention_head_dim"])
     fused = {key: state[key] for key in state if _FLUX_LINEAR1.fullmatch(key)}
     for key, tensor in fused.items():
         state[key] = torch.empty((_FLUX1_FUSED_ROWS, *tensor.shape[1:]), dtype=tensor.dtype, device="meta")
-    out = convert_flux_transformer_checkpoint_to_diffusers(state)
+    out = compat.convert_flux_transformer(state)
     for key, tensor in fused.items():
         index, kind = _FLUX_LINEAR1.fullmatch(key).groups()
         q, k, v, mlp = torch.split(tensor, [hidden, hidden, hidden, tensor.shape[0] - 3 * hidden])
@@ -193,9 +192,7 @@ def _flux_to_diffusers(state: StateDict, config: Mapping[str, Any]) -> StateDict
 
 
 def _sd3_to_diffusers(state: StateDict, config: Mapping[str, Any]) -> StateDict:
-    from diffusers.loaders.single_file_utils import convert_sd3_transformer_checkpoint_to_diffusers
-
-    return convert_sd3_transformer_checkpoint_to_diffusers(state)
+    return compat.convert_sd3_transformer(state)
 
 
 # PixArt original module -> diffusers module (tensor suffixes .weight / .bias follow).

@@ -12,12 +12,13 @@ from typing import Any
 import torch
 from torch import nn
 
+from . import compat
 from .base import Activations, Conditioning, LatentFormat, ModelAdapter, ModelPlan, Split
 
 
 class PixArtAdapter(ModelAdapter):
     family = "pixart"
-    sdpa_processors = ("AttnProcessor2_0",)
+    sdpa_processors = (compat.ATTN_PROCESSOR,)
 
     @classmethod
     def make_plan(cls, config: Any, latent_format: LatentFormat | None) -> ModelPlan:

@@ -13,12 +13,13 @@ import torch
 from torch import nn
 
 from ..errors import ConfigError
+from . import compat
 from .base import Activations, Conditioning, LatentFormat, ModelAdapter, ModelPlan, Split
 
 
 class SD3Adapter(ModelAdapter):
     family = "sd3"
-    sdpa_processors = ("JointAttnProcessor2_0",)
+    sdpa_processors = (compat.JOINT_ATTN_PROCESSOR,)
 
     @classmethod
     def make_plan(cls, config: Any, latent_format: LatentFormat | None) -> ModelPlan:

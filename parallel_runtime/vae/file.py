@@ -4,7 +4,7 @@
 The structure (levels, widths, blocks per level, latent channels, quant convs, mid-block
 attention) is read from the tensor shapes in the header; the only thing weights do not record is
 the GroupNorm group count, 32 in every published SD / SDXL / SD3 / Flux VAE. Original (LDM) names
-are converted by diffusers' own ``convert_ldm_vae_checkpoint``; files already in diffusers names
+are converted by diffusers' own ``convert_ldm_vae_checkpoint`` (through ``models.compat``); files already in diffusers names
 load as they are. Only the VAE's tensors are read, so a 10 GB checkpoint costs its VAE's bytes.
 Decoding needs no scaling factors (a LATENT holds raw VAE latents), so none are guessed.
 """
@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from ..errors import ConfigError
+from ..models import compat
 from ..models.files import read_safetensors_header
 
 PREFIXES: tuple[str, ...] = ("", "first_stage_model.", "vae.")
@@ -132,9 +133,7 @@ def load_vae_file(
         names = [k for k in f.keys() if k.startswith(info.prefix)]  # noqa: SIM118 - safe_open is not iterable
         state = {k[len(info.prefix) :]: f.get_tensor(k) for k in names}
     if info.layout == "ldm":
-        from diffusers.loaders.single_file_utils import convert_ldm_vae_checkpoint
-
-        state = convert_ldm_vae_checkpoint(state, info.config)
+        state = compat.convert_ldm_vae(state, info.config)
     with parameters_on_meta():
         vae = AutoencoderKL(**info.config)
     expected = set(vae.state_dict())

@@ -1,0 +1,78 @@
+"""The one place that touches diffusers internals (names outside its public API).
+
+Everything here may move when diffusers is upgraded; ``tests/test_compat.py`` imports every name
+listed in :data:`DIFFUSERS_INTERNALS` and fails with the name, its old place and the installed
+version when one moved. diffusers is imported lazily (on call), so importing this module is light.
+
+- attention backends: which backend a processor routes through ``dispatch_attention_fn``
+  (sequence parallelism intercepts only torch's ``scaled_dot_product_attention``, which only the
+  "native" backend calls);
+- attention processor classes by name (the adapters recognise the processors that call it);
+- the single-file converters of ``diffusers.loaders.single_file_utils`` (Flux and SD3
+  transformers, LDM-layout VAEs).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+FLUX_ATTN_PROCESSOR = "FluxAttnProcessor"
+JOINT_ATTN_PROCESSOR = "JointAttnProcessor2_0"
+ATTN_PROCESSOR = "AttnProcessor2_0"
+NATIVE_BACKEND = "native"
+
+_DISPATCH = "diffusers.models.attention_dispatch"
+_SINGLE_FILE = "diffusers.loaders.single_file_utils"
+
+DIFFUSERS_INTERNALS: tuple[tuple[str, str, str], ...] = (
+    # (module, name, what it is used for)
+    (_DISPATCH, "AttentionBackendName", "naming the attention backend a processor routes through"),
+    (_DISPATCH, "_AttentionBackendRegistry", "the globally active attention backend"),
+    ("diffusers.models.transformers.transformer_flux", FLUX_ATTN_PROCESSOR, "Flux's attention processor"),
+    ("diffusers.models.attention_processor", JOINT_ATTN_PROCESSOR, "SD3's joint attention processor"),
+    ("diffusers.models.attention_processor", ATTN_PROCESSOR, "PixArt's attention processor"),
+    (_SINGLE_FILE, "convert_flux_transformer_checkpoint_to_diffusers", "single-file Flux transformers"),
+    (_SINGLE_FILE, "convert_sd3_transformer_checkpoint_to_diffusers", "single-file SD3 transformers"),
+    (_SINGLE_FILE, "convert_ldm_vae_checkpoint", "VAE files in the original (LDM) layout"),
+)
+"""Every diffusers name outside its public API that this module uses."""
+
+
+def attention_backend(processor: Any) -> str | None:
+    """The diffusers attention backend ``processor`` routes through (its own, else the globally
+    active one), or None for a processor that calls torch's attention directly."""
+    if not hasattr(processor, "_attention_backend"):
+        return None
+    from diffusers.models.attention_dispatch import AttentionBackendName, _AttentionBackendRegistry
+
+    backend = processor._attention_backend or _AttentionBackendRegistry.get_active_backend()[0]
+    return AttentionBackendName(backend).value
+
+
+def uses_context_parallel(processor: Any) -> bool:
+    """Whether diffusers' own context parallelism is enabled on ``processor``."""
+    return getattr(processor, "_parallel_config", None) is not None
+
+
+def convert_flux_transformer(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """diffusers' converter of a Black Forest Labs Flux.1 state dict to diffusers names."""
+    from diffusers.loaders.single_file_utils import convert_flux_transformer_checkpoint_to_diffusers
+
+    return convert_flux_transformer_checkpoint_to_diffusers(state)
+
+
+def convert_sd3_transformer(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """diffusers' converter of a Stability MMDiT (SD3 / SD3.5) state dict to diffusers names."""
+    from diffusers.loaders.single_file_utils import convert_sd3_transformer_checkpoint_to_diffusers
+
+    return convert_sd3_transformer_checkpoint_to_diffusers(state)
+
+
+def convert_ldm_vae(state: dict[str, torch.Tensor], config: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+    """diffusers' converter of an original (LDM) VAE state dict to AutoencoderKL names."""
+    from diffusers.loaders.single_file_utils import convert_ldm_vae_checkpoint
+
+    return convert_ldm_vae_checkpoint(state, dict(config))
