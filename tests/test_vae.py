@@ -12,11 +12,10 @@ from torch import nn
 from parallel_runtime.errors import ConfigError
 from parallel_runtime.parallel.config import ParallelConfig
 from parallel_runtime.parallel.mesh import CommStats, ParallelMesh
-from parallel_runtime.vae.bands import BandLayout, plan_band_rows
+from parallel_runtime.vae.bands import RowBands, plan_band_rows
 from parallel_runtime.vae.decode import compute_dtype, decode_latent, decode_to_image_tensor
 from parallel_runtime.vae.decoder import check_decoder, upsampling_factor
 from parallel_runtime.vae.ops import band_attention, band_conv2d, band_group_norm, band_upsample_nearest2x
-from parallel_runtime.vae.tiled import tile_starts, tiled_decode_single
 from tests.dist_jobs import vae_jobs
 
 TOL = 1e-4
@@ -71,8 +70,8 @@ def reference(vae_dir: str, z: torch.Tensor) -> torch.Tensor:
         return vae.decode(z).sample
 
 
-def single_layout(rows: int) -> BandLayout:
-    return BandLayout(rows=(rows,), rank=0, group=None, stats=CommStats())
+def single_layout(rows: int) -> RowBands:
+    return RowBands(rows=(rows,), rank=0, group=None, stats=CommStats())
 
 
 # -- single process: the band-aware ops equal the plain ops when the band is the whole image -----
@@ -105,7 +104,7 @@ def test_conv_equals_torch_conv(kernel, padding):
 
 def test_upsample_doubles_band_and_layout():
     x = torch.randn(1, 3, 4, 5)
-    out, layout = band_upsample_nearest2x(x, BandLayout((4, 3, 0), 0, None, CommStats()))
+    out, layout = band_upsample_nearest2x(x, RowBands((4, 3, 0), 0, None, CommStats()))
     torch.testing.assert_close(out, F.interpolate(x, scale_factor=2.0, mode="nearest"))
     assert layout.rows == (8, 6, 0) and layout.offset == 0 and layout.active == 2
 
@@ -120,7 +119,7 @@ def test_attention_equals_diffusers_attention():
 
 def test_band_layout_neighbours():
     stats = CommStats()
-    layouts = [BandLayout((3, 2, 2, 0), r, None, stats) for r in range(4)]
+    layouts = [RowBands((3, 2, 2, 0), r, None, stats) for r in range(4)]
     assert [(lay.up, lay.down) for lay in layouts] == [(None, 1), (0, 2), (1, None), (None, None)]
     assert [lay.offset for lay in layouts] == [0, 3, 5, 7]
     assert layouts[0].height == 7 and layouts[0].active == 3
@@ -220,28 +219,6 @@ def test_bad_inputs_say_what_to_do():
         decode_latent(vae, torch.randn(1, 4, 4, 4), ParallelMesh.single(), "rows")
     with pytest.raises(ConfigError, match="result_rank"):
         decode_latent(vae, torch.randn(1, 4, 4, 4), ParallelMesh.single(), result_rank=1)
-
-
-def test_tile_starts_cover_the_latent():
-    assert tile_starts(24, 24, 0) == [0]
-    assert tile_starts(24, 12, 4) == [0, 8, 12]
-    assert tile_starts(5, 8, 4) == [0]
-
-
-def test_tiled_decode_is_close_but_labelled_approximate():
-    vae = tiny_vae(16)
-    z = torch.randn(1, 16, 24, 20, generator=torch.Generator().manual_seed(0))
-    with torch.no_grad():
-        ref = vae.decode(z).sample
-    # One tile covering the latent is the plain decode.
-    torch.testing.assert_close(tiled_decode_single(vae, z, tile=24, overlap=0), ref, atol=TOL, rtol=0)
-    # Real tiles: each tile's GroupNorm / attention see only the tile, so it is not exact, but the
-    # blended result stays near (random weights are a harsh case), and more overlap helps.
-    errors = [(tiled_decode_single(vae, z, tile=t, overlap=o) - ref).abs().mean() for t, o in [(12, 4), (16, 8)]]
-    assert all(err > TOL for err in errors)
-    assert errors[1] < errors[0] < 0.25 * ref.std()
-    with pytest.raises(ConfigError, match="overlap"):
-        tiled_decode_single(vae, z, tile=8, overlap=8)
 
 
 # -- real worker processes: exact against diffusers' single-device decode ------------------------

@@ -48,31 +48,6 @@ def all_to_all(
     return list(torch.split(recv, list(recv_numels)))
 
 
-def ring_shift(
-    tensor: torch.Tensor,
-    recv_shape: Sequence[int],
-    group: dist.ProcessGroup | None,
-    stats: CommStats,
-    op: str = "ring",
-) -> torch.Tensor:
-    """Send ``tensor`` to the next rank of the ring and receive the previous rank's tensor."""
-    n = group_size(group)
-    if n == 1:
-        return tensor
-    me = group_rank(group)
-    nxt, prv = (me + 1) % n, (me - 1) % n
-    tensor = tensor.contiguous()
-    out = torch.empty(tuple(recv_shape), dtype=tensor.dtype, device=tensor.device)
-    ops = [
-        dist.P2POp(dist.isend, tensor, group=group, group_peer=nxt),
-        dist.P2POp(dist.irecv, out, group=group, group_peer=prv),
-    ]
-    for work in dist.batch_isend_irecv(ops):
-        work.wait()
-    stats.add(op, tensor.numel() * tensor.element_size())
-    return out
-
-
 def all_reduce_sum(
     tensor: torch.Tensor, group: dist.ProcessGroup | None, stats: CommStats, op: str = "all_reduce"
 ) -> torch.Tensor:
@@ -256,7 +231,8 @@ def ring_shift_start(
     stats: CommStats,
     op: str = "ring",
 ) -> PendingShift:
-    """Post :func:`ring_shift` without waiting, so compute can overlap the transfer.
+    """Send ``tensor`` to the next rank of the ring and receive the previous rank's tensor (of
+    ``recv_shape``), without waiting, so compute can overlap the transfer.
 
     ``tensor`` must not be modified until ``wait()`` returns. With a group of one rank the
     "received" tensor is ``tensor`` itself."""

@@ -120,12 +120,6 @@ class ParallelMesh:
     def world_size(self) -> int:
         return self.config.world_size
 
-    def is_first_stage(self) -> bool:
-        return self.rank("pp") == 0
-
-    def is_last_stage(self) -> bool:
-        return self.rank("pp") == self.size("pp") - 1
-
     def __repr__(self) -> str:
         coords = ", ".join(f"{d}={self._coords[d]}/{getattr(self.config, d)}" for d in MESH_DIMS)
         return f"ParallelMesh(rank={self.global_rank}, {coords}, device={self.device})"

@@ -46,7 +46,7 @@ from .patch_samplers import PatchSamplers
 from .schedule import Band, Item, PipelineSchedule, build_schedule, default_patches, sampler_rounds
 from .stages import StagePlan
 from .stale_kv import ItemTokens, StaleKVCache, run_block_stale
-from .transport import BandLayout
+from .transport import ActivationFormat
 
 log = logging.getLogger(__name__)
 
@@ -188,23 +188,23 @@ class Pipeline:
             sched.num_slots,
         )
         with torch.no_grad():
-            layouts = self._setup()
+            formats = self._setup()
             samplers = self._patch_samplers(sched) if self.last else None
             posts = self._receive_plan(sched)
             if samplers is not None:
                 samplers.send_initial()
             for k in posts.get(-1, []):
-                self._post(k, layouts)
-            statics = {key: layout.static_on(self.device) for key, layout in layouts.items()}
+                self._post(k, formats)
+            statics = {key: fmt.static_on(self.device) for key, fmt in formats.items()}
             try:
                 check()
                 for t in range(sched.num_slots):
                     for k in posts.get(t, []):
-                        self._post(k, layouts)
+                        self._post(k, formats)
                     k = sched.slots[self.stage][t]
                     if k is not None:
                         t0 = time.perf_counter()
-                        self._process(sched.items[k], layouts, statics, samplers, on_step)
+                        self._process(sched.items[k], formats, statics, samplers, on_step)
                         self.seconds["compute"] += time.perf_counter() - t0
                     self.sends = [h for h in self.sends if not h.done()]
                     t0 = time.perf_counter()
@@ -264,14 +264,14 @@ class Pipeline:
                     plan.setdefault(t, []).append(k)
         return plan
 
-    def _post(self, k: int, layouts: dict[str, BandLayout]) -> None:
+    def _post(self, k: int, formats: dict[str, ActivationFormat]) -> None:
         assert self.sched is not None
         band = self.sched.items[k].band
         if self.first:
             buf = torch.empty(self._band_shape(band), dtype=torch.float32, device=self.device)
             self.inbox[("latent", k)] = [recv_start(buf, self.pp - 1, self.group, "pp_latent", self.tags["latent"])]
         else:
-            bufs = layouts[band.key].empty(self.device)
+            bufs = formats[band.key].empty(self.device)
             self.inbox[("act", k)] = [
                 recv_start(b, self.stage - 1, self.group, "pp_act", self.tags["act"]) for b in bufs
             ]
@@ -294,7 +294,7 @@ class Pipeline:
             h.wait(self.timeout)
         self.sends.clear()
 
-    # -- setup: band layouts stage to stage ---------------------------------------------------------
+    # -- setup: activation formats stage to stage ---------------------------------------------------------
     def _bands_used(self) -> list[Band]:
         assert self.sched is not None
         used: dict[str, Band] = {}
@@ -302,20 +302,20 @@ class Pipeline:
             used.setdefault(item.band.key, item.band)
         return list(used.values())
 
-    def _setup(self) -> dict[str, BandLayout]:
-        """Stage 0 embeds a zero latent of every band once to learn the layouts (shapes of the dynamic
+    def _setup(self) -> dict[str, ActivationFormat]:
+        """Stage 0 embeds a zero latent of every band once to learn the activation formats (shapes of the dynamic
         fields, the static fields); they travel down the pipeline once."""
         if self.first:
             sigma = self.sigmas[0]
-            layouts = {}
+            formats = {}
             for band in self._bands_used():
                 acts = self._embed(band, torch.zeros(self._band_shape(band)), sigma)
-                layouts[band.key] = BandLayout.from_activations(acts, self.adapter.plan.text_attention)
+                formats[band.key] = ActivationFormat.from_activations(acts, self.adapter.plan.text_attention)
         else:
             wire = recv_object(self.stage - 1, self.group, self.device, "pp_setup", self.tags["setup"], self.timeout)
-            layouts = {k: BandLayout.from_wire(v) for k, v in wire.items()}  # type: ignore[union-attr]
+            formats = {k: ActivationFormat.from_wire(v) for k, v in wire.items()}  # type: ignore[union-attr]
         if not self.last:
-            wire = {k: v.to_wire() for k, v in layouts.items()}
+            wire = {k: v.to_wire() for k, v in formats.items()}
             send_object(
                 wire,
                 self.stage + 1,
@@ -326,8 +326,8 @@ class Pipeline:
                 self.tags["setup"],
                 self.timeout,
             )
-        first_layout = next(iter(layouts.values()))
-        self.text_tokens = [s["txt_tokens"] if self.joint else 0 for s in first_layout.static]
+        first_format = next(iter(formats.values()))
+        self.text_tokens = [s["txt_tokens"] if self.joint else 0 for s in first_format.static]
         sp = self.mesh.size("sp")
         if self.joint and sp > 1 and min(self.text_tokens) < sp:
             raise ConfigError(
@@ -335,7 +335,7 @@ class Pipeline:
                 "stale-KV joint attention tells text from image tokens on every rank, which needs text on every rank",
                 f"encode the prompt to at least {sp} tokens, or lower ulysses x ring",
             )
-        return layouts
+        return formats
 
     def _band_shape(self, band: Band) -> tuple[int, ...]:
         r0, r1 = band.latent_rows(self.adapter.plan.patch_size)
@@ -345,7 +345,7 @@ class Pipeline:
     def _process(
         self,
         item: Item,
-        layouts: dict[str, BandLayout],
+        formats: dict[str, ActivationFormat],
         statics: dict[str, list[dict[str, Any]]],
         samplers: PatchSamplers | None,
         on_step: StepReport | None,
@@ -356,10 +356,10 @@ class Pipeline:
             (x,) = self._take("latent", item.index)
             acts = self._embed(item.band, x, torch.tensor(rnd.sigma))
         else:
-            acts = layouts[item.band.key].unpack(self._take("act", item.index), statics[item.band.key])
+            acts = formats[item.band.key].unpack(self._take("act", item.index), statics[item.band.key])
         acts = self._run_blocks(item, acts)
         if not self.last:
-            for flat in layouts[item.band.key].pack(acts):
+            for flat in formats[item.band.key].pack(acts):
                 self._send(flat, self.stage + 1, "act")
             return
         assert samplers is not None

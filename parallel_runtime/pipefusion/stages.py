@@ -37,13 +37,6 @@ class StagePlan:
         """The block indices (execution order over all block lists) of ``stage``."""
         return range(self.bounds[stage], self.bounds[stage + 1])
 
-    def stage_of(self, block: int) -> int:
-        """The stage that runs ``block``."""
-        for s in range(self.num_stages):
-            if self.bounds[s] <= block < self.bounds[s + 1]:
-                return s
-        raise IndexError(f"block {block} is outside 0..{self.num_blocks - 1}")
-
     def describe(self) -> str:
         return " | ".join(f"{a}-{b - 1}" for a, b in zip(self.bounds, self.bounds[1:]))
 

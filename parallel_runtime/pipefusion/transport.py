@@ -4,7 +4,7 @@ Per item, stage ``s`` sends stage ``s + 1`` only the *dynamic* Activations field
 hidden states of the patch, the conditioning vectors (small), and the text hidden states when
 the text takes part in joint attention (they change in every block). Everything that depends
 only on positions or on the prompt (rotary tables, the text mask, cross-attention text) is
-*static*: it goes once per band at setup, in a :class:`BandLayout`, together with the shapes of
+*static*: it goes once per band at setup, in a :class:`ActivationFormat`, together with the shapes of
 the dynamic fields, so every receive can be posted ahead with a buffer of the right size. The
 dynamic fields of an item go as one flat tensor per dtype (normally one).
 """
@@ -53,14 +53,14 @@ class FieldSpec:
 
 
 @dataclasses.dataclass(frozen=True)
-class BandLayout:
+class ActivationFormat:
     """How to rebuild the Activations of one band (one per CFG branch run separately)."""
 
     fields: tuple[FieldSpec, ...]  # dynamic fields in packing order
     static: tuple[dict[str, Any], ...]  # per branch: static fields + grid + txt_tokens
 
     @classmethod
-    def from_activations(cls, acts: Sequence[Activations], text_attention: str) -> BandLayout:
+    def from_activations(cls, acts: Sequence[Activations], text_attention: str) -> ActivationFormat:
         fields, static = [], []
         for b, a in enumerate(acts):
             for name in dynamic_fields(text_attention):
@@ -79,7 +79,7 @@ class BandLayout:
         return {"fields": [dataclasses.astuple(f) for f in self.fields], "static": list(self.static)}
 
     @classmethod
-    def from_wire(cls, wire: dict[str, Any]) -> BandLayout:
+    def from_wire(cls, wire: dict[str, Any]) -> ActivationFormat:
         fields = tuple(FieldSpec(int(b), str(n), tuple(int(x) for x in s), str(d)) for b, n, s, d in wire["fields"])
         return cls(fields, tuple(wire["static"]))
 

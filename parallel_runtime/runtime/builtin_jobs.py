@@ -53,11 +53,9 @@ def fail_on_rank(ctx: JobContext, rank: int, message: str = "deliberate failure"
 
 def all_reduce_demo(ctx: JobContext, size: int = 4) -> torch.Tensor:
     """Every rank contributes (rank + 1) * ones(size); returns the sum over the world."""
-    t = torch.full((size,), float(ctx.rank + 1), device=ctx.device)
     import torch.distributed as dist
 
-    if dist.is_initialized():
-        group = None if ctx.world_size > 1 else None
-        if ctx.world_size > 1:
-            all_reduce_sum(t, group or dist.group.WORLD, ctx.mesh.stats)
+    t = torch.full((size,), float(ctx.rank + 1), device=ctx.device)
+    if dist.is_initialized() and ctx.world_size > 1:
+        all_reduce_sum(t, dist.group.WORLD, ctx.mesh.stats)
     return t.cpu()

@@ -106,10 +106,6 @@ class JobContext:
         self.logger.info(message)
         self.emit("log", message)
 
-    def cancel_requested_locally(self) -> bool:
-        """This rank's view of the cancel flag (no communication; do not branch collectives on it)."""
-        return self.cancel_flag_fn()
-
     def check_cancel(self) -> None:
         """Collective: every rank must call it at the same point. Raises JobCancelled on every rank
         if the host asked any rank to cancel."""

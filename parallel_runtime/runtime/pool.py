@@ -122,10 +122,6 @@ class WorkerPool:
         rt = self._runtime
         return rt.prefix if rt else None
 
-    def last_log_lines(self, rank: int, n: int = 20) -> list[str]:
-        rt = self._runtime
-        return list(rt.logs[rank])[-n:] if rt else []
-
     def submit(
         self,
         job: Job,

@@ -1,6 +1,6 @@
 """Row bands of an image split over the ranks of a process group (for the parallel VAE decode).
 
-A :class:`BandLayout` says how many rows each group rank holds at the current resolution. Ranks
+A :class:`RowBands` says how many rows each group rank holds at the current resolution. Ranks
 holding 0 rows "sit out": they own no pixels but still join every collective with empty
 contributions, so nobody waits on them and nothing deadlocks. Active ranks are always a prefix
 of the group (rank 0 .. active-1), top band first.
@@ -23,7 +23,7 @@ so below 2 rows a rank costs more in traffic than it saves in compute."""
 
 
 @dataclasses.dataclass(frozen=True)
-class BandLayout:
+class RowBands:
     """Rows per group rank at one resolution, plus this rank's place and its process group."""
 
     rows: tuple[int, ...]
@@ -59,7 +59,7 @@ class BandLayout:
         """Group rank holding the band below this one, None at the bottom border or when sitting out."""
         return self.rank + 1 if self.local_rows > 0 and self.rank + 1 < self.active else None
 
-    def scaled(self, factor: int) -> BandLayout:
+    def scaled(self, factor: int) -> RowBands:
         """The same split after an integer upsampling of the rows (every band grows by ``factor``)."""
         return dataclasses.replace(self, rows=tuple(r * factor for r in self.rows))
 

@@ -22,7 +22,7 @@ from torch import nn
 from ..errors import ConfigError
 from ..parallel.collectives import all_gather_cat, gather_to, group_rank, group_size
 from ..parallel.mesh import ParallelMesh
-from .bands import DEFAULT_MIN_BAND_ROWS, BandLayout, plan_band_rows
+from .bands import DEFAULT_MIN_BAND_ROWS, RowBands, plan_band_rows
 from .decoder import check_decoder, decode_band
 
 ResultRank = int | Literal["all"]
@@ -34,7 +34,7 @@ class DecodedBand:
     ``layout`` gives every rank's rows at image resolution (``layout.offset`` is where ours start)."""
 
     sample: torch.Tensor
-    layout: BandLayout
+    layout: RowBands
 
 
 def compute_dtype(vae: nn.Module, upcast: bool | None = None) -> torch.dtype:
@@ -116,7 +116,7 @@ def decode_latent_band(
     z = z.to(device=param.device)
     _agree_on_shape(z, min_rows, group, mesh)
     rows = plan_band_rows(z.shape[2], group_size(group), min_rows)
-    layout = BandLayout(rows=rows, rank=group_rank(group), group=group, stats=mesh.stats)
+    layout = RowBands(rows=rows, rank=group_rank(group), group=group, stats=mesh.stats)
     z_band = z.narrow(2, layout.offset, layout.local_rows).to(dtype)
     with torch.no_grad():
         sample = decode_band(vae, z_band, layout)
@@ -124,9 +124,7 @@ def decode_latent_band(
     return DecodedBand(sample, layout.scaled(factor))
 
 
-def _assemble(
-    band: torch.Tensor, layout: BandLayout, dim: int, result_rank: ResultRank, op: str
-) -> torch.Tensor | None:
+def _assemble(band: torch.Tensor, layout: RowBands, dim: int, result_rank: ResultRank, op: str) -> torch.Tensor | None:
     """Concatenate the bands along ``dim`` on ``result_rank`` (a group rank) or on every rank ("all")."""
     if result_rank == "all":
         return all_gather_cat(band, layout.group, layout.stats, dim=dim, sizes=list(layout.rows), op=op)

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from ..errors import ConfigError
-from .bands import BandLayout
+from .bands import RowBands
 from .ops import band_attention, band_conv2d, band_group_norm, band_upsample_nearest2x
 
 _FIX = (
@@ -166,7 +166,7 @@ def check_decoder(vae: nn.Module) -> int:
     return need
 
 
-def _resnet(x: torch.Tensor, resnet: nn.Module, layout: BandLayout) -> torch.Tensor:
+def _resnet(x: torch.Tensor, resnet: nn.Module, layout: RowBands) -> torch.Tensor:
     """A diffusers ResnetBlock2D without time embedding (as in every VAE decoder)."""
     hidden = resnet.nonlinearity(band_group_norm(x, resnet.norm1, layout))
     hidden = band_conv2d(hidden, resnet.conv1, layout)
@@ -176,7 +176,7 @@ def _resnet(x: torch.Tensor, resnet: nn.Module, layout: BandLayout) -> torch.Ten
     return (shortcut + hidden) / resnet.output_scale_factor
 
 
-def decode_band(vae: nn.Module, z_band: torch.Tensor, layout: BandLayout) -> torch.Tensor:
+def decode_band(vae: nn.Module, z_band: torch.Tensor, layout: RowBands) -> torch.Tensor:
     """Decode this rank's latent band (rows ``layout.offset`` onward) to its image band.
 
     Every rank of ``layout.group`` must call this together (ranks with 0 rows too). Returns

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..parallel.collectives import all_gather_cat, exchange_halo
-from .bands import BandLayout
+from .bands import RowBands
 
 
 def _param(p: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor | None:
@@ -28,7 +28,7 @@ def band_linear(x: torch.Tensor, layer: nn.Linear) -> torch.Tensor:
     return F.linear(x, _param(layer.weight, x), _param(layer.bias, x))
 
 
-def band_conv2d(x: torch.Tensor, conv: nn.Conv2d, layout: BandLayout) -> torch.Tensor:
+def band_conv2d(x: torch.Tensor, conv: nn.Conv2d, layout: RowBands) -> torch.Tensor:
     """A stride-1 ``conv`` on this rank's band, equal to those rows of the whole-image conv.
 
     Its row padding ``ph`` is taken from the neighbours' edge rows (zeros at the image's top and
@@ -61,7 +61,7 @@ def band_conv2d(x: torch.Tensor, conv: nn.Conv2d, layout: BandLayout) -> torch.T
     return F.conv2d(padded, weight, bias, padding=(0, pw))
 
 
-def band_group_norm(x: torch.Tensor, norm: nn.GroupNorm, layout: BandLayout) -> torch.Tensor:
+def band_group_norm(x: torch.Tensor, norm: nn.GroupNorm, layout: RowBands) -> torch.Tensor:
     """``norm`` with statistics of the whole image, applied to this rank's band.
 
     Each rank computes, per (sample, group), the mean and the sum of squared deviations (M2) of
@@ -97,7 +97,7 @@ def band_group_norm(x: torch.Tensor, norm: nn.GroupNorm, layout: BandLayout) -> 
     return out.to(x.dtype)
 
 
-def band_upsample_nearest2x(x: torch.Tensor, layout: BandLayout) -> tuple[torch.Tensor, BandLayout]:
+def band_upsample_nearest2x(x: torch.Tensor, layout: RowBands) -> tuple[torch.Tensor, RowBands]:
     """Nearest-neighbour 2x upsampling. Each output row copies one input row of the same band,
     so it needs no exchange; the returned layout has every band twice as tall."""
     batch, channels, rows, width = x.shape
@@ -106,7 +106,7 @@ def band_upsample_nearest2x(x: torch.Tensor, layout: BandLayout) -> tuple[torch.
     return F.interpolate(x, scale_factor=2.0, mode="nearest"), layout.scaled(2)
 
 
-def band_attention(x: torch.Tensor, attn: nn.Module, layout: BandLayout) -> torch.Tensor:
+def band_attention(x: torch.Tensor, attn: nn.Module, layout: RowBands) -> torch.Tensor:
     """The VAE mid-block self-attention (a diffusers ``Attention`` over the pixels as tokens).
 
     Queries come from this band only; keys and values of every band are gathered (one
