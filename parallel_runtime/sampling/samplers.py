@@ -3,8 +3,9 @@
 ``sampler_steps`` returns a generator that yields a :class:`ModelCall` for every model evaluation,
 receives the denoised prediction (x0) through ``.send()`` and returns the final latent. Each patch of a
 split latent can run its own generator (with a :class:`~.noise.SharedNoise` view as its noise). The
-math follows ComfyUI's ``comfy/k_diffusion/sampling.py`` step for step, including the rectified-flow
-(CONST) branches of euler_ancestral and dpmpp_2m_sde and lcm's use of the model's noise scaling.
+results equal ComfyUI's k-diffusion samplers (stored reference values in tests/data), including the
+rectified-flow (CONST) branches of euler_ancestral and dpmpp_2m_sde and lcm's use of the model's
+noise scaling.
 """
 
 from __future__ import annotations
@@ -172,35 +173,47 @@ def _dpmpp_2m(x: torch.Tensor, sigmas: torch.Tensor, opts: _Options) -> SamplerG
 
 
 def _half_log_snr(sigma: torch.Tensor, model_sampling: ModelSampling) -> torch.Tensor:
-    """log(alpha / sigma): ``-log(sigma)``, or ``-logit(sigma)`` for flow models (alpha = 1 - sigma)."""
+    """lambda = log(alpha / sigma): ``-log(sigma)`` (alpha = 1), or ``-logit(sigma)`` for flow models
+    (alpha = 1 - sigma)."""
     return sigma.logit().neg() if model_sampling.is_flow else sigma.log().neg()
 
 
 def _dpmpp_2m_sde(x: torch.Tensor, sigmas: torch.Tensor, opts: _Options) -> SamplerGen:
-    """DPM-Solver++(2M) SDE, midpoint variant, in half-log-SNR (logit for flow models)."""
+    """DPM-Solver++(2M) SDE (Lu et al.), data-prediction form, midpoint correction.
+
+    With the model's clean-image prediction D and lambda = log(alpha / sigma), the exact solution
+    of the SDE over one step of length h = lambda_next - lambda, D held constant, is
+
+        x_next = (sigma_next / sigma) e^(-eta h) x + alpha_next (1 - e^(-(1 + eta) h)) D
+                 + sigma_next sqrt(1 - e^(-2 eta h)) z,   z ~ N(0, I)
+
+    (eta = 0 gives the deterministic DPM-Solver++ step). The second order comes from the previous
+    step: D is extrapolated to the middle of the step, D + (h / (2 h_prev)) (D - D_prev)."""
     ms, eta, s_noise = opts.model_sampling, opts.eta, opts.s_noise
     if ms.is_flow and len(sigmas) > 1 and sigmas[0] >= 1:
-        # logit(1) is infinite: start just below 1, as ComfyUI does
+        # lambda(1) is -inf for a flow model (alpha = 0): start just below 1, as ComfyUI does
         sigmas = sigmas.clone()
         sigmas[0] = ms.percent_to_sigma(1e-4)
-    old_denoised, h, h_last = None, None, None
+    previous: tuple[torch.Tensor, torch.Tensor] | None = None  # (D, h) of the last step
     for i in range(len(sigmas) - 1):
-        denoised = yield from _evaluate(x, sigmas[i], i)
-        if sigmas[i + 1] == 0:
+        sigma, sigma_next = sigmas[i], sigmas[i + 1]
+        denoised = yield from _evaluate(x, sigma, i)
+        if sigma_next == 0:  # the last step lands on the prediction itself
             x = denoised
-        else:
-            lambda_s, lambda_t = _half_log_snr(sigmas[i], ms), _half_log_snr(sigmas[i + 1], ms)
-            h = lambda_t - lambda_s
-            h_eta = h * (eta + 1)
-            alpha_t = sigmas[i + 1] * lambda_t.exp()
-            x = sigmas[i + 1] / sigmas[i] * (-h * eta).exp() * x + alpha_t * (-h_eta).expm1().neg() * denoised
-            if old_denoised is not None:
-                r = h_last / h
-                x = x + 0.5 * alpha_t * (-h_eta).expm1().neg() * (1 / r) * (denoised - old_denoised)
-            if eta > 0 and s_noise > 0:
-                noise = _noise(opts, sigmas[i], sigmas[i + 1], x)
-                x = x + noise * sigmas[i + 1] * (-2 * h * eta).expm1().neg().sqrt() * s_noise
-        old_denoised, h_last = denoised, h
+            continue
+        lam, lam_next = _half_log_snr(sigma, ms), _half_log_snr(sigma_next, ms)
+        h = lam_next - lam
+        alpha_next = sigma_next * lam_next.exp()
+        target = denoised
+        if previous is not None:
+            denoised_prev, h_prev = previous
+            target = denoised + (h / (2 * h_prev)) * (denoised - denoised_prev)
+        keep = (sigma_next / sigma) * torch.exp(-eta * h)
+        x = keep * x - alpha_next * torch.expm1(-(1 + eta) * h) * target
+        if eta > 0 and s_noise > 0:
+            spread = sigma_next * torch.sqrt(-torch.expm1(-2 * eta * h))
+            x = x + _noise(opts, sigma, sigma_next, x) * spread * s_noise
+        previous = (denoised, h)
     return x
 
 

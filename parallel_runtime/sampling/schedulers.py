@@ -11,10 +11,10 @@ import math
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
 
+import numpy
 import torch
 
 from ..errors import ConfigError
-from .beta_quantile import beta_ppf
 from .model_sampling import ModelSampling
 
 
@@ -89,17 +89,17 @@ def exponential_scheduler(model_sampling: ModelSampling, steps: int) -> torch.Te
 
 
 def beta_scheduler(model_sampling: ModelSampling, steps: int, alpha: float = 0.6, beta: float = 0.6) -> torch.Tensor:
-    """Table entries at Beta(alpha, beta) quantiles (arXiv 2407.12173); repeated entries are dropped."""
+    """Table entries at Beta(alpha, beta) quantiles (arXiv 2407.12173), with scipy's quantile
+    function as ComfyUI uses it; repeated entries are dropped."""
+    from scipy.stats import beta as beta_distribution  # imported on use: scipy.stats is slow to import
+
     total = len(model_sampling.sigmas) - 1
+    quantiles = 1.0 - numpy.linspace(0.0, 1.0, steps, endpoint=False)
+    indices = numpy.rint(beta_distribution.ppf(quantiles, alpha, beta) * total)
     sigs: list[float] = []
-    last_t = -1.0
-    step = 1.0 / steps
-    for k in range(steps):
-        q = 1.0 - k * step  # 1 - numpy.linspace(0, 1, steps, endpoint=False)[k], bit for bit
-        t = float(round(beta_ppf(q, alpha, beta) * total))  # round() is round-half-even like numpy.rint
-        if t != last_t:
-            sigs.append(float(model_sampling.sigmas[int(t)]))
-        last_t = t
+    for k, index in enumerate(indices):
+        if k == 0 or index != indices[k - 1]:
+            sigs.append(float(model_sampling.sigmas[int(index)]))
     return _to_sigmas(sigs + [0.0])
 
 
