@@ -1,7 +1,10 @@
 """dit-parallel's engine: run one diffusion-transformer generation across several devices.
 
-Importing this package imports nothing heavy; see ``parallel_runtime.api`` (load, encode, sample,
-decode), ``parallel_runtime.host`` (the worker pool) and ``python -m parallel_runtime --help``.
+Importing this package imports nothing heavy. One wing (sub-package) per part of the architecture,
+lowest layer first: ``parallel`` (config, mesh, collectives, layout planner), ``runtime`` (the worker
+pool), ``attention`` (USP), ``models`` (adapters, loading), ``sampling`` (ComfyUI's sampler math),
+``denoise`` (the denoise loop), ``pipefusion``, ``vae`` (parallel decode), ``service`` (the model API:
+``parallel_runtime.service.api``) and ``tools`` (``python -m parallel_runtime --help``).
 """
 
 __version__ = "0.1.0"

@@ -2,7 +2,7 @@
 
 Before attention each rank of the ulysses group holds its own tokens for all H heads; one
 all-to-all gives every rank all the group's tokens for its share of heads (heads split with
-:func:`~parallel_runtime.sharding.split_sizes`, so H need not divide by the group size). After
+:func:`~parallel_runtime.parallel.sharding.split_sizes`, so H need not divide by the group size). After
 attention the inverse all-to-all restores the sequence split. Token shards may differ in length:
 ``seq_lens[j]`` is the token count of group rank j, in sequence order.
 

@@ -15,7 +15,7 @@ is split over sp ranks in that order):
 2. Ring (outer): the K/V blocks of the ring group travel around it; partial outputs merge by
    log-sum-exp (``ring.py``). Without a ring the kernel attends once.
 3. The inverse all-to-all restores [B, H, S_local, D].
-Kernels ("sdpa", "flash", "auto") live in ``attention_kernels.py``. Attention has no mask, so
+Kernels ("sdpa", "flash", "auto") live in ``kernels.py``. Attention has no mask, so
 the result equals single-device attention over the same tokens; a joint [text shard, image shard]
 local sequence gives the full joint attention up to that token permutation.
 

@@ -1,21 +1,29 @@
-"""Model families: one adapter per diffusers transformer class, looked up by class.
+"""Model families and their files: one adapter per diffusers transformer class (looked up by class),
+loading from diffusers folders and single files, text encoding, weights read from files, the
+tiny-model factory and the one module touching diffusers internals (``compat``).
 
-Importing this package is light (torch only); diffusers is imported when an adapter is requested.
+Importing this package is light; diffusers is imported when an adapter or a model is requested.
 """
 
-from .base import Activations, AttentionScope, Conditioning, LatentFormat, ModelAdapter, ModelPlan, Split
-from .registry import adapter_class_for, family_of, get_adapter, supported_class_names
+from ..exports import lazy_exports
 
-__all__ = [
-    "Activations",
-    "AttentionScope",
-    "Conditioning",
-    "LatentFormat",
-    "ModelAdapter",
-    "ModelPlan",
-    "Split",
-    "adapter_class_for",
-    "family_of",
-    "get_adapter",
-    "supported_class_names",
-]
+__all__, __getattr__ = lazy_exports(
+    __name__,
+    {
+        "base": ("Activations", "AttentionScope", "Conditioning", "LatentFormat", "ModelAdapter", "ModelPlan", "Split"),
+        "registry": ("adapter_class_for", "family_of", "get_adapter", "supported_class_names"),
+        "loading": ("PipelineComponents", "load_pipeline_components", "read_model_index"),
+        "single_file": (
+            "SingleFileInfo",
+            "existing_model_file",
+            "inspect_single_file",
+            "load_single_file_components",
+            "load_single_file_transformer",
+            "missing_part_error",
+        ),
+        "text_encoding": ("encode_prompt", "encode_prompts"),
+        "files": ("detect_family", "model_info_from_path", "read_safetensors_header"),
+        "weights": ("TensorSource", "folder_tensor_source", "load_tensors", "meta_model", "parameters_on_meta"),
+        "tiny": ("TINY_MODELS", "build_tiny_pipeline", "ensure_tiny_model"),
+    },
+)

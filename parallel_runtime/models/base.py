@@ -26,7 +26,7 @@ from . import compat
 
 
 class AttentionScope(Protocol):
-    """What an adapter needs from an attention implementation (see attention.py's CONTRACT)."""
+    """What an adapter needs from an attention implementation (see parallel_runtime/attention/usp.py's CONTRACT)."""
 
     def intercept(self) -> contextlib.AbstractContextManager: ...
 

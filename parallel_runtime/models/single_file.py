@@ -4,7 +4,7 @@
 ``sd3.5_medium.safetensors`` / ``sd3.5_large.safetensors`` (Stability's layout, often with a
 ``model.diffusion_model.`` prefix next to VAE / text-encoder tensors), PixArt ``.safetensors`` /
 ``.pth`` (PixArt's layout). Nothing is fetched from a hub: the family is detected from the tensor
-names (``layout.detect_family``), the variant from a few marker tensors, and the diffusers config
+names (``files.detect_family``), the variant from a few marker tensors, and the diffusers config
 is a copy shipped in ``parallel_runtime/models/configs/<variant>/`` with everything the weights decide
 (depth, width, channels, text widths, optional parts) read from the file's header. The weights
 are then converted to diffusers names (``original_layout``) and assigned to a transformer built

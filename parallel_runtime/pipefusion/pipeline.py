@@ -3,8 +3,8 @@
 Roles on the "pp" dimension of the mesh (each stage may itself be a group of sp ranks, and the
 whole pipeline exists once per cfg rank):
 
-- every stage runs its contiguous range of blocks (:mod:`pipefusion_stages`), with a stale-KV
-  buffer per attention layer (:mod:`pipefusion_attention`);
+- every stage runs its contiguous range of blocks (:mod:`.stages`, loaded by :mod:`.stage_loading`), with a stale-KV
+  buffer per attention layer (:mod:`.stale_kv`);
 - stage 0 embeds each item (the whole image during warmup, else one patch = row band);
 - the last stage applies the output layer, CFG and the sampler step. It holds one sampler
   generator per patch (``sampling.sampler_steps``; noise from one ``SharedNoise`` draw), so every
@@ -12,14 +12,14 @@ whole pipeline exists once per cfg rank):
   straight back to stage 0: the pipeline fills once per generation, not once per step.
 
 Items flow stage to stage point to point following a lockstep schedule every rank computes for
-itself (:mod:`pipefusion_schedule`). Sends are non-blocking; each receive is posted ahead, at the
+itself (:mod:`.schedule`). Sends are non-blocking; each receive is posted ahead, at the
 start of the slot in which its sender computes the item, so the transfer overlaps compute and the
 receiver finds the data waiting one slot later. After every slot all ranks join one tiny
 all-reduce that agrees on cancel: a cancel ends the job at a patch boundary on every rank, and
 since every posted receive then has its send, nothing is left in flight for the next job. Every
 point-to-point wait has a timeout; messages carry a per-generation tag. Warmup steps (``warmup``) run synchronously on the whole image through the
 same stages, which fills the K/V buffers; with ``warmup >= steps`` the result equals the
-single-device engine's.
+single-device denoise loop's (:func:`parallel_runtime.denoise.loop.denoise_latent`).
 """
 
 from __future__ import annotations

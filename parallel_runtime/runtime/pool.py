@@ -28,7 +28,7 @@ def _default_threads(devices: list[str]) -> int:
 class WorkerPool:
     """One worker per device, alive between jobs.
 
-    CPU ranks are pinned to disjoint cores when they fit (``pin_cpu_workers``; see affinity.py).
+    CPU ranks are pinned to disjoint cores when they fit (``pin_cpu_workers``; see :mod:`.affinity`).
 
     >>> with WorkerPool("cpu:2", ParallelConfig(ulysses=2)) as pool:
     ...     pool.submit(echo, 41).result()  # echo from parallel_runtime.runtime.builtin_jobs

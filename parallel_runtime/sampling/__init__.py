@@ -1,54 +1,37 @@
-"""Sampling with ComfyUI's math: model sampling objects, schedulers, k-diffusion samplers, noise, CFG."""
+"""Sampling with ComfyUI's math on plain tensors: model sampling objects, schedulers, k-diffusion
+samplers, noise, CFG. Pure math: no torch.distributed, nothing of the engine but the shared ``errors`` (and ``exports``).
+"""
 
-from .cfg import cfg_combine, cfg_needs_uncond, uses_uncond
-from .model_sampling import (
-    BETA_SCHEDULES,
-    FLUX_DEFAULT_SHIFT,
-    DiscreteEpsSampling,
-    DiscreteFlowSampling,
-    FluxFlowSampling,
-    ModelSampling,
-    discrete_eps,
-    flow_flux,
-    flow_sd3,
-    flux_shift,
-    is_max_denoise,
-    noise_latent,
+from ..exports import lazy_exports
+
+__all__, __getattr__ = lazy_exports(
+    __name__,
+    {
+        "cfg": ("cfg_combine", "cfg_needs_uncond", "uses_uncond"),
+        "model_sampling": (
+            "BETA_SCHEDULES",
+            "FLUX_DEFAULT_SHIFT",
+            "DiscreteEpsSampling",
+            "DiscreteFlowSampling",
+            "FluxFlowSampling",
+            "ModelSampling",
+            "discrete_eps",
+            "flow_flux",
+            "flow_sd3",
+            "flux_shift",
+            "is_max_denoise",
+            "noise_latent",
+        ),
+        "noise": (
+            "BrownianTreeNoise",
+            "GeneratorNoise",
+            "NoiseSampler",
+            "NoiseView",
+            "Region",
+            "SharedNoise",
+            "initial_noise",
+        ),
+        "samplers": ("SAMPLER_NAMES", "ModelCall", "default_noise", "sample", "sampler_steps", "sampler_uses_noise"),
+        "schedulers": ("SCHEDULER_NAMES", "calculate_sigmas", "sigmas_for_denoise"),
+    },
 )
-from .noise import BrownianTreeNoise, GeneratorNoise, NoiseSampler, NoiseView, Region, SharedNoise, initial_noise
-from .samplers import SAMPLER_NAMES, ModelCall, default_noise, sample, sampler_steps, sampler_uses_noise
-from .schedulers import SCHEDULER_NAMES, calculate_sigmas, sigmas_for_denoise
-
-__all__ = [
-    "BETA_SCHEDULES",
-    "FLUX_DEFAULT_SHIFT",
-    "SAMPLER_NAMES",
-    "SCHEDULER_NAMES",
-    "BrownianTreeNoise",
-    "DiscreteEpsSampling",
-    "DiscreteFlowSampling",
-    "FluxFlowSampling",
-    "GeneratorNoise",
-    "ModelCall",
-    "ModelSampling",
-    "NoiseSampler",
-    "NoiseView",
-    "Region",
-    "SharedNoise",
-    "calculate_sigmas",
-    "cfg_combine",
-    "cfg_needs_uncond",
-    "uses_uncond",
-    "default_noise",
-    "discrete_eps",
-    "flow_flux",
-    "flow_sd3",
-    "flux_shift",
-    "initial_noise",
-    "is_max_denoise",
-    "noise_latent",
-    "sample",
-    "sampler_steps",
-    "sampler_uses_noise",
-    "sigmas_for_denoise",
-]

@@ -1,1 +1,21 @@
-"""The model service: host-side API (load, encode, sample, decode) and the worker-side model jobs."""
+"""The model service: the host-side API the nodes and the CLI call (load, encode, sample, decode)
+and the worker-side model jobs it submits.
+"""
+
+from ..exports import lazy_exports
+
+__all__, __getattr__ = lazy_exports(
+    __name__,
+    {
+        "api": (
+            "LoadRequest",
+            "ParallelModel",
+            "check_pipefusion_request",
+            "check_sampling_args",
+            "load_parallel_model",
+            "resolve_model_path",
+        ),
+        "load_job": ("LoadedModel", "load_model", "loaded_model", "unload"),
+        "model_jobs": ("decode", "encode_text", "generate"),
+    },
+)

@@ -66,7 +66,7 @@ def load_model(
     """Load the pipeline onto this rank's device (text encoders only on TEXT_RANK). Reuses it when
     the same model and dtype are already loaded. With pp > 1 each rank loads only its PipeFusion
     stage's blocks (``pp_stage_weights``: relative share of blocks per stage; None: equal). A single
-    transformer file (``path`` is a file) loads the transformer only (single_file.py)."""
+    transformer file (``path`` is a file) loads the transformer only (:mod:`parallel_runtime.models.single_file`)."""
     pp = ctx.mesh.size("pp")
     weights = tuple(pp_stage_weights) if pp > 1 and pp_stage_weights else None
     key = (str(path), dtype, pp, weights, vae_path, vae_norm_groups)

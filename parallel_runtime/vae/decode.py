@@ -98,7 +98,7 @@ def decode_latent_band(
     """Decode this rank's row band of ``z`` [B, C, h, w] and return it without gathering.
 
     Every rank of the group must call this with the same ``z``. The latent rows are split with
-    :func:`~parallel_runtime.sharding.split_sizes` over as many ranks as can each take
+    :func:`~parallel_runtime.parallel.sharding.split_sizes` over as many ranks as can each take
     ``min_band_rows`` rows (default 2, never below what the convs' halos need); the other ranks
     get a 0-row band and only take part in the collectives."""
     group = _resolve_group(mesh, group_dim)

@@ -1,4 +1,4 @@
-"""The diffusers AutoencoderKL decoder, run band by band with the ops of :mod:`.vae_ops`.
+"""The diffusers AutoencoderKL decoder, run band by band with the ops of :mod:`.ops`.
 
 Walks the model's own submodules (post_quant_conv, decoder.conv_in, mid_block resnets and
 attentions, up_blocks resnets and upsamplers, conv_norm_out, conv_act, conv_out) in the order of
