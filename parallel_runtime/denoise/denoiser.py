@@ -47,12 +47,13 @@ class Denoiser:
         """Denoised prediction of one (possibly batched) branch."""
         ms, adapter = self.ms, self.adapter
         sigma_b = sigma.reshape(1).expand(x.shape[0])
-        x_in = ms.calculate_input(sigma_b.reshape(-1, 1, 1, 1), x)
+        per_sample = sigma_b.reshape(-1, *([1] * (x.ndim - 1)))  # broadcasts over [B, C, (T,) H, W]
+        x_in = ms.calculate_input(per_sample, x)
         timestep = ms.timestep(sigma_b)
         self.attention.begin_forward((tuple(x.shape), tuple(cond.prompt_embeds.shape)))
         out = adapter.forward(x_in, timestep, cond, self.mesh, self.attention, guidance=self.guidance)
         self.evaluations += 1
-        return ms.calculate_denoised(sigma_b.reshape(-1, 1, 1, 1), out.float(), x)
+        return ms.calculate_denoised(per_sample, out.float(), x)
 
     def __call__(self, x: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
         x = x.float()

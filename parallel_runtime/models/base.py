@@ -11,6 +11,7 @@ from __future__ import annotations
 import abc
 import contextlib
 import dataclasses
+import math
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from types import MappingProxyType
@@ -22,34 +23,14 @@ from torch import nn
 from ..errors import ConfigError
 from ..parallel.mesh import ParallelMesh
 from ..parallel.sharding import gather, shard
-from . import compat
+from . import compat, token_grid
+from .latent_formats import LatentFormat
 
 
 class AttentionScope(Protocol):
     """What an adapter needs from an attention implementation (see parallel_runtime/attention/usp.py's CONTRACT)."""
 
     def intercept(self) -> contextlib.AbstractContextManager: ...
-
-
-@dataclasses.dataclass(frozen=True)
-class LatentFormat:
-    """Maps a raw VAE latent (ComfyUI's LATENT) to model space and back."""
-
-    channels: int
-    scale: float
-    shift: float = 0.0
-
-    def to_model(self, latent: torch.Tensor) -> torch.Tensor:
-        return (latent - self.shift) * self.scale
-
-    def to_raw(self, z: torch.Tensor) -> torch.Tensor:
-        return z / self.scale + self.shift
-
-    @classmethod
-    def from_vae_config(cls, config: Any) -> LatentFormat:
-        """Read ``latent_channels``, ``scaling_factor``, ``shift_factor`` from an AutoencoderKL config."""
-        get = config.get if isinstance(config, dict) else lambda k, d=None: getattr(config, k, d)
-        return cls(int(get("latent_channels")), float(get("scaling_factor")), float(get("shift_factor", None) or 0.0))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,7 +58,10 @@ class ModelPlan:
     timestep: Literal["sigma", "sigma_x1000", "discrete"]  # what embed's ``timestep`` means
     latent_format: LatentFormat
     splits: tuple[Split, ...]  # Activations fields split over "sp" (the rest is replicated)
-    vae_scale_factor: int = 8
+    vae_scale_factor: int = 8  # image pixels per latent pixel, along each side
+    latent_dims: int = 2  # 2: image latents [B, C, H, W]; 3: video latents [B, C, T, H, W] (one frame per token)
+    vae_temporal_factor: int = 1  # video frames per latent frame (Wan: 4, the first latent frame is 1 frame)
+    image_fields: tuple[str, ...] = ("img", "img_rope")  # Activations fields with one entry per image token
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,15 +105,15 @@ class Activations:
     txt: torch.Tensor | None  # joint: [B, S_txt_local, D]; cross: [B, T, D] replicated; None when consumed
     temb: torch.Tensor  # conditioning vector the blocks take
     temb_out: torch.Tensor  # conditioning vector the output layer takes
-    grid: tuple[int, int]  # full token grid (rows, cols); img token count = rows * cols
+    grid: tuple[int, ...]  # full token grid: (rows, cols), or (frames, rows, cols) for video; tokens = product
     txt_tokens: int  # full text token count
-    img_rope: Rope | None = None  # rotary (cos, sin) rows of this rank's image tokens [S_img_local, Dh]
+    img_rope: Rope | None = None  # rotary (cos, sin) of this rank's image tokens (token dim: the plan's Split)
     txt_rope: Rope | None = None
     txt_mask: torch.Tensor | None = None  # cross-attention bias [B, 1, T] (replicated)
 
     @property
     def img_tokens(self) -> int:
-        return self.grid[0] * self.grid[1]
+        return token_grid.token_count(self.grid)
 
     def replace(self, **changes: Any) -> Activations:
         return dataclasses.replace(self, **changes)
@@ -252,7 +236,8 @@ class ModelAdapter(abc.ABC):
         mesh: ParallelMesh,
         guidance: torch.Tensor | float | None = None,
     ) -> Activations:
-        """Embed the model-space latent ``x`` [B,C,H,W] and split the token sequences over "sp"."""
+        """Embed the model-space latent ``x`` ([B,C,H,W], or [B,C,T,H,W] for video families) and split the
+        token sequences over "sp"."""
         batch = x.shape[0]
         x = x.to(self.device, self.dtype)
         timestep = _batched(timestep, batch, x.device)
@@ -264,42 +249,61 @@ class ModelAdapter(abc.ABC):
         self,
         x_band: torch.Tensor,
         rows: tuple[int, int],
-        full_size: tuple[int, int],
+        full_size: tuple[int, ...],
         timestep: torch.Tensor | float,
         cond: Conditioning,
         mesh: ParallelMesh,
         guidance: torch.Tensor | float | None = None,
     ) -> Activations:
         """Embeddings of a row band (PipeFusion patch): latent rows ``rows[0]:rows[1]`` (multiples of the
-        patch size) of a latent of size ``full_size`` (H, W), of which ``x_band`` [B,C,rows,W] holds the band.
+        patch size) of a latent of size ``full_size`` ((H, W), or (T, H, W) for video), of which ``x_band``
+        [B,C,rows,W] holds the band. For video, rows count in the stacked view (frames stacked vertically,
+        ``token_grid.stacked``): a band is then a contiguous range of the token sequence, maybe across frames.
 
-        Image-token fields (``img``, ``img_rope``) cover only the band's tokens and ``grid`` is the band's
-        token grid; text fields are the full text. Split over "sp" like :meth:`embed`. This default embeds
-        the band placed in an otherwise zero latent and keeps the band's tokens, which is exact when each
-        token's embedding depends only on its own latent patch and its position (Flux, SD3, PixArt);
-        a family may override it with a cheaper band-only computation."""
+        The plan's ``image_fields`` cover only the band's tokens and ``grid`` is the band's 2-D token grid
+        (token rows, cols) in the stacked view; text fields are the full text. Split over "sp" like
+        :meth:`embed`. This default embeds the band placed in an otherwise zero latent and keeps the band's
+        tokens, which is exact when each token's embedding depends only on its own latent patch and its
+        position (Flux, SD3, PixArt, Wan); a family may override it with a cheaper band-only computation."""
         p = self.plan.patch_size
-        (r0, r1), (h, w) = rows, full_size
+        (r0, r1), w = rows, full_size[-1]
+        h = math.prod(full_size[:-1])
         if r0 % p or r1 % p or not 0 <= r0 < r1 <= h or x_band.shape[-2] != r1 - r0 or x_band.shape[-1] != w:
             raise ConfigError(
                 f"row band {r0}:{r1} (a tensor of {x_band.shape[-2]}x{x_band.shape[-1]}) of a {h}x{w} latent",
                 f"a patch is a band of whole {p}x{p} token rows inside the latent",
                 f"give rows that are multiples of {p} within 0..{h}, with x_band holding exactly those rows",
             )
-        cols = self.grid_of(x_band)[1]
         full = x_band
         if (r0, r1) != (0, h):
             full = x_band.new_zeros((*x_band.shape[:-2], h, w))
             full[..., r0:r1, :] = x_band
+        full = token_grid.unstacked(full, tuple(full_size)).to(self.device, self.dtype)
+        cols = self.grid_of(full)[-1]
         batch = full.shape[0]
-        full = full.to(self.device, self.dtype)
         timestep = _batched(timestep, batch, full.device)
         guidance = None if guidance is None else _batched(guidance, batch, full.device)
         acts = self.embed_full(full, timestep, cond.to(full.device, self.dtype), guidance)
         t0, t1 = r0 // p * cols, r1 // p * cols
-        rope = None if acts.img_rope is None else tuple(t[t0:t1] for t in acts.img_rope)
-        acts = acts.replace(img=acts.img[:, t0:t1], img_rope=rope, grid=((r1 - r0) // p, cols))
-        return shard_activations(acts, self.plan.splits, mesh)
+        changes: dict[str, Any] = {"grid": ((r1 - r0) // p, cols)}
+        for field in self.plan.image_fields:
+            value = getattr(acts, field)
+            if value is not None:
+                dim = self.token_dim(field)
+                narrow = lambda t, d=dim: t.narrow(d, t0, t1 - t0)  # noqa: E731
+                changes[field] = tuple(map(narrow, value)) if isinstance(value, tuple) else narrow(value)
+        return shard_activations(acts.replace(**changes), self.plan.splits, mesh)
+
+    def token_dim(self, field: str) -> int:
+        """The tensor dim of an image field that indexes the tokens (the dim it is split along)."""
+        for split in self.plan.splits:
+            if split.field == field:
+                return split.dim
+        raise ConfigError(
+            f"{self.family}: image field {field!r} is not split over the tokens",
+            "per-token fields are cut to a band and split over sequence-parallel ranks along their token dim",
+            f"declare Split({field!r}, <token dim>) in the plan's splits, or drop it from image_fields",
+        )
 
     def joint_text_order(self, module: nn.Module) -> Literal["first", "last"]:
         """Where a self/joint attention module puts the text tokens in the sequence it hands to
@@ -323,7 +327,8 @@ class ModelAdapter(abc.ABC):
             return self.call_block(name, blk, acts)
 
     def final(self, acts: Activations, mesh: ParallelMesh) -> torch.Tensor:
-        """Prediction [B, latent_channels, H, W] in model space, gathered on every sp rank."""
+        """Prediction [B, latent_channels, (T,) H, W] in model space (the stacked view for a band's 2-D grid
+        of a video family), gathered on every sp rank."""
         tokens = gather(self.project_out(acts), 1, acts.img_tokens, mesh)
         return self.unpatchify(tokens, acts.grid)
 
@@ -343,35 +348,21 @@ class ModelAdapter(abc.ABC):
         return self.final(acts, mesh)
 
     # -- latent <-> tokens -----------------------------------------------------------------------
-    def grid_of(self, x: torch.Tensor) -> tuple[int, int]:
-        p = self.plan.patch_size
-        h, w = x.shape[-2:]
-        if h % p or w % p:
-            raise ConfigError(
-                f"latent of size {h}x{w} does not divide into {p}x{p} patches",
-                f"{self.family} turns each {p}x{p} latent patch into one token",
-                f"use an image size that is a multiple of {p * self.plan.vae_scale_factor} pixels",
-            )
-        return h // p, w // p
+    def grid_of(self, x: torch.Tensor) -> tuple[int, ...]:
+        """(rows, cols) of an image latent, (frames, rows, cols) of a video latent (see token_grid)."""
+        plan = self.plan
+        return token_grid.grid_of(x, plan.patch_size, plan.latent_dims, self.family, plan.vae_scale_factor)
 
     def patchify(self, x: torch.Tensor) -> torch.Tensor:
-        """[B,C,H,W] -> [B, rows*cols, C*p*p] in the plan's patch layout."""
-        b, c = x.shape[:2]
-        p, (gh, gw) = self.plan.patch_size, self.grid_of(x)
-        x = x.reshape(b, c, gh, p, gw, p)
-        order = (0, 2, 4, 1, 3, 5) if self.plan.patch_layout == "cpq" else (0, 2, 4, 3, 5, 1)
-        return x.permute(*order).reshape(b, gh * gw, c * p * p)
+        """[B,C,(T,)H,W] -> [B, tokens, C*p*p] in the plan's patch layout, tokens row-major over the grid."""
+        return token_grid.patchify(x, self.plan.patch_size, self.grid_of(x), self.plan.patch_layout)
 
-    def unpatchify(self, tokens: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
-        """[B, rows*cols, C_out*p*p] -> [B, latent_channels, H, W] (learned-sigma channels dropped)."""
-        b, p, c = tokens.shape[0], self.plan.patch_size, self.plan.out_channels
-        gh, gw = grid
-        if self.plan.patch_layout == "cpq":
-            x = tokens.reshape(b, gh, gw, c, p, p).permute(0, 3, 1, 4, 2, 5)
-        else:
-            x = tokens.reshape(b, gh, gw, p, p, c).permute(0, 5, 1, 3, 2, 4)
-        x = x.reshape(b, c, gh * p, gw * p)
-        return x[:, : self.plan.latent_channels] if self.plan.learned_sigma else x
+    def unpatchify(self, tokens: torch.Tensor, grid: tuple[int, ...]) -> torch.Tensor:
+        """[B, tokens, C_out*p*p] -> [B, latent_channels, (T,) H, W] (learned-sigma channels dropped). A 2-D
+        ``grid`` of a video family's tokens gives the stacked view [B, C, T*H, W] (token_grid)."""
+        plan = self.plan
+        x = token_grid.unpatchify(tokens, grid, plan.patch_size, plan.out_channels, plan.patch_layout)
+        return x[:, : plan.latent_channels] if plan.learned_sigma else x
 
 
 def _batched(value: torch.Tensor | float, batch: int, device: torch.device) -> torch.Tensor:

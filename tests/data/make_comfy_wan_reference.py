@@ -316,6 +316,23 @@ def case_vae(c: SimpleNamespace, spec: dict) -> dict:
     }
 
 
+def latent_formats() -> dict:
+    """ComfyUI's Wan latent formats: per-channel statistics and scale (``comfy.latent_formats``)."""
+    import comfy.latent_formats as formats
+
+    out = {}
+    for name in ("Wan21", "Wan22"):
+        fmt = getattr(formats, name)()
+        out[name] = {
+            "channels": fmt.latent_channels,
+            "dimensions": fmt.latent_dimensions,
+            "scale_factor": float(fmt.scale_factor),
+            "mean": [float(v) for v in fmt.latents_mean.flatten()],
+            "std": [float(v) for v in fmt.latents_std.flatten()],
+        }
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("comfy_dir", type=Path)
@@ -341,6 +358,7 @@ def main() -> None:
             "i2v": case_i2v(c, folder, clip_vision=False),
             "ti2v": case_ti2v(c, folder),
         }
+        ref["latent_formats"] = latent_formats()
         vae_ref = {"source": ref["source"], **{name: case_vae(c, spec) for name, spec in VAE_CASES.items()}}
     for path, data in ((args.out, ref), (args.vae_out, vae_ref)):
         path.write_text(dump_json(data) + "\n", encoding="utf-8")
