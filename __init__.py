@@ -4,8 +4,46 @@ ComfyUI imports this file from custom_nodes/. It stays light: the nodes import t
 worker runtime only when they run. Relative imports only (ComfyUI has its own ``nodes`` module).
 """
 
-from .nodes import NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS
-from .nodes.context import install_web_routes
+import importlib.util
+import logging
+import os
+import sys
+
+
+def _runtime_from_this_folder() -> None:
+    """Make ``parallel_runtime`` (the engine, beside this file) importable without installing it:
+    ComfyUI-Manager and a plain ``git clone`` only install requirements.txt. The worker processes
+    find it too: the pool puts this folder on their PYTHONPATH. ``pip install -e .`` installs this
+    same folder, so both ways import one copy."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    package = os.path.join(here, "parallel_runtime")
+    loaded = sys.modules.get("parallel_runtime")
+    if loaded is not None:
+        where = os.path.dirname(os.path.abspath(getattr(loaded, "__file__", "") or package))
+        if where != package:
+            logging.getLogger("dit_parallel").warning(
+                "dit-parallel: parallel_runtime was already imported from %s, not from %s; remove the other copy "
+                "(pip uninstall dit-parallel) if nodes and workers disagree",
+                where,
+                package,
+            )
+        return
+    spec = importlib.util.spec_from_file_location(
+        "parallel_runtime", os.path.join(package, "__init__.py"), submodule_search_locations=[package]
+    )
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["parallel_runtime"] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules["parallel_runtime"]
+        raise
+
+
+_runtime_from_this_folder()
+
+from .nodes import NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS  # noqa: E402
+from .nodes.context import install_web_routes  # noqa: E402
 
 WEB_DIRECTORY = "./web"
 
