@@ -1,0 +1,160 @@
+"""Where the ComfyUI snapshot is, and the separate Python environment that runs it.
+
+ComfyUI's model code imports torchvision, and a real ComfyUI install has its own packages; so the
+server runs in its own venv (torch 2.14.1 + torchvision 0.29.1, a pair known to import together,
+plus the snapshot's requirements.txt without torch*), never in the test venv. It is built once,
+under a lock, outside the repository (``~/.cache/dit-parallel/``; $DIT_PARALLEL_COMFY_VENV points at
+a ready one instead) and reused by later runs. Run this file to build it ahead of the tests.
+
+Nothing here writes into the snapshot: it is only read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+log = logging.getLogger("dit_parallel.tests.comfyui")
+
+REPO = Path(__file__).resolve().parents[2]
+SNAPSHOT_ENV = "DIT_PARALLEL_COMFYUI"
+VENV_ENV = "DIT_PARALLEL_COMFY_VENV"
+TORCH_PINS = ("torch==2.14.1", "torchvision==0.29.1")
+SKIPPED_REQUIREMENTS = ("torch", "torchvision", "torchaudio")  # pinned above / not needed
+READY_MARK = ".dit-parallel-ready"
+BUILD_TIMEOUT_S = 3600
+
+
+def snapshot_dir() -> Path:
+    """$DIT_PARALLEL_COMFYUI, else ``shared/ComfyUI`` beside the repository (CI's layout) or beside a
+    folder above it (a git worktree nested deeper)."""
+    env = os.environ.get(SNAPSHOT_ENV)
+    if env:
+        return Path(env).resolve()
+    for parent in REPO.parents:
+        candidate = parent / "shared" / "ComfyUI"
+        if (candidate / "main.py").is_file():
+            return candidate
+    return REPO.parent / "shared" / "ComfyUI"
+
+
+def snapshot_problem(snapshot: Path) -> str | None:
+    """Why ``snapshot`` cannot be used (None when it looks like a ComfyUI checkout)."""
+    for name in ("main.py", "execution.py", "nodes.py", "requirements.txt"):
+        if not (snapshot / name).is_file():
+            return (
+                f"the ComfyUI snapshot is missing at {snapshot} (no {name}); CI keeps it at ../shared/ComfyUI "
+                f"next to the repository; set ${SNAPSHOT_ENV} to a ComfyUI 0.3.64 source folder"
+            )
+    return None
+
+
+def _requirements(snapshot: Path) -> list[str]:
+    """The snapshot's requirements without comments and without torch/torchvision/torchaudio."""
+    out = []
+    for line in (snapshot / "requirements.txt").read_text(encoding="utf-8").splitlines():
+        line = line.split("#", 1)[0].strip()
+        name = line.split(";")[0]
+        for sep in "<>=!~[ ":
+            name = name.split(sep)[0]
+        if line and name.lower() not in SKIPPED_REQUIREMENTS:
+            out.append(line)
+    return out
+
+
+def _key(snapshot: Path) -> str:
+    text = "\n".join([*TORCH_PINS, *_requirements(snapshot), sys.version.split()[0]])
+    return hashlib.sha1(text.encode()).hexdigest()[:10]
+
+
+def default_venv(snapshot: Path) -> Path:
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return cache / "dit-parallel" / f"comfyui-venv-{_key(snapshot)}"
+
+
+def venv_python(venv: Path) -> Path:
+    return venv / "bin" / "python"
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)  # another test run building the same venv: wait for it
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _pip(python: Path, *args: str, log_file: Path) -> None:
+    cmd = [str(python), "-m", "pip", "install", "--no-input", "--progress-bar", "off", *args]
+    with open(log_file, "a") as out:
+        out.write(f"$ {' '.join(cmd)}\n")
+        out.flush()
+        proc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, timeout=BUILD_TIMEOUT_S, check=False)
+    if proc.returncode != 0:
+        tail = "\n".join(log_file.read_text(errors="replace").splitlines()[-30:])
+        raise RuntimeError(f"{' '.join(cmd)} failed (exit {proc.returncode}); last lines of {log_file}:\n{tail}")
+
+
+def ensure_venv(snapshot: Path | None = None, venv: Path | None = None) -> Path:
+    """The ComfyUI venv's python, building the venv first when it is not ready.
+
+    $DIT_PARALLEL_COMFY_VENV (or ``venv``) names a venv to use as it is; otherwise one is built under
+    ~/.cache/dit-parallel keyed by the pins, the snapshot's requirements and the Python version."""
+    snapshot = snapshot or snapshot_dir()
+    given = venv or (Path(os.environ[VENV_ENV]) if os.environ.get(VENV_ENV) else None)
+    if given is not None:
+        python = venv_python(given)
+        if not python.is_file():
+            raise RuntimeError(f"${VENV_ENV}={given} has no bin/python; unset it to let the tests build one")
+        return python
+    target = default_venv(snapshot)
+    with _locked(target.with_name(target.name + ".lock")):
+        if (target / READY_MARK).is_file():
+            return venv_python(target)
+        if target.exists():  # a build that was interrupted
+            shutil.rmtree(target)
+        t0 = time.monotonic()
+        log_file = target.with_name(target.name + ".log")
+        log_file.write_text(f"building {target} for {snapshot}\n")
+        log.warning("building the ComfyUI venv %s (once; log: %s)", target, log_file)
+        subprocess.run([sys.executable, "-m", "venv", str(target)], check=True, timeout=600)
+        python = venv_python(target)
+        _pip(python, *TORCH_PINS, log_file=log_file)
+        requirements = target / "comfyui-requirements.txt"
+        requirements.write_text("\n".join(_requirements(snapshot)) + "\n")
+        _pip(python, "-r", str(requirements), log_file=log_file)
+        seconds = time.monotonic() - t0
+        (target / READY_MARK).write_text(f"built in {seconds:.0f} s\n")
+        log.warning("ComfyUI venv ready in %.0f s", seconds)
+        return python
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--snapshot", type=Path, default=None, help="ComfyUI source folder")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO)
+    snapshot = args.snapshot or snapshot_dir()
+    problem = snapshot_problem(snapshot)
+    if problem:
+        raise SystemExit(problem)
+    t0 = time.monotonic()
+    python = ensure_venv(snapshot)
+    print(f"{python} ready ({time.monotonic() - t0:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,168 @@
+"""Fixtures for the tests against a real ComfyUI (the snapshot in ../shared/ComfyUI).
+
+One session: the ComfyUI venv (built once, see comfy_env.py), an isolated base directory with the
+pack cloned into custom_nodes and its requirements.txt installed, tiny models in its models folder,
+one server on a free port, and the oracle's answers (node definitions, validate_prompt results).
+At the end the server is stopped and nothing of it may be left: no worker process, no segment in
+/dev/shm.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from comfy_client import ComfyClient
+from comfy_env import REPO, ensure_venv, snapshot_dir, snapshot_problem
+from comfy_server import PACK_FOLDER, ComfyServer, clone_pack, pip_install_requirements
+
+HERE = Path(__file__).resolve().parent
+WORKFLOWS = sorted((REPO / "workflows").glob("*.json"))
+ARTIFACTS_ENV = "DIT_PARALLEL_ARTIFACTS"
+VISIBLE_GPUS_FOR_VALIDATION = 8  # the shipped workflows are for GPU machines (see comfy_oracle.py)
+
+# The model files the shipped workflows name, stood in by the tiny random models:
+# path under models/ -> (tiny model, path inside it; "" for the whole diffusers folder)
+TINY_STAND_INS: dict[str, tuple[str, str]] = {
+    "diffusers/FLUX.1-dev": ("tiny-flux", ""),
+    "diffusers/stable-diffusion-3.5-medium": ("tiny-sd3", ""),
+    "diffusers/PixArt-Sigma-XL-2-1024-MS": ("tiny-pixart", ""),
+    "diffusion_models/flux1-dev.safetensors": ("tiny-flux", "transformer/diffusion_pytorch_model.safetensors"),
+    "vae/ae.safetensors": ("tiny-flux", "vae/diffusion_pytorch_model.safetensors"),
+    "vae/sd3.5_vae.safetensors": ("tiny-sd3", "vae/diffusion_pytorch_model.safetensors"),
+    "text_encoders/clip_l.safetensors": ("tiny-flux", "text_encoder/model.safetensors"),
+    "text_encoders/t5xxl_fp16.safetensors": ("tiny-flux", "text_encoder_2/model.safetensors"),
+}
+
+
+def _ensure_tiny_model(name: str) -> Path:
+    try:
+        from parallel_runtime.models.tiny import ensure_tiny_model
+    except ImportError:  # before the models/ wing
+        from parallel_runtime.testing import ensure_tiny_model
+    return ensure_tiny_model(name)
+
+
+def artifacts_dir() -> Path:
+    """Where screenshots and server logs are kept: $DIT_PARALLEL_ARTIFACTS or test-artifacts/."""
+    path = Path(os.environ.get(ARTIFACTS_ENV) or REPO / "test-artifacts")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+@pytest.fixture(scope="session")
+def comfy_snapshot() -> Path:
+    snapshot = snapshot_dir()
+    problem = snapshot_problem(snapshot)
+    if problem:
+        pytest.fail(problem)
+    return snapshot
+
+
+@pytest.fixture(scope="session")
+def comfy_python(comfy_snapshot) -> Path:
+    return ensure_venv(comfy_snapshot)
+
+
+def _lay_out_models(models: Path) -> None:
+    for rel, (tiny, inside) in TINY_STAND_INS.items():
+        target = _ensure_tiny_model(tiny) / inside if inside else _ensure_tiny_model(tiny)
+        link = models / rel
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(target, target_is_directory=target.is_dir())
+
+
+@pytest.fixture(scope="session")
+def comfy_base(tmp_path_factory, comfy_python) -> Path:
+    """The --base-directory: custom_nodes/dit-parallel (a git clone of this commit, its
+    requirements.txt installed into ComfyUI's venv), models/ with the tiny stand-ins, and user
+    settings of someone who has seen the first-run tour."""
+    base = tmp_path_factory.mktemp("comfyui-base")
+    pack = base / "custom_nodes" / PACK_FOLDER
+    pack.parent.mkdir(parents=True)
+    clone_pack(pack)
+    pip_install_requirements(comfy_python, pack / "requirements.txt", base / "pip-install.log")
+    _lay_out_models(base / "models")
+    settings = base / "user" / "default" / "comfy.settings.json"
+    settings.parent.mkdir(parents=True)
+    settings.write_text(json.dumps({"Comfy.TutorialCompleted": True}))
+    return base
+
+
+@pytest.fixture(scope="session")
+def comfy_env(comfy_base, comfy_python) -> dict[str, str]:
+    """The server's environment: the machine's, without this test venv's Python settings."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")}
+    env["PATH"] = os.pathsep.join([str(comfy_python.parent), *env.get("PATH", "").split(os.pathsep)])
+    env["PYTHONPYCACHEPREFIX"] = str(comfy_python.parent.parent / "pycache")  # never into the snapshot
+    env["DIT_PARALLEL_TINY_ROOT"] = str(comfy_base / "models" / "dit-parallel-tiny")
+    env["GLOO_SOCKET_IFNAME"] = "lo"
+    env["HF_HUB_OFFLINE"] = "1"
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+@pytest.fixture(scope="session")
+def comfy_server(comfy_python, comfy_snapshot, comfy_base, comfy_env):
+    server = ComfyServer(comfy_python, comfy_snapshot, comfy_base, comfy_env)
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()
+        (artifacts_dir() / "comfyui-server.log").write_text(server.log_text())
+        alive, segments = server.leftovers()
+        server.kill_leftovers()
+    assert not alive, f"worker processes left after ComfyUI stopped: {alive}"
+    assert not segments, f"/dev/shm segments left after ComfyUI stopped: {segments}"
+
+
+@pytest.fixture
+def comfy(comfy_server):
+    """A websocket session with the running server (fails the test if ComfyUI died in it)."""
+    with ComfyClient(comfy_server.url) as client:
+        yield client
+    assert comfy_server.alive(), f"ComfyUI died:\n{comfy_server.log_tail()}"
+
+
+@pytest.fixture(scope="session")
+def object_info(comfy_server) -> dict[str, Any]:
+    with ComfyClient(comfy_server.url) as client:
+        return client.get("/object_info", timeout=120)
+
+
+@pytest.fixture(scope="session")
+def comfy_oracle(comfy_python, comfy_snapshot, comfy_base, comfy_env, tmp_path_factory) -> dict[str, Any]:
+    """ComfyUI's own answers, computed in its venv with the pack loaded (see comfy_oracle.py)."""
+    work = tmp_path_factory.mktemp("comfyui-oracle")
+    request = {
+        "snapshot": str(comfy_snapshot),
+        "base": str(comfy_base),
+        "pack_folder": PACK_FOLDER,
+        "visible_gpus": VISIBLE_GPUS_FOR_VALIDATION,
+        "workflows": {p.name: json.loads(p.read_text(encoding="utf-8")) for p in WORKFLOWS},
+    }
+    (work / "request.json").write_text(json.dumps(request))
+    proc = subprocess.run(
+        [str(comfy_python), str(HERE / "comfy_oracle.py"), str(work / "request.json"), str(work / "out.json")],
+        cwd=work,
+        env=comfy_env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    if proc.returncode != 0:
+        pytest.fail(f"comfy_oracle.py failed (exit {proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
+    out = json.loads((work / "out.json").read_text())
+    out["log"] = proc.stdout + proc.stderr
+    return out
+
+
+def pytest_report_header(config) -> list[str]:
+    return [f"ComfyUI snapshot: {snapshot_dir()} (python {sys.version.split()[0]} runs the tests)"]

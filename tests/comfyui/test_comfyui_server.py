@@ -1,0 +1,157 @@
+"""The pack in a real ComfyUI server, driven over HTTP and the websocket as the page drives it.
+
+The shipped tiny workflow runs end to end on two CPU worker ranks; Cancel keeps the workers warm;
+a worker killed mid-run becomes an execution_error naming its rank and the next prompt runs on a
+fresh pool. (The session fixture checks at the end that no worker or /dev/shm segment is left.)
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import signal
+import subprocess
+import time
+from typing import Any
+
+from comfy_client import ComfyClient, Run
+from comfy_server import PACK_FOLDER, pid_alive
+from conftest import REPO
+from workflow_api import ui_to_api
+
+SMOKE = REPO / "workflows" / "tiny_flux_cpu_smoke.json"
+OUR_NODES = {
+    "DiTParallelModelLoader": "Parallel Model Loader",
+    "DiTParallelTextEncode": "Parallel Text Encode",
+    "DiTParallelEmptyLatent": "Parallel Empty Latent",
+    "DiTParallelSampler": "Parallel Sampler",
+    "DiTParallelVAEDecode": "Parallel VAE Decode",
+    "DiTParallelUnload": "Parallel Runtime Unload",
+}
+LONG_STEPS = 2000  # long enough to act mid-run (each tiny step takes milliseconds)
+_seeds = itertools.count(1000)  # a new seed per prompt: ComfyUI would answer an unchanged prompt from its cache
+
+
+def smoke_prompt(object_info: dict[str, Any], steps: int | None = None, size: int | None = None) -> dict[str, Any]:
+    """The shipped tiny workflow in API format, with a fresh seed (and optionally fewer/more steps
+    or another size)."""
+    prompt = ui_to_api(json.loads(SMOKE.read_text(encoding="utf-8")), object_info)
+    sampler = node_of(prompt, "DiTParallelSampler")
+    prompt[sampler]["inputs"]["seed"] = next(_seeds)
+    if steps is not None:
+        prompt[sampler]["inputs"]["steps"] = steps
+    if size is not None:
+        latent = node_of(prompt, "DiTParallelEmptyLatent")
+        prompt[latent]["inputs"].update(width=size, height=size)
+    return prompt
+
+
+def node_of(prompt: dict[str, Any], class_type: str) -> str:
+    (node,) = [k for k, v in prompt.items() if v["class_type"] == class_type]
+    return node
+
+
+def when_step(node: str, step: int, action):
+    """An on_message callback running ``action()`` once, when ``node`` reports progress >= step."""
+    done = []
+
+    def on_message(run: Run, message: dict[str, Any]) -> None:
+        data = message.get("data") or {}
+        if not done and message["type"] == "progress" and str(data.get("node")) == node and data["value"] >= step:
+            done.append(data["value"])
+            action()
+
+    return on_message
+
+
+def test_pack_installs_from_requirements_and_imports_from_its_folder(comfy_server, comfy_python, object_info):
+    """Installed as ComfyUI-Manager installs it (clone + requirements.txt): ComfyUI imports the pack,
+    publishes its nodes and web folder, and parallel_runtime comes from the pack's own folder (it is
+    not installed into ComfyUI's Python)."""
+    installed = subprocess.run(
+        [str(comfy_python), "-c", "import importlib.util; print(importlib.util.find_spec('parallel_runtime'))"],
+        cwd="/",
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout.strip()
+    assert installed == "None", f"parallel_runtime is installed in ComfyUI's venv ({installed}); the test needs it not"
+    log = comfy_server.log_text()
+    pack = f"custom_nodes/{PACK_FOLDER}"
+    timings = [line for line in log.splitlines() if "seconds" in line and line.rstrip().endswith(pack)]
+    assert timings, (
+        f"ComfyUI did not list the pack among the imported custom nodes:\n{log}"
+    )  # failures end "(IMPORT FAILED)"
+    assert f"Cannot import {comfy_server.base / pack}" not in log, log
+    for name, display in OUR_NODES.items():
+        assert name in object_info, f"{name} missing from /object_info"
+        assert object_info[name]["display_name"] == display
+        assert object_info[name]["category"] == "DiT Parallel"
+        assert object_info[name]["python_module"] == f"custom_nodes.{PACK_FOLDER}"
+    assert "tiny-flux" in object_info["DiTParallelModelLoader"]["input"]["required"]["model"][0]
+    with ComfyClient(comfy_server.url) as client:
+        scripts = client.get("/extensions")
+        assert f"/extensions/{PACK_FOLDER}/dit_parallel.js" in scripts
+        assert client.get("/dit_parallel/status")["type"] == "snapshot"
+
+
+def test_tiny_workflow_end_to_end_with_one_progress_message_per_step_and_previews(comfy, object_info):
+    prompt = smoke_prompt(object_info)
+    sampler = node_of(prompt, "DiTParallelSampler")
+    steps = prompt[sampler]["inputs"]["steps"]
+    run = comfy.run(prompt, timeout=600)
+    assert run.outcome == "execution_success", run.messages[-5:]
+    assert run.progress(sampler) == list(range(1, steps + 1)), "one progress message per step, in order"
+    assert run.previews, "no preview image under --preview-method auto"
+    assert all(p[:2] == b"\xff\xd8" for p in run.previews), "previews are JPEG images"
+    outputs = comfy.get(f"/history/{run.prompt_id}")[run.prompt_id]["outputs"]
+    (images,) = [o["images"] for o in outputs.values() if "images" in o]
+    assert len(images) == 1 and images[0]["type"] == "temp"
+    loader = node_of(prompt, "DiTParallelModelLoader")
+    executed = {d["node"]: d.get("output") for d in run.of_type("executed")}
+    assert "tiny-flux (flux) on cpu:2" in " ".join(executed[loader]["text"])
+
+
+def test_cancel_mid_run_keeps_the_workers_warm(comfy, comfy_server, object_info):
+    comfy.run(smoke_prompt(object_info, steps=2), timeout=600)  # the pool is up
+    before = comfy_server.worker_pids()
+    assert len(before) == 2, before
+    prompt = smoke_prompt(object_info, steps=LONG_STEPS, size=64)
+    sampler = node_of(prompt, "DiTParallelSampler")
+    run = comfy.run(prompt, timeout=300, on_message=when_step(sampler, 3, lambda: comfy.post("/interrupt")))
+    assert run.outcome == "execution_interrupted", run.messages[-5:]
+    assert max(run.progress(sampler)) < LONG_STEPS
+    assert comfy_server.worker_pids() == before, "Cancel restarted the workers"
+    again = comfy.run(smoke_prompt(object_info, steps=2), timeout=300)
+    assert again.outcome == "execution_success", again.messages[-5:]
+    assert comfy_server.worker_pids() == before
+
+
+def test_killed_worker_is_an_error_naming_its_rank_and_the_next_prompt_runs(comfy, comfy_server, object_info):
+    comfy.run(smoke_prompt(object_info, steps=2), timeout=600)
+    old = comfy_server.worker_pids()
+    assert len(old) == 2, old
+    old_segments = comfy_server.shm_segments()
+    assert old_segments
+    prompt = smoke_prompt(object_info, steps=LONG_STEPS, size=64)
+    sampler = node_of(prompt, "DiTParallelSampler")
+    run = comfy.run(prompt, timeout=300, on_message=when_step(sampler, 3, lambda: os.kill(old[1], signal.SIGKILL)))
+    assert run.outcome == "execution_error", run.messages[-5:]
+    error = run.error()
+    assert error["node_id"] == sampler
+    assert "rank 1" in error["exception_message"], error["exception_message"]
+    assert comfy_server.alive()
+    deadline = time.monotonic() + 30
+    while comfy.get("/queue")["queue_running"] and time.monotonic() < deadline:
+        time.sleep(0.2)  # the error is sent before the queue marks the prompt done
+    assert comfy.get("/queue")["queue_running"] == []
+    while (pid_alive(old[0]) or set(old_segments) & set(comfy_server.shm_segments())) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not pid_alive(old[0]), "the surviving worker of the broken pool is still running"
+    assert not set(old_segments) & set(comfy_server.shm_segments()), "the broken pool's segments were not unlinked"
+    again = comfy.run(smoke_prompt(object_info, steps=2), timeout=300)
+    assert again.outcome == "execution_success", again.messages[-5:]
+    fresh = comfy_server.worker_pids()
+    assert len(fresh) == 2 and not set(fresh.values()) & set(old.values())
