@@ -1,0 +1,103 @@
+"""Run inside ComfyUI's venv: load the snapshot's nodes and this pack as ComfyUI does, then answer
+from ComfyUI's own code. Usage: ``python comfy_oracle.py REQUEST.json OUT.json``.
+
+REQUEST: {"snapshot", "base" (the --base-directory, whose custom_nodes holds the cloned pack),
+"workflows": {name: UI-format workflow}, "visible_gpus": N}. OUT: {"object_info" (the node
+definitions, built as the server's /object_info builds them), "samplers", "schedulers"
+(comfy.samplers.KSampler), "loaded_pack" (whether dit-parallel imported), "results": {name:
+{"prompt" (API format), "valid", "error", "node_errors", "conversion_error"}}}.
+
+Validation is ``execution.validate_prompt`` itself: ComfyUI's type, link, combo and range checks
+and our VALIDATE_INPUTS. Our loader checks that the requested GPUs exist; the shipped workflows are
+for GPU machines, so ``visible_gpus`` makes torch report that many CUDA devices during validation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def _setup(snapshot: str, base: str) -> Any:
+    sys.path.insert(0, snapshot)
+    sys.argv = ["main.py", "--cpu", "--base-directory", base, "--disable-api-nodes"]
+    import comfy.options
+
+    comfy.options.enable_args_parsing()
+    import utils.extra_config  # noqa: F401  (main.py imports ComfyUI's utils package first; so must we)
+
+    import nodes
+
+    asyncio.run(nodes.init_extra_nodes(init_custom_nodes=True, init_api_nodes=False))
+    return nodes
+
+
+def _node_info(nodes: Any, name: str) -> dict[str, Any]:
+    """What the server's /object_info says about one node (input, input_order, output, names)."""
+    cls = nodes.NODE_CLASS_MAPPINGS[name]
+    if hasattr(cls, "GET_NODE_INFO_V1"):  # nodes written with the V3 schema
+        return cls.GET_NODE_INFO_V1()
+    inputs = cls.INPUT_TYPES()
+    return {
+        "input": inputs,
+        "input_order": {key: list(value.keys()) for key, value in inputs.items()},
+        "output": list(cls.RETURN_TYPES),
+        "output_name": list(getattr(cls, "RETURN_NAMES", cls.RETURN_TYPES)),
+        "output_node": bool(getattr(cls, "OUTPUT_NODE", False)),
+        "name": name,
+        "display_name": nodes.NODE_DISPLAY_NAME_MAPPINGS.get(name, name),
+        "python_module": getattr(cls, "RELATIVE_PYTHON_MODULE", "nodes"),
+    }
+
+
+def _jsonable(value: Any) -> Any:
+    return json.loads(json.dumps(value, default=repr))
+
+
+def main() -> None:
+    request_path, out_path = Path(sys.argv[1]), Path(sys.argv[2])
+    request = json.loads(request_path.read_text())
+    nodes = _setup(request["snapshot"], request["base"])
+    import comfy.samplers
+    import execution
+    import torch
+    from workflow_api import WorkflowError, ui_to_api
+
+    object_info = {}
+    for name in nodes.NODE_CLASS_MAPPINGS:
+        try:
+            object_info[name] = _jsonable(_node_info(nodes, name))
+        except Exception as exc:  # a broken core node must not hide the answer for the others
+            object_info[name] = {"error": repr(exc)}
+    gpus = int(request.get("visible_gpus", 0))
+    if gpus:
+        torch.cuda.is_available = lambda: True
+        torch.cuda.device_count = lambda: gpus
+    results = {}
+    for name, workflow in request["workflows"].items():
+        try:
+            prompt = ui_to_api(workflow, object_info)
+        except WorkflowError as exc:
+            results[name] = {"conversion_error": str(exc)}
+            continue
+        valid, error, outputs, node_errors = asyncio.run(execution.validate_prompt(name, prompt, None))
+        results[name] = _jsonable(
+            {"prompt": prompt, "valid": valid, "error": error, "outputs": outputs, "node_errors": node_errors}
+        )
+    out = {
+        "object_info": object_info,
+        "samplers": list(comfy.samplers.KSampler.SAMPLERS),
+        "schedulers": list(comfy.samplers.KSampler.SCHEDULERS),
+        "loaded_pack": any(
+            Path(d).name == request.get("pack_folder", "dit-parallel") for d in nodes.LOADED_MODULE_DIRS.values()
+        ),
+        "results": results,
+    }
+    out_path.write_text(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
