@@ -120,6 +120,15 @@ function jobText(job) {
   return `${what} ${job.state}`;
 }
 
+/** What one rank is doing: "ready" between jobs; while a job runs its word ("sampling",
+ * "decoding", ...), or "waiting" while a sampling rank has not reported its first step. */
+function rankState(pool, rank) {
+  const job = pool.job;
+  if (job?.state !== "running") return "ready";
+  if (job.job === "sample" && typeof rank.step !== "number") return "waiting";
+  return JOB_WORDS[job.job] ?? job.job;
+}
+
 /** The view model: one entry per pool with ready-to-show strings and a percent per rank. */
 export function toView(state) {
   const pools = state.order
@@ -137,6 +146,7 @@ export function toView(state) {
           return {
             rank,
             device: devices[rank] ?? "?",
+            state: rankState(pool, r),
             step: hasStep ? `${r.step}/${r.total}` : "",
             patch: typeof r.patch === "number" && typeof r.patches === "number" ? `${r.patch + 1}/${r.patches}` : "",
             memory: memoryText(r.memory),

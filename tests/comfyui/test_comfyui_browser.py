@@ -1,50 +1,69 @@
 """The status panel in a real browser: headless Chromium opens the page of the running ComfyUI
-(with the pack loaded) while a prompt runs; the panel shows the pool's devices, each rank's state
-and its step progress, live. A screenshot is kept in the artifacts folder."""
+(with the pack loaded) while a prompt runs, opens the "DiT Parallel" sidebar tab, and reads from
+the DOM the pool's devices, each rank's state and step progress (live: the steps advance). The
+panel covers none of ComfyUI's canvas widgets. A screenshot is kept in the artifacts folder."""
 
 from __future__ import annotations
 
-import re
+import json
 import time
+from typing import Any
 
 import pytest
 from browser import missing_browser, start_chromium
 from comfy_client import ComfyClient
 from conftest import artifacts_dir
-from test_comfyui_server import node_of, smoke_prompt
+from test_comfyui_server import SMOKE, node_of, smoke_prompt
 
 BROWSER_STEPS = 10000  # the most the sampler accepts: the prompt outlives the page load; it is cancelled
-PANEL = "#dit-parallel-status"
-RANK_LINE = re.compile(r"rank (\d+) · (\S+)(?: · step (\d+)/(\d+))?")
+TAB_BUTTON = ".dit-parallel-tab-button"
+READ_PANEL = """
+const panel = document.querySelector('#dit-parallel-status');
+if (!panel || !panel.getClientRects().length) return null;
+const box = (e) => { if (!e) return null; const r = e.getBoundingClientRect(); return [r.left, r.top, r.right, r.bottom]; };
+return {
+  text: panel.innerText,
+  box: box(panel),
+  pools: [...panel.querySelectorAll('.dit-parallel-pool')].map((p) => ({
+    pool: p.dataset.pool,
+    text: p.innerText,
+    job: p.querySelector('.dit-parallel-job')?.innerText,
+    ranks: [...p.querySelectorAll('.dit-parallel-rank')].map((r) => ({...r.dataset})),
+  })),
+  covered: [...document.querySelectorAll(arguments[0])].map(box).filter(Boolean),
+};
+"""
+CANVAS_WIDGETS = ".minimap-main-container, .graph-canvas-panel, .p-buttongroup-vertical, .execution-actions"
 
 
-def panel_text(driver) -> str:
-    return driver.execute_script(
-        "const p = document.querySelector(arguments[0]);"
-        "return p && p.getClientRects().length ? p.innerText : '';",  # shown? (a fixed panel has no offsetParent)
-        PANEL,
-    )
+def read_panel(driver) -> dict[str, Any] | None:
+    return driver.execute_script(READ_PANEL, CANVAS_WIDGETS)
 
 
-def rank_steps(text: str) -> dict[int, tuple[str, int | None, int | None]]:
-    """rank -> (device, step, total) from the panel's rank lines."""
-    out = {}
-    for match in RANK_LINE.finditer(text):
-        rank, device, step, total = match.groups()
-        out[int(rank)] = (device, int(step) if step else None, int(total) if total else None)
-    return out
+def stepping(panel: dict[str, Any] | None) -> dict[int, int] | None:
+    """rank -> step when the one pool shows a step for both of its ranks."""
+    if not panel or len(panel["pools"]) != 1:
+        return None
+    ranks = panel["pools"][0]["ranks"]
+    if len(ranks) != 2 or not all("step" in r for r in ranks):
+        return None
+    return {int(r["rank"]): int(r["step"]) for r in ranks}
 
 
 def wait_for(driver, condition, timeout: float, what: str):
     deadline = time.monotonic() + timeout
     last = None
     while time.monotonic() < deadline:
-        last = panel_text(driver)
+        last = read_panel(driver)
         value = condition(last)
         if value:
             return value
         time.sleep(0.25)
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}; the panel shows:\n{last}")
+
+
+def overlaps(a: list[float], b: list[float]) -> bool:
+    return a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
 
 
 def test_status_panel_follows_a_running_prompt(comfy_server, object_info, tmp_path):
@@ -58,26 +77,31 @@ def test_status_panel_follows_a_running_prompt(comfy_server, object_info, tmp_pa
         driver = start_chromium(tmp_path / "chromium-profile", artifacts_dir() / "chromedriver.log")
         try:
             driver.get(comfy_server.url)
-
-            def all_ranks_stepping(text: str):
-                ranks = rank_steps(text)
-                return ranks if len(ranks) == 2 and all(s is not None for _, s, _ in ranks.values()) else None
-
-            first = wait_for(driver, all_ranks_stepping, 240, "both ranks to show their step")
-            text = panel_text(driver)
-            assert "tiny-flux (flux)" in text
-            assert "on cpu, cpu" in text, "the pool's devices"
-            assert "sampling" in text, "the job state"
-            assert {r: d for r, (d, _, _) in first.items()} == {0: "cpu", 1: "cpu"}
-            assert all(total == BROWSER_STEPS for _, _, total in first.values())
+            deadline = time.monotonic() + 180
+            while not driver.execute_script("return !!document.querySelector(arguments[0])", TAB_BUTTON):
+                assert time.monotonic() < deadline, "the DiT Parallel sidebar tab did not appear"
+                time.sleep(0.25)
+            # the shipped workflow on the canvas (as if dragged in), for the screenshot
+            driver.execute_script("return window.app.loadGraphData(arguments[0])", json.loads(SMOKE.read_text()))
+            driver.execute_script("document.querySelector(arguments[0]).click()", TAB_BUTTON)
+            first = wait_for(driver, stepping, 240, "both ranks to show their step")
+            panel = read_panel(driver)
+            (pool,) = panel["pools"]
+            assert "tiny-flux (flux)" in pool["text"]
+            assert "on cpu, cpu" in pool["text"], "the pool's devices"
+            assert pool["job"] == "sampling"
+            assert [(r["rank"], r["device"]) for r in pool["ranks"]] == [("0", "cpu"), ("1", "cpu")]
+            assert all(r["state"] == "sampling" and r["total"] == str(BROWSER_STEPS) for r in pool["ranks"])
+            assert all("RAM" in line for line in pool["text"].splitlines() if line.startswith("rank")), (
+                "memory per rank"
+            )
+            for widget in panel["covered"]:
+                assert not overlaps(panel["box"], widget), f"the panel {panel['box']} covers a canvas widget {widget}"
             driver.save_screenshot(str(artifacts_dir() / "comfyui-status-panel.png"))
             later = wait_for(
-                driver,
-                lambda t: (r := all_ranks_stepping(t)) and all(r[k][1] > first[k][1] for k in r) and r,
-                60,
-                "the steps to advance",
+                driver, lambda p: (s := stepping(p)) and all(s[r] > first[r] for r in s) and s, 60, "steps to advance"
             )
-            assert all(later[k][1] > first[k][1] for k in later)
+            assert all(later[r] > first[r] for r in later)
         finally:
             client.post("/interrupt")
             driver.quit()

@@ -153,3 +153,32 @@ test("the extension listens to the event the server sends and imports the model 
   assert.ok(source.includes('from "./status_model.js"'));
   assert.ok(source.includes("app.registerExtension"));
 });
+
+test("each rank has its own state, step and memory", () => {
+  let state = fold([
+    poolEvent,
+    { type: "job", pool: "p1", job: "sample", state: "running" },
+    { type: "progress", pool: "p1", rank: 1, step: 3, total: 20 },
+    { type: "memory", pool: "p1", rank: 1, memory: { rss_bytes: 256 * 1024 ** 2 } },
+  ]);
+  let [pool] = toView(state).pools;
+  assert.deepEqual(
+    pool.ranks.map((r) => [r.rank, r.state, r.step, r.memory]),
+    [
+      [0, "waiting", "", ""],
+      [1, "sampling", "3/20", "RAM 256 MiB"],
+    ],
+  );
+  state = reduce(state, { type: "job", pool: "p1", job: "sample", state: "done" });
+  [pool] = toView(state).pools;
+  assert.deepEqual(
+    pool.ranks.map((r) => r.state),
+    ["ready", "ready"],
+  );
+  state = reduce(state, { type: "job", pool: "p1", job: "decode", state: "running" });
+  [pool] = toView(state).pools;
+  assert.deepEqual(
+    pool.ranks.map((r) => r.state),
+    ["decoding", "decoding"],
+  );
+});
