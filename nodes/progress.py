@@ -22,15 +22,21 @@ EventFn = Callable[[int, str, Any], None]
 
 
 class JobMonitor:
-    """Turns runtime events into ComfyUI progress/previews and status-panel events."""
+    """Turns runtime events into ComfyUI progress/previews and status-panel events.
 
-    def __init__(self, bridge: Bridge, status: StatusBoard, pool: str, family: str, total: int):
+    ComfyUI's progress bar moves once per step, when the slowest of the ``ranks`` workers has
+    finished it (one "progress" message per step); the newest preview rides along with that
+    update (the preview rank sends a step's preview just before its progress). Every rank's own
+    progress and memory go to the status panel."""
+
+    def __init__(self, bridge: Bridge, status: StatusBoard, pool: str, family: str, total: int, ranks: int = 1):
         self.bridge, self.status, self.pool, self.family = bridge, status, pool, family
         self.total = max(int(total), 1)
         self.bar = bridge.progress_bar(self.total)
-        self.rank_step: dict[int, int] = {}
+        self.rank_step: dict[int, int] = dict.fromkeys(range(max(int(ranks), 1)), 0)
         self.shown = 0
         self.previews = 0
+        self._pending_preview: Any = None  # the newest preview latent not shown yet
 
     def handle(self, rank: int, kind: str, payload: Any) -> None:
         payload = payload if isinstance(payload, dict) else {}
@@ -38,18 +44,24 @@ class JobMonitor:
             self.status.progress(self.pool, rank, payload)
             if "step" in payload:
                 self.total = int(payload.get("total") or self.total)
-                self.rank_step[rank] = int(payload["step"])
-                done = min(self.rank_step.values())  # the slowest rank that reports
-                if done > self.shown:
-                    self.shown = done
-                    self.bar.update_absolute(done, self.total)
+                self.rank_step[rank] = max(self.rank_step.get(rank, 0), int(payload["step"]))
+                self._advance()
         elif kind == "preview" and payload.get("latent") is not None:
-            image = self.bridge.preview_image(self.family, payload["latent"])
-            self.previews += 1
-            step = int(payload.get("step", self.shown))
-            self.bar.update_absolute(max(min(step, self.total), self.shown), self.total, image)
+            self._pending_preview = payload["latent"]
         elif kind == "memory":
             self.status.memory(self.pool, rank, payload)
+
+    def _advance(self) -> None:
+        done = min(min(self.rank_step.values()), self.total)
+        if done <= self.shown:
+            return
+        self.shown = done
+        image = None
+        if self._pending_preview is not None:
+            image = self.bridge.preview_image(self.family, self._pending_preview)
+            self._pending_preview = None
+            self.previews += 1
+        self.bar.update_absolute(done, self.total, image)
 
 
 def run_with_events(

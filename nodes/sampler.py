@@ -175,7 +175,7 @@ class ParallelSampler(ContextNode):
         flux_guidance = float(pos_extra.get("guidance", guidance)) if family == "flux" else None
         batch, _, h, w = samples.shape
         total = (len(sigmas) - 1) if sigmas is not None else steps
-        monitor = JobMonitor(ctx.bridge, ctx.status, parallel_model.pool_id, family, total)
+        monitor = JobMonitor(ctx.bridge, ctx.status, parallel_model.pool_id, family, total, len(parallel_model.devices))
 
         def job(on_event, should_cancel):
             return model.sample(

@@ -89,7 +89,10 @@ def test_parallel_equals_single_device(cpu_pool, reference, layout, name):
     )
     assert got.shape == expected.shape
     assert _close(got, expected)
-    assert [p["step"] for _, kind, p in events if kind == "progress"] == [1, 2, 3]
+    for rank in range(pool.config.world_size):  # every rank reports its own steps
+        assert [p["step"] for r, kind, p in events if kind == "progress" and r == rank] == [1, 2, 3]
+    assert {r for r, kind, _ in events if kind == "memory"} == set(range(pool.config.world_size))
+    assert {r for r, kind, _ in events if kind == "preview"} == {0}
 
 
 def test_three_heads_with_ulysses_two(cpu_pool, tmp_path):

@@ -41,6 +41,15 @@ WIDTH, HEIGHT = 336, 208
 STEPS = 3
 
 
+def assert_progress_per_rank(events: list, world: int, steps: int) -> None:
+    """Every rank reports after each of its patches the steps it has finished: non-decreasing, one
+    step at a time, ending at ``steps``; the last stage sends one preview per step."""
+    for rank in range(world):
+        done = [p["step"] for r, kind, p in events if kind == "progress" and r == rank]
+        assert done and done[-1] == steps and all(0 <= b - a <= 1 for a, b in zip(done, done[1:])), (rank, done)
+    assert [p["step"] for _, kind, p in events if kind == "preview"] == list(range(1, steps + 1))
+
+
 def _close(got: torch.Tensor, expected: torch.Tensor) -> bool:
     """float32 agreement: 1e-4 absolute, scaled by the magnitude when values are large."""
     return (got - expected).abs().max().item() <= 1e-4 * max(1.0, expected.abs().max().item())
@@ -229,7 +238,7 @@ def test_warmup_covering_all_steps_equals_single_device(cpu_pool, reference, lay
     events = []
     got = _generate(pool, case, patches=3, warmup=STEPS, events=events)
     assert got.shape == case[4].shape and _close(got, case[4])
-    assert [p["step"] for _, kind, p in events if kind == "progress"] == [1, 2, 3]
+    assert_progress_per_rank(events, pool.config.world_size, STEPS)
 
 
 def test_stale_kv_difference_shrinks_with_warmup_and_stays_below_seed_difference(cpu_pool, reference):
@@ -270,7 +279,7 @@ def test_every_sampler_runs_per_patch(cpu_pool, reference, sampler):
     _load(pool, "tiny-sd3")
     events = []
     assert _close(_generate(pool, case, patches=4, warmup=STEPS, events=events), case[4])
-    assert [p["step"] for _, kind, p in events if kind == "progress"] == [1, 2, 3]
+    assert_progress_per_rank(events, pool.config.world_size, STEPS)
     stale = _generate(pool, case, patches=4, warmup=1)
     seed_diff = _mean_diff(reference.case("tiny-sd3", sampler=sampler, seed=8)[4], case[4])
     assert _mean_diff(stale, case[4]) < 0.05 * seed_diff

@@ -51,6 +51,7 @@ from .transport import ActivationFormat
 log = logging.getLogger(__name__)
 
 StepReport = Callable[[int, int, torch.Tensor], None]  # (step, total, denoised of the whole latent)
+PatchReport = Callable[[int, int, "int | None", int], None]  # (steps done here, total, patch or None, patches)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,6 +91,7 @@ def run_pipefusion(
     attention_backend: str = "auto",
     check_cancel: Callable[[], None] | None = None,
     on_step: StepReport | None = None,
+    on_patch: PatchReport | None = None,
     message_tag: int = 1,
 ) -> tuple[torch.Tensor | None, PipeFusionStats]:
     """KSampler on a raw VAE latent with PipeFusion over the mesh's "pp" dimension.
@@ -97,13 +99,14 @@ def run_pipefusion(
     Every rank of the mesh calls it with the same arguments. Returns (the raw latent on global
     rank 0, else None; this rank's stats). ``check_cancel`` is called by every rank after every
     slot (it must be collective over all ranks, like ``JobContext.check_cancel``); ``on_step`` only
-    on the reporting rank (last stage, cfg 0, sp 0), once per step. ``message_tag`` (equal on all
+    on the reporting rank (last stage, cfg 0, sp 0), once per step; ``on_patch`` on every rank after
+    each patch it processed, with the steps this rank has finished (progress per rank). ``message_tag`` (equal on all
     ranks, different for every generation, e.g. the job id) keeps one generation's point-to-point
     messages apart from another's, should an error have left a receive posted."""
     runner = Pipeline(
         adapter, mesh, stages, model_sampling, positive, negative, latent_raw, settings, options, message_tag
     )
-    return runner.run(attention_backend, check_cancel, on_step)
+    return runner.run(attention_backend, check_cancel, on_step, on_patch)
 
 
 class Pipeline:
@@ -164,11 +167,16 @@ class Pipeline:
         self.sends: list[PendingP2P] = []
         self.inbox: dict[tuple[str, int], list[PendingP2P]] = {}
         self.final_latent: torch.Tensor | None = None
+        self.last_item_of_step: dict[int, int] = {}
         self.seconds = dict.fromkeys(("compute", "receive", "agree", "total"), 0.0)
 
     # -- driver ------------------------------------------------------------------------------------
     def run(
-        self, backend: str, check_cancel: Callable[[], None] | None, on_step: StepReport | None
+        self,
+        backend: str,
+        check_cancel: Callable[[], None] | None,
+        on_step: StepReport | None,
+        on_patch: PatchReport | None = None,
     ) -> tuple[torch.Tensor | None, PipeFusionStats]:
         sched = self.sched
         if sched is None:  # nothing to sample
@@ -205,6 +213,8 @@ class Pipeline:
                     if k is not None:
                         t0 = time.perf_counter()
                         self._process(sched.items[k], formats, statics, samplers, on_step)
+                        if on_patch is not None:
+                            self._report_patch(sched.items[k], on_patch)
                         self.seconds["compute"] += time.perf_counter() - t0
                     self.sends = [h for h in self.sends if not h.done()]
                     t0 = time.perf_counter()
@@ -367,6 +377,15 @@ class Pipeline:
         samplers.step(item, denoised)
         if self.reporter and on_step is not None and samplers.last_of_step[rnd.step] == item.index:
             on_step(rnd.step, len(self.sigmas) - 1, samplers.preview)
+
+    def _report_patch(self, item: Item, on_patch: PatchReport) -> None:
+        assert self.sched is not None
+        if not self.last_item_of_step:  # the same on every stage: each processes every item in order
+            for other in self.sched.items:
+                self.last_item_of_step[self.sched.rounds[other.round].step] = other.index
+        step = self.sched.rounds[item.round].step
+        done = step + 1 if item.index == self.last_item_of_step[step] else step
+        on_patch(done, len(self.sigmas) - 1, item.band.index, self.patches)
 
     def _embed(self, band: Band, x: torch.Tensor, sigma: torch.Tensor) -> list[Activations]:
         out = []

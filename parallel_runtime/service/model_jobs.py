@@ -6,6 +6,8 @@ rank; collectives inside happen in the same order everywhere.
 
 from __future__ import annotations
 
+import time
+
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -17,6 +19,7 @@ from ..runtime.jobs import JobContext
 from .load_job import TEXT_RANK, LoadedModel, loaded_model
 
 PREVIEW_MAX_SIDE = 64
+MEMORY_EVERY_S = 1.0
 
 
 def _require_part(model: LoadedModel, part: str) -> None:
@@ -60,19 +63,28 @@ def generate(
     warmup: int = 1,
 ) -> torch.Tensor:
     """Denoise ``latent`` (raw VAE latent, [B,C,H,W]) with KSampler semantics; returns the raw latent
-    (CPU). Emits one progress (and preview) event per step from rank 0 and checks cancel each step.
-    With pp > 1 it runs PipeFusion (``patches`` row bands, ``warmup`` whole-image steps); progress then
-    comes from the last stage and cancel is checked at every patch boundary."""
+    (CPU). Every rank emits its own progress each step (with pp > 1: after each patch, with the steps
+    that rank has finished) and its memory now and then; the preview comes from rank 0 (with pp > 1:
+    the last stage), just before that rank's progress for the same step. Cancel is checked each step
+    (with pp > 1 at every patch boundary). With pp > 1 it runs PipeFusion (``patches`` row bands,
+    ``warmup`` whole-image steps)."""
     model = loaded_model(ctx)
+    memory = _MemoryReports(ctx)
     adapter = model.adapter
     ms = model_sampling_for(adapter, model.components.scheduler_config, width, height)
     if model.stages is not None:
         from ..pipefusion.pipeline import PipeFusionSettings, run_pipefusion
 
         def on_patch_step(step: int, total: int, denoised: torch.Tensor) -> None:
-            ctx.emit("progress", {"step": step + 1, "total": total})
             if preview:
                 ctx.emit("preview", {"step": step + 1, "total": total, "latent": _preview(adapter, denoised)})
+
+        def on_patch(done: int, total: int, patch: int | None, patches: int) -> None:
+            event = {"step": done, "total": total, "patches": patches}
+            if patch is not None:
+                event["patch"] = patch
+            ctx.emit("progress", event)
+            memory.maybe(done == total)
 
         device_cond = [None if c is None else c.to(ctx.device) for c in (positive, negative)]
         out, _ = run_pipefusion(
@@ -88,16 +100,17 @@ def generate(
             attention_backend=model.attention,
             check_cancel=ctx.check_cancel,
             on_step=on_patch_step,
+            on_patch=on_patch,
             message_tag=ctx.job_id,
         )
         return out
 
     def on_step(step: int, total: int, x: torch.Tensor, denoised: torch.Tensor) -> None:
         ctx.check_cancel()  # collective: every rank calls it at the same step
-        if ctx.rank == 0:
-            ctx.emit("progress", {"step": step + 1, "total": total})
-            if preview:
-                ctx.emit("preview", {"step": step + 1, "total": total, "latent": _preview(adapter, denoised)})
+        if ctx.rank == 0 and preview:
+            ctx.emit("preview", {"step": step + 1, "total": total, "latent": _preview(adapter, denoised)})
+        ctx.emit("progress", {"step": step + 1, "total": total})
+        memory.maybe(step + 1 == total)
 
     device_cond = [None if c is None else c.to(ctx.device) for c in (positive, negative)]
     out = denoise_latent(
@@ -112,6 +125,21 @@ def generate(
         on_step=on_step,
     )
     return out.cpu() if ctx.rank == 0 else None
+
+
+class _MemoryReports:
+    """This rank's memory for the status panel: at the first report, then at most every
+    ``MEMORY_EVERY_S`` seconds, and at the end."""
+
+    def __init__(self, ctx: JobContext):
+        self.ctx = ctx
+        self.last: float | None = None
+
+    def maybe(self, final: bool = False) -> None:
+        now = time.monotonic()
+        if final or self.last is None or now - self.last >= MEMORY_EVERY_S:
+            self.last = now
+            self.ctx.report_memory()
 
 
 def _preview(adapter: ModelAdapter, denoised: torch.Tensor) -> torch.Tensor:
