@@ -37,7 +37,37 @@ class Bridge(Protocol):
     def raise_interrupted(self, cause: BaseException) -> None: ...
     def free_memory_for(self, devices: Sequence[str]) -> None: ...
     def send_status(self, payload: dict[str, Any]) -> None: ...
-    def on_unload_models(self, callback: Callable[[], None]) -> None: ...
+    def on_free_requested(self, callback: Callable[[], None]) -> None: ...
+    def on_memory_needed(self, callback: Callable[[str], None]) -> None: ...
+
+
+FREE_FLAGS = ("unload_models", "free_memory")  # what POST /free sets on ComfyUI's prompt queue
+UNLOAD_EVERYTHING = 1e29  # ComfyUI's unload_all_models asks free_memory for 1e30 bytes
+
+
+class _FreeHook:
+    def __init__(self) -> None:
+        import threading
+
+        self.requested = threading.Event()
+        self.callbacks: list[Callable[[], None]] = []
+
+
+def _run_callbacks(callbacks: Sequence[Callable[[], None]]) -> None:
+    for cb in list(callbacks):
+        try:
+            cb()
+        except Exception:
+            log.exception("dit-parallel memory callback failed")
+
+
+def _cuda_name(device: Any) -> str:
+    index = getattr(device, "index", None)
+    if index is None:
+        import torch
+
+        index = torch.cuda.current_device()
+    return f"cuda:{index}"
 
 
 class _NullBar:
@@ -150,29 +180,68 @@ class ComfyBridge:
                 log.warning("could not free ComfyUI models on %s: %s", name, exc)
         mm.soft_empty_cache()
 
-    def on_unload_models(self, callback: Callable[[], None]) -> None:
-        """Run ``callback`` whenever ComfyUI unloads its models (the "Unload models" / "Free
-        memory" buttons reach ``comfy.model_management.unload_all_models`` from its main loop).
-        The wrapper is installed once, calls the original first, then every registered callback."""
-        mm = self._module("comfy.model_management", "unload hook")
-        if mm is None:
+    def on_free_requested(self, callback: Callable[[], None]) -> None:
+        """Run ``callback`` when the user frees memory in ComfyUI: "Unload models" / "Free model and
+        node cache" (POST /free with ``unload_models`` or ``free_memory``). ComfyUI's prompt loop reads
+        those flags and then calls ``comfy.model_management.unload_all_models``; so the flags are noted
+        as they are set and the callback runs in that call, in ComfyUI's prompt thread. ComfyUI also
+        calls ``unload_all_models`` after every prompt under --disable-smart-memory and after an
+        out-of-memory error in any node: the workers stay warm then."""
+        mm = self._module("comfy.model_management", "freeing workers with ComfyUI's Free memory")
+        server = self._module("server", "freeing workers with ComfyUI's Free memory")
+        queue = getattr(getattr(getattr(server, "PromptServer", None), "instance", None), "prompt_queue", None)
+        if mm is None or queue is None:
             return
-        callbacks = getattr(mm.unload_all_models, "_dit_parallel_callbacks", None)
-        if callbacks is None:
-            original = mm.unload_all_models
-            callbacks = []
+        hook = getattr(queue, "_dit_parallel_free", None)
+        if hook is None:
+            hook = _FreeHook()
+            original_set_flag, original_unload = queue.set_flag, mm.unload_all_models
+
+            def set_flag(name: str, data: Any) -> Any:
+                if name in FREE_FLAGS and data:
+                    hook.requested.set()
+                return original_set_flag(name, data)
 
             def unload_all_models(*args: Any, **kwargs: Any) -> Any:
-                result = original(*args, **kwargs)
-                for cb in list(callbacks):
-                    try:
-                        cb()
-                    except Exception:
-                        log.exception("dit-parallel unload callback failed")
+                result = original_unload(*args, **kwargs)
+                if hook.requested.is_set():
+                    hook.requested.clear()
+                    _run_callbacks(hook.callbacks)
                 return result
 
-            unload_all_models._dit_parallel_callbacks = callbacks  # type: ignore[attr-defined]
+            queue.set_flag = set_flag
             mm.unload_all_models = unload_all_models
+            queue._dit_parallel_free = hook
+        hook.callbacks.append(callback)
+
+    def on_memory_needed(self, callback: Callable[[str], None]) -> None:
+        """Run ``callback(device)`` (e.g. "cuda:1") when ComfyUI tries to free memory for its own
+        models on a GPU and, after unloading what it could, still has less free than it needs: the
+        workers' memory there is in the way. ("Unload everything" requests, such as the one made
+        before our workers start, do not count.)"""
+        mm = self._module("comfy.model_management", "freeing workers when ComfyUI needs their GPU")
+        if mm is None:
+            return
+        callbacks = getattr(mm.free_memory, "_dit_parallel_callbacks", None)
+        if callbacks is None:
+            original = mm.free_memory
+            callbacks = []
+
+            def free_memory(memory_required: float, device: Any, *args: Any, **kwargs: Any) -> Any:
+                result = original(memory_required, device, *args, **kwargs)
+                if getattr(device, "type", None) == "cuda" and memory_required < UNLOAD_EVERYTHING:
+                    try:
+                        short = mm.get_free_memory(device) < memory_required
+                    except Exception as exc:
+                        log.warning("could not read free memory on %s: %s", device, exc)
+                        short = False
+                    if short:
+                        name = _cuda_name(device)
+                        _run_callbacks([lambda cb=cb: cb(name) for cb in callbacks])
+                return result
+
+            free_memory._dit_parallel_callbacks = callbacks  # type: ignore[attr-defined]
+            mm.free_memory = free_memory
         callbacks.append(callback)
 
     # -- server events -------------------------------------------------------------------------------

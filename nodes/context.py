@@ -46,6 +46,16 @@ class NodeContext:
         self.status.reset()
         log.info("dit-parallel: all worker pools closed")
 
+    def unload_device(self, device: str) -> None:
+        """Close the worker pools that use ``device`` (ComfyUI needs its memory)."""
+        closed = [pool for pool in self.registry.pools() if device in pool.devices]
+        for pool in closed:
+            pool.close()
+        for pool_id in self.status.pools_on(device):
+            self.status.pool_closed(pool_id)
+        if closed:
+            log.info("dit-parallel: ComfyUI needs memory on %s: closed %d worker pool(s) there", device, len(closed))
+
 
 class ContextNode:
     """Base of every node class: ComfyUI builds nodes with no arguments (they use the shared
@@ -64,13 +74,15 @@ _SHARED_LOCK = threading.Lock()
 
 
 def shared_context() -> NodeContext:
-    """The process-wide context (created on first call; hooks ComfyUI's model unloading so the
-    workers are freed together with ComfyUI's own models)."""
+    """The process-wide context (created on first call). The workers stay warm between prompts;
+    they are freed when the user frees memory in ComfyUI, or on a GPU where ComfyUI needs the
+    memory they hold for its own models."""
     global _SHARED
     with _SHARED_LOCK:
         if _SHARED is None:
             ctx = NodeContext.create()
-            ctx.bridge.on_unload_models(ctx.unload_all)
+            ctx.bridge.on_free_requested(ctx.unload_all)
+            ctx.bridge.on_memory_needed(ctx.unload_device)
             _SHARED = ctx
         return _SHARED
 

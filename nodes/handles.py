@@ -38,12 +38,13 @@ class ParallelModelHandle:
         """Stable id of the worker pool behind this handle (used by the status panel)."""
         return hashlib.sha1(repr((self.name, self.devices, self.layout, self.request)).encode()).hexdigest()[:10]
 
-    def model(self) -> ParallelModel:
-        """The runtime model (warm pool reused; started again after an unload)."""
+    def model(self, room_made: bool = False) -> ParallelModel:
+        """The runtime model (warm pool reused; started again after an unload). Before workers
+        start, ComfyUI's own models leave their GPUs (unless the caller just did that: ``room_made``)."""
         from parallel_runtime.service.api import load_parallel_model
 
         last_pool = getattr(self._last, "pool", None)
-        if not getattr(last_pool, "is_alive", False):  # (re)starting workers: make room on their GPUs first
+        if not room_made and not getattr(last_pool, "is_alive", False):
             self.context.bridge.free_memory_for(self.devices)
         model = load_parallel_model(self.request, self.context.registry, reason=self.reason)
         self._last = model

@@ -50,15 +50,14 @@ class ParallelEmptyLatent:
         }
 
     @classmethod
-    def VALIDATE_INPUTS(cls, width: int, height: int, batch_size: int) -> bool | str:
+    def VALIDATE_INPUTS(cls, width: int, height: int) -> bool | str:
+        """Sizes must be multiples of 16 (ComfyUI range-checks batch_size itself: it is not named here)."""
         try:
             check_size(width, height)
         except ConfigError as exc:
             return str(exc)
         if width > MAX_RESOLUTION or height > MAX_RESOLUTION:
             return f"{width}x{height} is larger than {MAX_RESOLUTION} pixels on a side"
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or not 1 <= batch_size <= 64:
-            return f"batch_size {batch_size!r} must be a whole number from 1 to 64"
         return True
 
     def generate(self, parallel_model: ParallelModelHandle, width: int, height: int, batch_size: int) -> tuple[dict]:

@@ -126,39 +126,14 @@ class ParallelModelLoader(ContextNode):
         }
 
     @classmethod
-    def VALIDATE_INPUTS(
-        cls,
-        devices: str,
-        layout: str,
-        ulysses: int,
-        ring: int,
-        cfg_parallel: int,
-        pipefusion: int,
-        pp_patches: int,
-        pp_warmup: int,
-    ) -> bool | str:
-        """Reject impossible layouts before the prompt runs (ComfyUI skips its own range checks for
-        the inputs named here, so they are checked here too)."""
-        for name, value, low, high in (
-            ("ulysses", ulysses, 1, MAX_DEGREE),
-            ("ring", ring, 1, MAX_DEGREE),
-            ("cfg_parallel", cfg_parallel, 1, 2),
-            ("pipefusion", pipefusion, 1, MAX_DEGREE),
-            ("pp_patches", pp_patches, 0, 256),
-            ("pp_warmup", pp_warmup, 0, 100),
-        ):
-            problem = _check_range(name, value, low, high)
-            if problem:
-                return problem
-        if layout not in LAYOUTS:
-            return f"layout {layout!r} is not one of {list(LAYOUTS)}"
+    def VALIDATE_INPUTS(cls, devices: str) -> bool | str:
+        """Reject devices that cannot work before the prompt runs. Only ``devices`` is named here:
+        ComfyUI reports a VALIDATE_INPUTS problem once per named input (and marks each red), and
+        range-checks the inputs not named here itself. A manual layout that does not fit the devices
+        is refused by ``load`` before any worker starts."""
         try:
             devs = resolve_devices(devices)
-            if layout == "manual":
-                config = ParallelConfig(cfg=cfg_parallel, pp=pipefusion, ring=ring, ulysses=ulysses)
-                validate_layout(devs, config)
-                if pp_patches and pipefusion > 1 and pp_patches < pipefusion:
-                    return f"pp_patches {pp_patches} is fewer than the {pipefusion} PipeFusion stages; use 0 (automatic) or at least {pipefusion}"
+            validate_layout(devs, ParallelConfig(ulysses=len(devs)))  # every GPU listed is visible
         except ConfigError as exc:
             return str(exc)
         return True
@@ -201,10 +176,11 @@ class ParallelModelLoader(ContextNode):
         devs = resolve_devices(devices)
         patches, weights = (pp_patches or None), None
         if layout == "manual":
-            config = ParallelConfig(cfg=cfg_parallel, pp=pipefusion, ring=ring, ulysses=ulysses)
-            validate_layout(devs, config)
+            config = manual_layout(devs, ulysses, ring, cfg_parallel, pipefusion, pp_patches)
             reason = f"manual layout {config.describe()}"
         else:
+            # The plan reads free GPU memory: ComfyUI's own models must be off those GPUs first.
+            ctx.bridge.free_memory_for(devs)
             plan = plan_layout(MachineInfo.detect(devices_spec(devs)), info, LayoutRequest())
             config, devs, weights, reason = plan.config, list(plan.devices), plan.pp_stage_weights, plan.reason
             patches = patches or plan.pp_patches
@@ -221,10 +197,34 @@ class ParallelModelLoader(ContextNode):
             vae=vae_path,
         )
         handle = ParallelModelHandle(request, ctx, model, info.family, tuple(devs), config.describe(), reason)
-        handle.model()  # start the workers now, so load errors show on this node
+        handle.model(room_made=layout != "manual")  # start the workers now, so load errors show on this node
         text = f"{model} ({info.family}) on {devices_spec(devs)}: {reason}"
         log.info("dit-parallel layout: %s", text)
         return {"ui": {"text": [text]}, "result": (handle,)}
+
+
+def manual_layout(
+    devices: list[str], ulysses: int, ring: int, cfg: int, pipefusion: int, pp_patches: int
+) -> ParallelConfig:
+    """The ParallelConfig of a manual layout, checked against the devices (ConfigError otherwise)."""
+    for name, value, low, high in (
+        ("ulysses", ulysses, 1, MAX_DEGREE),
+        ("ring", ring, 1, MAX_DEGREE),
+        ("cfg_parallel", cfg, 1, 2),
+        ("pipefusion", pipefusion, 1, MAX_DEGREE),
+    ):
+        problem = _check_range(name, value, low, high)
+        if problem:
+            raise ConfigError(problem, "a layout degree is a whole number of ranks", f"set {name} within that range")
+    config = ParallelConfig(cfg=cfg, pp=pipefusion, ring=ring, ulysses=ulysses)
+    validate_layout(devices, config)
+    if pp_patches and pipefusion > 1 and pp_patches < pipefusion:
+        raise ConfigError(
+            f"pp_patches {pp_patches} is fewer than the {pipefusion} PipeFusion stages",
+            "every stage works on a different patch at a time",
+            f"use pp_patches 0 (automatic) or at least {pipefusion}",
+        )
+    return config
 
 
 def _local_path(target: str) -> str:

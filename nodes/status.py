@@ -95,6 +95,11 @@ class StatusBoard:
             if entry is not None:
                 entry["ranks"].setdefault(str(int(rank)), {}).update(values)
 
+    def pools_on(self, device: str) -> list[str]:
+        """Ids of the pools shown that use ``device``."""
+        with self._lock:
+            return [pid for pid, entry in self._pools.items() if device in entry.get("devices", ())]
+
     def snapshot(self) -> dict[str, Any]:
         with self._lock:
             pools = [{"pool": pid, **copy.deepcopy(entry)} for pid, entry in self._pools.items()]

@@ -8,6 +8,7 @@ missing).
 
 from __future__ import annotations
 
+import inspect
 import sys
 import threading
 from typing import Any
@@ -26,7 +27,7 @@ from dit_parallel_pack.nodes.conditioning import from_runtime, to_runtime  # noq
 from dit_parallel_pack.nodes.context import NodeContext  # noqa: E402
 from dit_parallel_pack.nodes.handles import ParallelModelHandle  # noqa: E402
 from dit_parallel_pack.nodes.latent import ParallelEmptyLatent  # noqa: E402
-from dit_parallel_pack.nodes.loader import ParallelModelLoader  # noqa: E402
+from dit_parallel_pack.nodes.loader import ParallelModelLoader, manual_layout  # noqa: E402
 from dit_parallel_pack.nodes.sampler import ParallelSampler, prepare_latent  # noqa: E402
 from dit_parallel_pack.nodes.text_encode import ParallelTextEncode  # noqa: E402
 from dit_parallel_pack.nodes.unload import ParallelRuntimeUnload  # noqa: E402
@@ -73,7 +74,7 @@ class RecordingBridge:
 
     def interrupted(self) -> bool:
         self.interrupt_checks += 1
-        return self.cancel_after is not None and len([p for p in self.progress if p[2] is None]) >= self.cancel_after
+        return self.cancel_after is not None and len(self.progress) >= self.cancel_after
 
     def raise_interrupted(self, cause: BaseException) -> None:
         raise Interrupted("cancelled by the user") from cause
@@ -84,7 +85,10 @@ class RecordingBridge:
     def send_status(self, payload: dict) -> None:
         self.status.append(payload)
 
-    def on_unload_models(self, callback) -> None:
+    def on_free_requested(self, callback) -> None:
+        pass
+
+    def on_memory_needed(self, callback) -> None:
         pass
 
 
@@ -144,9 +148,9 @@ class FakeModel:
         for step in range(1, steps + 1):
             if should_cancel is not None and should_cancel():
                 raise JobCancelled("job 'sample' was cancelled")
+            on_event(0, "preview", {"step": step, "latent": latent[:1, :, :4, :4]})  # before progress, as workers do
             for rank in (0, 1):
                 on_event(rank, "progress", {"step": step, "total": steps, "patch": 0, "patches": 2})
-            on_event(0, "preview", {"step": step, "latent": latent[:1, :, :4, :4]})
             threading.Event().wait(0.01)
         on_event(0, "memory", {"rss_bytes": 1 << 20})
         return latent + 1.0
@@ -219,9 +223,86 @@ def test_bridge_without_comfyui_is_a_no_op():
     assert bridge.preview_image("flux", torch.zeros(1, 16, 4, 4)) is None
     bridge.send_status({"type": "reset"})
     bridge.free_memory_for(["cuda:0"])
-    bridge.on_unload_models(lambda: None)
+    bridge.on_free_requested(lambda: None)
+    bridge.on_memory_needed(lambda device: None)
     with pytest.raises(JobCancelled):
         bridge.raise_interrupted(JobCancelled("x"))
+
+
+class FakeComfy:
+    """Stand-ins for comfy.model_management and server.PromptServer with the calls ComfyUI's
+    prompt loop makes (set_flag from POST /free, unload_all_models, free_memory)."""
+
+    def __init__(self, free_bytes: float):
+        import types
+
+        self.free_bytes = free_bytes
+        self.mm = types.ModuleType("comfy.model_management")
+        self.mm.unload_all_models = lambda: self.mm.free_memory(1e30, torch.device("cuda", 0))
+        self.mm.free_memory = lambda memory_required, device, keep_loaded=(): []
+        self.mm.get_free_memory = lambda device: self.free_bytes
+        queue = types.SimpleNamespace(flags={})
+        queue.set_flag = lambda name, data: queue.flags.__setitem__(name, data)
+        self.server = types.ModuleType("server")
+        self.server.PromptServer = types.SimpleNamespace(instance=types.SimpleNamespace(prompt_queue=queue))
+        self.queue = queue
+
+    def install(self, monkeypatch) -> None:
+        import types
+
+        comfy = types.ModuleType("comfy")
+        comfy.model_management = self.mm
+        monkeypatch.setitem(sys.modules, "comfy", comfy)
+        monkeypatch.setitem(sys.modules, "comfy.model_management", self.mm)
+        monkeypatch.setitem(sys.modules, "server", self.server)
+
+
+def test_workers_are_freed_when_the_user_frees_memory_not_on_every_unload(monkeypatch):
+    comfy = FakeComfy(free_bytes=0)
+    comfy.install(monkeypatch)
+    freed = []
+    ComfyBridge().on_free_requested(lambda: freed.append("all"))
+    comfy.mm.unload_all_models()  # after a prompt under --disable-smart-memory, or after an OOM
+    assert freed == []
+    comfy.queue.set_flag("unload_models", True)  # POST /free {"unload_models": true}
+    comfy.mm.unload_all_models()  # ComfyUI's prompt loop, right after reading the flags
+    assert freed == ["all"]
+    comfy.mm.unload_all_models()
+    assert freed == ["all"]
+    comfy.queue.set_flag("free_memory", True)
+    comfy.mm.unload_all_models()
+    assert freed == ["all", "all"] and comfy.queue.flags == {"unload_models": True, "free_memory": True}
+
+
+def test_workers_on_a_gpu_are_freed_when_comfyui_needs_its_memory(monkeypatch):
+    comfy = FakeComfy(free_bytes=2e9)
+    comfy.install(monkeypatch)
+    needed = []
+    ComfyBridge().on_memory_needed(needed.append)
+    comfy.mm.free_memory(1e9, torch.device("cuda", 1))  # enough is free
+    comfy.mm.free_memory(3e9, torch.device("cpu"))  # not a GPU
+    comfy.mm.unload_all_models()  # "unload everything" (also what we ask before starting workers)
+    assert needed == []
+    comfy.mm.free_memory(3e9, torch.device("cuda", 1))  # ComfyUI's own model does not fit next to ours
+    assert needed == ["cuda:1"]
+
+
+def test_context_frees_only_the_pools_on_the_needed_gpu():
+    class Pool:
+        def __init__(self, devices):
+            self.devices, self.closed = devices, False
+
+        def close(self):
+            self.closed = True
+
+    pools = [Pool(["cuda:0", "cuda:1"]), Pool(["cuda:2", "cuda:3"])]
+    registry = type("Registry", (), {"pools": lambda self: list(pools)})()
+    ctx = NodeContext.create(registry=registry, bridge=RecordingBridge())
+    ctx.status.pool_loaded("a", "m", "flux", ["cuda:0", "cuda:1"], "ulysses=2", "")
+    ctx.status.pool_loaded("b", "m", "flux", ["cuda:2", "cuda:3"], "ulysses=2", "")
+    ctx.unload_device("cuda:1")
+    assert [p.closed for p in pools] == [True, False]
+    assert [p["pool"] for p in ctx.status.snapshot()["pools"]] == ["b"]
 
 
 def test_conditioning_round_trip_and_guidance():
@@ -274,10 +355,10 @@ def test_sampler_progress_previews_and_status(fake_ctx):
     assert out["samples"].shape == (1, 16, 6, 8) and torch.all(out["samples"] == 1.0)
     call = handle.fake.calls[-1]
     assert (call["width"], call["height"], call["guidance"], call["seed"]) == (64, 48, 2.0, 7)  # FluxGuidance wins
-    values = [v for v, _, p in bridge.progress if p is None]
-    assert values == [1, 2, 3, 4]  # once per step (both ranks reported), in order
+    values = [v for v, _, _ in bridge.progress]
+    assert values == [1, 2, 3, 4]  # one update per step (when both ranks reported it), in order
     assert len(bridge.previews) == 4 and bridge.previews[0] == ("flux", (1, 16, 4, 4))
-    assert any(p is not None for _, _, p in bridge.progress)  # previews reach the progress bar
+    assert all(p is not None for _, _, p in bridge.progress)  # each step's update carries its preview
     assert bridge.threads == {threading.current_thread().name}  # ComfyUI is called from the node's thread
     kinds = [e["type"] for e in bridge.status]
     assert "pool" in kinds and "progress" in kinds and "memory" in kinds
@@ -297,7 +378,7 @@ def test_sampler_cancel_through_interrupt_flag():
     with pytest.raises(Interrupted) as err:
         ParallelSampler(ctx).sample(handle, flux_cond(), flux_cond(), latent, 0, 50, 1.0, "euler", "simple", 1.0)
     assert isinstance(err.value.__cause__, JobCancelled)
-    assert len([p for p in bridge.progress if p[2] is None]) < 50
+    assert len(bridge.progress) < 50
     assert [e["state"] for e in bridge.status if e["type"] == "job"] == ["running", "cancelled"]
 
 
@@ -330,19 +411,23 @@ def test_unload_node(fake_ctx):
 
 def test_validate_inputs():
     v = ParallelModelLoader.VALIDATE_INPUTS
-    ok = dict(
-        devices="cpu:2", layout="manual", ulysses=2, ring=1, cfg_parallel=1, pipefusion=1, pp_patches=0, pp_warmup=1
-    )
-    assert v(**ok) is True
-    assert "needs 4 ranks but 2 device(s)" in v(**{**ok, "ring": 2})
-    assert "no devices were given" in v(**{**ok, "devices": " "}) or "no CUDA GPU" in v(**{**ok, "devices": " "})
-    assert "no CUDA GPU is visible" in v(**{**ok, "devices": "all"})
-    assert "unknown device" in v(**{**ok, "devices": "gpu0"})
-    assert "cfg_parallel is 3" in v(**{**ok, "cfg_parallel": 3})
-    assert v(**{**ok, "layout": "auto", "ring": 5}) is True  # degrees are ignored in auto
+    assert list(inspect.signature(v).parameters) == ["devices"]  # ComfyUI reports a problem once per name
+    assert v("cpu:2") is True
+    assert "no devices were given" in v(" ") or "no CUDA GPU" in v(" ")
+    assert "no CUDA GPU is visible" in v("all")
+    assert "unknown device" in v("gpu0")
+    assert "only 0 CUDA GPU(s) are visible" in v("cuda:0,cuda:1")
+    layout = dict(ulysses=2, ring=1, cfg=1, pipefusion=1, pp_patches=0)
+    assert manual_layout(["cpu", "cpu"], **layout).ulysses == 2
+    with pytest.raises(ConfigError, match="needs 4 ranks but 2 device"):
+        manual_layout(["cpu", "cpu"], **{**layout, "ring": 2})
+    with pytest.raises(ConfigError, match="cfg_parallel is 3"):
+        manual_layout(["cpu", "cpu"], **{**layout, "cfg": 3})
+    with pytest.raises(ConfigError, match="pp_patches 1 is fewer than the 2 PipeFusion stages"):
+        manual_layout(["cpu", "cpu"], **{**layout, "ulysses": 1, "pipefusion": 2, "pp_patches": 1})
     e = ParallelEmptyLatent.VALIDATE_INPUTS
-    assert e(1024, 768, 1) is True
-    assert "width 1000 is not a multiple of 16" in e(1000, 768, 1)
+    assert e(1024, 768) is True
+    assert "width 1000 is not a multiple of 16" in e(1000, 768)
     s = ParallelSampler.VALIDATE_INPUTS
     assert s(20, 1.0) is True and "leaves no step" in s(20, 0.01)
 
@@ -483,9 +568,27 @@ def test_end_to_end_tiny_families(real_ctx, model, layout, degrees, cfg, expect)
     panel = real_ctx.status.snapshot()["pools"]
     entry = next(p for p in panel if p["pool"] == handle.pool_id)
     assert entry["layout"] == expect.describe() and entry["job"] == {"job": "decode", "state": "done"}
-    assert "memory" in entry["ranks"]["0"]
+    ranks = range(len(handle.devices))
+    assert all("memory" in entry["ranks"][str(r)] for r in ranks), "every rank reports its memory"
     steps = [e for e in real_ctx.bridge.status if e["type"] == "progress" and e["pool"] == handle.pool_id]
-    assert steps and steps[-1]["step"] == steps[-1]["total"] == 2
+    assert {e["rank"] for e in steps if e["step"] == e["total"] == 2} == set(ranks), "every rank reports its steps"
+
+
+def test_auto_layout_reads_free_memory_after_comfyuis_models_left(real_ctx, monkeypatch):
+    """The auto plan reads the GPUs' free memory: ComfyUI's own models are evicted first, once."""
+    from parallel_runtime.parallel import machine
+
+    detect, seen = machine.MachineInfo.detect, []
+
+    def recording_detect(*args, **kwargs):
+        seen.append(len(real_ctx.bridge.freed))
+        return detect(*args, **kwargs)
+
+    monkeypatch.setattr(machine.MachineInfo, "detect", staticmethod(recording_detect))
+    before = len(real_ctx.bridge.freed)
+    load(real_ctx, "tiny-flux", "auto")
+    assert seen == [before + 1], "free memory was read before ComfyUI's models left the devices"
+    assert len(real_ctx.bridge.freed) == before + 1 and real_ctx.bridge.freed[-1] == ["cpu", "cpu"]
 
 
 def test_end_to_end_cancel_keeps_pool_warm_and_previews(pool_registry):

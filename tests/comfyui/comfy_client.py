@@ -34,6 +34,17 @@ def http_json(url: str, body: Any = None, timeout: float = 60.0) -> Any:
     return json.loads(raw) if raw.strip() else None
 
 
+def http_error(url: str, body: Any, timeout: float = 60.0) -> tuple[int, Any]:
+    """POST ``body`` expecting an HTTP error: (status, decoded JSON answer)."""
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST")
+    request.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            raise AssertionError(f"POST {url} succeeded (HTTP {response.status}): {response.read()[:500]!r}")
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"null")
+
+
 @dataclass
 class Run:
     """What the websocket said about one prompt."""
@@ -85,6 +96,16 @@ class ComfyClient:
 
     def post(self, path: str, body: Any = None, timeout: float = 60.0) -> Any:
         return http_json(self.url + path, body if body is not None else {}, timeout=timeout)
+
+    def history(self, prompt_id: str, timeout: float = 30.0) -> dict[str, Any]:
+        """The prompt's history entry (ComfyUI stores it just after it sends execution_success)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            entry = self.get(f"/history/{prompt_id}").get(prompt_id)
+            if entry is not None or time.monotonic() > deadline:
+                assert entry is not None, f"no history for prompt {prompt_id} after {timeout:.0f} s"
+                return entry
+            time.sleep(0.1)
 
     def queue(self, prompt: dict[str, Any]) -> str:
         answer = self.post("/prompt", {"prompt": prompt, "client_id": self.client_id})

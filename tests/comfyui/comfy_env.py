@@ -12,17 +12,14 @@ Nothing here writes into the snapshot: it is only read.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import fcntl
-import hashlib
 import logging
 import os
-import shutil
-import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
+
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # tests/ (when run as a script)
+from venv_cache import cache_root, cached_venv, key_of, venv_python  # noqa: E402
 
 log = logging.getLogger("dit_parallel.tests.comfyui")
 
@@ -31,8 +28,6 @@ SNAPSHOT_ENV = "DIT_PARALLEL_COMFYUI"
 VENV_ENV = "DIT_PARALLEL_COMFY_VENV"
 TORCH_PINS = ("torch==2.14.1", "torchvision==0.29.1")
 SKIPPED_REQUIREMENTS = ("torch", "torchvision", "torchaudio")  # pinned above / not needed
-READY_MARK = ".dit-parallel-ready"
-BUILD_TIMEOUT_S = 3600
 
 
 def snapshot_dir() -> Path:
@@ -72,40 +67,8 @@ def _requirements(snapshot: Path) -> list[str]:
     return out
 
 
-def _key(snapshot: Path) -> str:
-    text = "\n".join([*TORCH_PINS, *_requirements(snapshot), sys.version.split()[0]])
-    return hashlib.sha1(text.encode()).hexdigest()[:10]
-
-
 def default_venv(snapshot: Path) -> Path:
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return cache / "dit-parallel" / f"comfyui-venv-{_key(snapshot)}"
-
-
-def venv_python(venv: Path) -> Path:
-    return venv / "bin" / "python"
-
-
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)  # another test run building the same venv: wait for it
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
-def _pip(python: Path, *args: str, log_file: Path) -> None:
-    cmd = [str(python), "-m", "pip", "install", "--no-input", "--progress-bar", "off", *args]
-    with open(log_file, "a") as out:
-        out.write(f"$ {' '.join(cmd)}\n")
-        out.flush()
-        proc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, timeout=BUILD_TIMEOUT_S, check=False)
-    if proc.returncode != 0:
-        tail = "\n".join(log_file.read_text(errors="replace").splitlines()[-30:])
-        raise RuntimeError(f"{' '.join(cmd)} failed (exit {proc.returncode}); last lines of {log_file}:\n{tail}")
+    return cache_root() / f"comfyui-venv-{key_of(*TORCH_PINS, *_requirements(snapshot))}"
 
 
 def ensure_venv(snapshot: Path | None = None, venv: Path | None = None) -> Path:
@@ -121,25 +84,10 @@ def ensure_venv(snapshot: Path | None = None, venv: Path | None = None) -> Path:
             raise RuntimeError(f"${VENV_ENV}={given} has no bin/python; unset it to let the tests build one")
         return python
     target = default_venv(snapshot)
-    with _locked(target.with_name(target.name + ".lock")):
-        if (target / READY_MARK).is_file():
-            return venv_python(target)
-        if target.exists():  # a build that was interrupted
-            shutil.rmtree(target)
-        t0 = time.monotonic()
-        log_file = target.with_name(target.name + ".log")
-        log_file.write_text(f"building {target} for {snapshot}\n")
-        log.warning("building the ComfyUI venv %s (once; log: %s)", target, log_file)
-        subprocess.run([sys.executable, "-m", "venv", str(target)], check=True, timeout=600)
-        python = venv_python(target)
-        _pip(python, *TORCH_PINS, log_file=log_file)
-        requirements = target / "comfyui-requirements.txt"
-        requirements.write_text("\n".join(_requirements(snapshot)) + "\n")
-        _pip(python, "-r", str(requirements), log_file=log_file)
-        seconds = time.monotonic() - t0
-        (target / READY_MARK).write_text(f"built in {seconds:.0f} s\n")
-        log.warning("ComfyUI venv ready in %.0f s", seconds)
-        return python
+    requirements = target.with_name(target.name + "-requirements.txt")
+    requirements.parent.mkdir(parents=True, exist_ok=True)
+    requirements.write_text("\n".join(_requirements(snapshot)) + "\n")
+    return cached_venv(target, [list(TORCH_PINS), ["-r", str(requirements)]])
 
 
 def main() -> None:

@@ -109,7 +109,8 @@ def comfy_env(comfy_base, comfy_python) -> dict[str, str]:
 
 @pytest.fixture(scope="session")
 def comfy_server(comfy_python, comfy_snapshot, comfy_base, comfy_env):
-    server = ComfyServer(comfy_python, comfy_snapshot, comfy_base, comfy_env)
+    # --disable-smart-memory: ComfyUI then unloads its models after every prompt; the workers must stay warm
+    server = ComfyServer(comfy_python, comfy_snapshot, comfy_base, comfy_env, extra_args=("--disable-smart-memory",))
     try:
         server.start()
         yield server

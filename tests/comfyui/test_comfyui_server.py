@@ -11,11 +11,13 @@ import itertools
 import json
 import os
 import signal
+import struct
 import subprocess
 import time
+import urllib.request
 from typing import Any
 
-from comfy_client import ComfyClient, Run
+from comfy_client import ComfyClient, Run, http_error
 from comfy_server import PACK_FOLDER, pid_alive
 from conftest import REPO
 from workflow_api import ui_to_api
@@ -106,12 +108,14 @@ def test_tiny_workflow_end_to_end_with_one_progress_message_per_step_and_preview
     assert run.progress(sampler) == list(range(1, steps + 1)), "one progress message per step, in order"
     assert run.previews, "no preview image under --preview-method auto"
     assert all(p[:2] == b"\xff\xd8" for p in run.previews), "previews are JPEG images"
-    outputs = comfy.get(f"/history/{run.prompt_id}")[run.prompt_id]["outputs"]
-    (images,) = [o["images"] for o in outputs.values() if "images" in o]
-    assert len(images) == 1 and images[0]["type"] == "temp"
-    loader = node_of(prompt, "DiTParallelModelLoader")
-    executed = {d["node"]: d.get("output") for d in run.of_type("executed")}
-    assert "tiny-flux (flux) on cpu:2" in " ".join(executed[loader]["text"])
+    outputs = comfy.history(run.prompt_id)["outputs"]
+    sink, loader = node_of(prompt, "PreviewImage"), node_of(prompt, "DiTParallelModelLoader")
+    (image,) = outputs[sink]["images"]
+    assert image["type"] == "temp"
+    with urllib.request.urlopen(f"{comfy.url}/view?filename={image['filename']}&type=temp", timeout=30) as answer:
+        png = answer.read()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and struct.unpack(">II", png[16:24]) == (256, 256)  # the saved size
+    assert "tiny-flux (flux) on cpu:2" in " ".join(outputs[loader]["text"])  # the layout text on the loader
 
 
 def test_cancel_mid_run_keeps_the_workers_warm(comfy, comfy_server, object_info):
@@ -155,3 +159,39 @@ def test_killed_worker_is_an_error_naming_its_rank_and_the_next_prompt_runs(comf
     assert again.outcome == "execution_success", again.messages[-5:]
     fresh = comfy_server.worker_pids()
     assert len(fresh) == 2 and not set(fresh.values()) & set(old.values())
+
+
+def test_workers_stay_warm_across_prompts_and_leave_when_the_user_frees_memory(comfy, comfy_server, object_info):
+    """The server runs with --disable-smart-memory, so ComfyUI unloads its models after every
+    prompt: the workers stay. "Unload models" (POST /free) frees them; the next prompt starts a
+    fresh pool."""
+    comfy.run(smoke_prompt(object_info, steps=2), timeout=600)
+    warm = comfy_server.worker_pids()
+    assert len(warm) == 2
+    for _ in range(2):
+        assert comfy.run(smoke_prompt(object_info, steps=2), timeout=300).outcome == "execution_success"
+        assert comfy_server.worker_pids() == warm, "the workers were restarted between prompts"
+    comfy.post("/free", {"unload_models": True})
+    deadline = time.monotonic() + 60
+    while any(pid_alive(p) for p in warm.values()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(pid_alive(p) for p in warm.values()), "Unload models did not stop the workers"
+    assert comfy.get("/dit_parallel/status")["pools"] == []
+    again = comfy.run(smoke_prompt(object_info, steps=2), timeout=300)
+    assert again.outcome == "execution_success", again.messages[-5:]
+    fresh = comfy_server.worker_pids()
+    assert len(fresh) == 2 and not set(fresh.values()) & set(warm.values())
+    assert comfy.post("/dit_parallel/unload")["pools"] == []  # the panel's "Unload workers" button
+    assert not any(pid_alive(p) for p in fresh.values())
+
+
+def test_a_device_problem_is_reported_once(comfy_server, object_info):
+    prompt = smoke_prompt(object_info)
+    loader = node_of(prompt, "DiTParallelModelLoader")
+    prompt[loader]["inputs"]["devices"] = "cuda:0,cuda:1"  # this machine has no GPU
+    status, answer = http_error(f"{comfy_server.url}/prompt", {"prompt": prompt})
+    assert status == 400
+    errors = answer["node_errors"][loader]["errors"]
+    assert len(errors) == 1, errors
+    assert errors[0]["extra_info"]["input_name"] == "devices"
+    assert "CUDA GPU" in errors[0]["details"]
