@@ -7,9 +7,11 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import tomllib
 
+import pytest
 from pack_import import ROOT
+
+tomllib = pytest.importorskip("tomllib")  # Python 3.11+ (CI's); 3.10 reads the file the same way with tomli
 
 
 def requirement_lines(text: str) -> list[str]:
