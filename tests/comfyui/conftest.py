@@ -41,10 +41,8 @@ TINY_STAND_INS: dict[str, tuple[str, str]] = {
 
 
 def _ensure_tiny_model(name: str) -> Path:
-    try:
-        from parallel_runtime.models.tiny import ensure_tiny_model
-    except ImportError:  # before the models/ wing
-        from parallel_runtime.testing import ensure_tiny_model
+    from parallel_runtime.models.tiny import ensure_tiny_model
+
     return ensure_tiny_model(name)
 
 
