@@ -6,7 +6,7 @@
 // covers the canvas, its minimap or its buttons. Front-ends without sidebar tabs get a floating panel that
 // can be dragged by its title (the place is remembered) and starts at the top left of the canvas.
 // DOM contract (tests read it): #dit-parallel-status > .dit-parallel-pool[data-pool] >
-// .dit-parallel-rank[data-rank][data-device][data-state][data-step][data-total].
+// .dit-parallel-rank[data-rank][data-device][data-state][data-memory][data-step][data-total].
 
 import { app } from "../../scripts/app.js";
 import { api } from "../../scripts/api.js";
@@ -37,7 +37,7 @@ function renderRank(rank, raw) {
   if (rank.step) parts.push(`step ${rank.step}`);
   if (rank.patch) parts.push(`patch ${rank.patch}`);
   if (rank.memory) parts.push(rank.memory);
-  const data = { rank: String(rank.rank), device: rank.device, state: rank.state };
+  const data = { rank: String(rank.rank), device: rank.device, state: rank.state, memory: rank.memory };
   if (typeof raw?.step === "number") Object.assign(data, { step: String(raw.step), total: String(raw.total ?? "") });
   return el("div", { className: "dit-parallel-rank", data, style: { margin: "4px 0" } }, [
     el("div", { text: parts.join(" · ") }),

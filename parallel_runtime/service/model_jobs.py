@@ -83,8 +83,8 @@ def generate(
             event = {"step": done, "total": total, "patches": patches}
             if patch is not None:
                 event["patch"] = patch
-            ctx.emit("progress", event)
             memory.maybe(done == total)
+            ctx.emit("progress", event)
 
         device_cond = [None if c is None else c.to(ctx.device) for c in (positive, negative)]
         out, _ = run_pipefusion(
@@ -109,8 +109,8 @@ def generate(
         ctx.check_cancel()  # collective: every rank calls it at the same step
         if ctx.rank == 0 and preview:
             ctx.emit("preview", {"step": step + 1, "total": total, "latent": _preview(adapter, denoised)})
+        memory.maybe(step + 1 == total)  # before the progress: the panel shows both from the first step
         ctx.emit("progress", {"step": step + 1, "total": total})
-        memory.maybe(step + 1 == total)
 
     device_cond = [None if c is None else c.to(ctx.device) for c in (positive, negative)]
     out = denoise_latent(

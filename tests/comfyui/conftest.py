@@ -9,10 +9,12 @@ At the end the server is stopped and nothing of it may be left: no worker proces
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -105,9 +107,23 @@ def comfy_env(comfy_base, comfy_python) -> dict[str, str]:
     return env
 
 
+def written_since(root: Path, since: float) -> list[str]:
+    """Paths under ``root`` created or changed after ``since`` (a folder's mtime moves when an entry
+    is added to it)."""
+    changed = []
+    for dirpath, _, filenames in os.walk(root):
+        for name in [".", *filenames]:
+            path = os.path.join(dirpath, name)
+            with contextlib.suppress(OSError):
+                if os.lstat(path).st_mtime > since:
+                    changed.append(os.path.relpath(path, root))
+    return changed
+
+
 @pytest.fixture(scope="session")
 def comfy_server(comfy_python, comfy_snapshot, comfy_base, comfy_env):
     # --disable-smart-memory: ComfyUI then unloads its models after every prompt; the workers must stay warm
+    started = time.time()
     server = ComfyServer(comfy_python, comfy_snapshot, comfy_base, comfy_env, extra_args=("--disable-smart-memory",))
     try:
         server.start()
@@ -119,6 +135,8 @@ def comfy_server(comfy_python, comfy_snapshot, comfy_base, comfy_env):
         server.kill_leftovers()
     assert not alive, f"worker processes left after ComfyUI stopped: {alive}"
     assert not segments, f"/dev/shm segments left after ComfyUI stopped: {segments}"
+    written = written_since(comfy_snapshot, started)
+    assert not written, f"the tests wrote into the ComfyUI snapshot {comfy_snapshot}: {written[:20]}"
 
 
 @pytest.fixture

@@ -17,10 +17,13 @@ import time
 import urllib.request
 from typing import Any
 
+import pytest
 from comfy_client import ComfyClient, Run, http_error
 from comfy_server import PACK_FOLDER, pid_alive
 from conftest import REPO
 from workflow_api import ui_to_api
+
+pytestmark = pytest.mark.timeout(2400)  # the session fixtures may build ComfyUI's venv first (minutes)
 
 SMOKE = REPO / "workflows" / "tiny_flux_cpu_smoke.json"
 OUR_NODES = {

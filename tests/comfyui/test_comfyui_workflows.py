@@ -11,6 +11,8 @@ import pytest
 from conftest import WORKFLOWS
 from workflow_api import FRONTEND_ONLY, is_widget, ordered_inputs, widget_slots
 
+pytestmark = pytest.mark.timeout(2400)  # the session fixtures may build ComfyUI's venv first (minutes)
+
 
 def test_there_are_workflows_and_the_oracle_loaded_the_pack(comfy_oracle):
     assert len(WORKFLOWS) >= 4
