@@ -40,13 +40,14 @@ def _runtime_from_this_folder() -> None:
         raise
 
 
-_runtime_from_this_folder()
-
-from .nodes import NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS  # noqa: E402
-from .nodes.context import install_web_routes  # noqa: E402
-
 WEB_DIRECTORY = "./web"
 
-install_web_routes()  # the status panel's HTTP routes; a no-op (one log line) outside ComfyUI
+if __package__:  # ComfyUI imports this folder as a package; pytest may run this file alone (its rootdir's __init__)
+    _runtime_from_this_folder()
+
+    from .nodes import NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS
+    from .nodes.context import install_web_routes
+
+    install_web_routes()  # the status panel's HTTP routes; a no-op (one log line) outside ComfyUI
 
 __all__ = ["NODE_CLASS_MAPPINGS", "NODE_DISPLAY_NAME_MAPPINGS", "WEB_DIRECTORY"]
