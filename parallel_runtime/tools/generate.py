@@ -54,9 +54,12 @@ def main(args: argparse.Namespace) -> int:
         positive = model.encode_text(args.prompt)
         negative = model.encode_text(args.negative) if cfg != 1.0 else None
 
+        done: dict[int, int] = {}  # every rank reports its own steps: show the slowest
+
         def on_event(rank: int, kind: str, payload) -> None:
             if kind == "progress":
-                print(f"\r  step {payload['step']}/{payload['total']}", end="", flush=True)
+                done[rank] = payload["step"]
+                print(f"\r  step {min(done.values())}/{payload['total']}", end="", flush=True)
 
         t1 = time.perf_counter()
         latent = model.sample(
