@@ -93,6 +93,7 @@ def run(quick: bool = False) -> dict[str, Any]:
         results: dict[str, Any] = {
             "model": f"tiny-pixart, {layers} blocks, hidden {hidden}, {tcfg['num_attention_heads']} heads",
             "image": f"{px}x{px} px, {tokens} image tokens, {steps} steps, euler, cfg {cfg_scale}",
+            "baseline": "the ordinary engine on 1 rank x 1 thread (models 1 GPU against 2)",
             "threads_per_rank": 1,
         }
         with WorkerPool("cpu:1", ParallelConfig(), threads_per_worker=1) as pool:

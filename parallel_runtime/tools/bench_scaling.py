@@ -68,7 +68,14 @@ def run(quick: bool = False) -> dict[str, Any]:
     px = 512 if quick else 1024  # Flux: (px/16)^2 image tokens -> 1024 or 4096
     steps, repeats = (2, 1) if quick else (2, 2)
     heads, head_dim = 8, 64
-    res: dict[str, Any] = {"image_tokens": (px // 16) ** 2, "hidden": heads * head_dim, "steps": steps}
+    res: dict[str, Any] = {
+        "model": f"Flux-layout transformer (random fp32 weights): 2+2 blocks, hidden {heads * head_dim} ({heads} heads x "
+        f"{head_dim}), {(px // 16) ** 2} image tokens; CFG: SD3-layout, 4 blocks, same width",
+        "baseline": "1 rank x 1 thread (models 1 GPU against N GPUs)",
+        "image_tokens": (px // 16) ** 2,
+        "hidden": heads * head_dim,
+        "steps": steps,
+    }
     with tempfile.TemporaryDirectory(prefix="dit-bench-") as tmp:
         root = Path(tmp)
         flux = _build(

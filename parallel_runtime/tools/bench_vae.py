@@ -53,7 +53,11 @@ def run(quick: bool = False) -> dict[str, Any]:
     vae_dir = str(ensure_tiny_model("tiny-sd3") / "vae")
     side = 64 if quick else 256
     latent = torch.randn(1, 16, side, side, generator=torch.Generator().manual_seed(0))
-    res: dict[str, Any] = {"latent": [16, side, side]}
+    res: dict[str, Any] = {
+        "model": "tiny-sd3's VAE decoder (random weights, narrow channels), 16 latent channels",
+        "baseline": "1 rank x 1 thread (models 1 GPU against N GPUs)",
+        "latent": [16, side, side],
+    }
     for n in (1, 2, 4):
         with WorkerPool(f"cpu:{n}", ParallelConfig(ulysses=n), threads_per_worker=1) as pool:
             pool.submit(timed_decode, vae_dir, latent[:, :, :8, :8]).result(600)  # warm

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 
@@ -15,25 +16,21 @@ def _doctor(args: argparse.Namespace) -> int:
     return 0
 
 
+BENCHES: dict[str, tuple[str, str]] = {
+    # kind -> (module in parallel_runtime.tools with ``run(quick: bool) -> dict``, table title)
+    "runtime": ("bench_runtime", "runtime benchmark (2 CPU ranks)"),
+    "scaling": ("bench_scaling", "sequence/CFG parallel scaling"),
+    "vae": ("bench_vae", "parallel VAE decode"),
+    "pipefusion": ("bench_pipefusion", "PipeFusion"),
+}
+
+
 def _bench(args: argparse.Namespace) -> int:
     from .report import emit
 
-    if args.kind == "runtime":
-        from .bench_runtime import run
-
-        emit(run(), "runtime benchmark (2 CPU ranks)", args.json)
-    elif args.kind == "scaling":
-        from .bench_scaling import run
-
-        emit(run(quick=args.quick), "sequence/CFG parallel scaling", args.json)
-    elif args.kind == "vae":
-        from .bench_vae import run
-
-        emit(run(quick=args.quick), "parallel VAE decode", args.json)
-    elif args.kind == "pipefusion":
-        from .bench_pipefusion import run
-
-        emit(run(quick=args.quick), "PipeFusion", args.json)
+    module, title = BENCHES[args.kind]
+    run = importlib.import_module(f"{__package__}.{module}").run
+    emit(run(quick=args.quick), title, args.json)
     return 0
 
 
@@ -52,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_doctor)
 
     p = sub.add_parser("bench", help="benchmarks that print a table and write JSON")
-    p.add_argument("kind", choices=["runtime", "scaling", "vae", "pipefusion"])
+    p.add_argument("kind", choices=list(BENCHES))
     p.add_argument("--json", metavar="PATH", help="write the results here")
     p.add_argument("--quick", action="store_true", help="smaller sizes (a smoke run)")
     p.set_defaults(func=_bench)

@@ -1,0 +1,54 @@
+"""The shared benchmark plumbing: interleaved repeated timing, ratios of medians, the JSON convention."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from parallel_runtime.tools.measure import interleave, ratio
+from parallel_runtime.tools.report import check_result, emit
+
+
+def test_interleave_rotates_the_order_and_skips_warmup_rounds():
+    calls: list[str] = []
+    seconds = {"a": iter([9.0, 1.0, 2.0, 3.0]), "b": iter([9.0, 2.0, 4.0, 6.0]), "c": iter([9.0, 1.0, 1.0, 1.0])}
+
+    def contender(name):
+        def run():
+            calls.append(name)
+            return next(seconds[name])
+
+        return run
+
+    times = interleave({n: contender(n) for n in "abc"}, repeats=3, warmup=1)
+    assert calls == list("abc" + "bca" + "cab" + "abc")  # each round starts one further along
+    assert times["a"].values == (1.0, 2.0, 3.0)  # the warmup round's 9.0 is dropped
+    assert times["b"].median == 4.0 and times["b"].spread == pytest.approx((6 - 2) / 4)
+    assert times["c"].summary() == {"median": 1.0, "min": 1.0, "max": 1.0, "spread": 0.0, "n": 3}
+
+
+def test_ratio_is_median_over_median_with_the_paired_range():
+    times = interleave({"base": iter([4.0, 40.0, 4.2]).__next__, "fast": iter([2.0, 2.1, 2.0]).__next__}, repeats=3)
+    r = ratio(times, "base", "fast")
+    # One disturbed baseline round (40 s) moves neither the median nor the ratio of medians.
+    assert r["median"] == pytest.approx(4.2 / 2.0)
+    assert r["paired_min"] == pytest.approx(2.0) and r["paired_max"] == pytest.approx(40.0 / 2.1)
+    assert r["baseline"] == "base"
+
+
+def test_interleave_times_contenders_that_return_none():
+    times = interleave({"x": lambda: None}, repeats=2)
+    assert len(times["x"].values) == 2 and all(v >= 0 for v in times["x"].values)
+
+
+def test_results_must_name_model_and_baseline(tmp_path, capsys):
+    with pytest.raises(ValueError, match="model"):
+        check_result({"baseline": "1 rank", "speedup": 2.0})
+    with pytest.raises(ValueError, match="baseline"):
+        emit({"model": "tiny", "speedup": 2.0}, "t", None)
+    out = tmp_path / "r.json"
+    emit({"model": "tiny flux", "baseline": "1 rank x 1 thread", "speedup": 1.5}, "title", str(out))
+    data = json.loads(out.read_text())
+    assert data["model"] == "tiny flux" and data["machine"]["cpus"] >= 1
+    assert "speedup" in capsys.readouterr().out
