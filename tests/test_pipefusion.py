@@ -19,7 +19,7 @@ from parallel_runtime.denoise.settings import SamplingSettings, model_sampling_f
 from parallel_runtime.errors import ConfigError, JobCancelled, WorkerDied, WorkerError
 from parallel_runtime.models.loading import load_pipeline_components
 from parallel_runtime.models.text_encoding import encode_prompts
-from parallel_runtime.models.tiny import build_tiny_pipeline, ensure_tiny_model
+from parallel_runtime.models.tiny import build_tiny_pipeline
 from parallel_runtime.parallel.config import ParallelConfig
 from parallel_runtime.parallel.mesh import ParallelMesh
 from parallel_runtime.pipefusion.schedule import build_schedule, patch_bands, sampler_rounds
@@ -29,16 +29,26 @@ from parallel_runtime.pipefusion.stale_kv import ItemTokens, StaleKVCache
 from parallel_runtime.runtime.builtin_jobs import echo
 from parallel_runtime.sampling import flow_sd3
 from parallel_runtime.service.api import LoadRequest, check_pipefusion_request, load_parallel_model
-from parallel_runtime.service.load_job import load_model
 from parallel_runtime.service.model_jobs import generate
 from parallel_runtime.tools.bench_pipefusion import generate_with_stats
+from tests.dist_jobs import pipefusion_jobs
+from tests.pipefusion_cases import (
+    HEIGHT,
+    STALE_BOUND,
+    STALE_VS_PATCH_LOCAL,
+    STEPS,
+    WIDTH,
+    Reference,
+    close,
+    load,
+    mean_diff,
+    run_generate,
+    run_stats,
+)
 
 STATS_JOB = generate_with_stats
 FAMILIES = ["tiny-flux", "tiny-sd3", "tiny-pixart"]
 PP2 = ParallelConfig(pp=2)
-# 208 x 336 px: a 26 x 42 latent, 13 x 21 tokens: odd token rows, 3 patches (not a multiple of pp).
-WIDTH, HEIGHT = 336, 208
-STEPS = 3
 
 
 def assert_progress_per_rank(events: list, world: int, steps: int) -> None:
@@ -50,45 +60,6 @@ def assert_progress_per_rank(events: list, world: int, steps: int) -> None:
     assert [p["step"] for _, kind, p in events if kind == "preview"] == list(range(1, steps + 1))
 
 
-def _close(got: torch.Tensor, expected: torch.Tensor) -> bool:
-    """float32 agreement: 1e-4 absolute, scaled by the magnitude when values are large."""
-    return (got - expected).abs().max().item() <= 1e-4 * max(1.0, expected.abs().max().item())
-
-
-def _mean_diff(a: torch.Tensor, b: torch.Tensor) -> float:
-    return (a - b).abs().mean().item()
-
-
-class Reference:
-    """Single-device (in-process) results, computed once per case."""
-
-    def __init__(self):
-        self.cache, self.components = {}, {}
-
-    def components_for(self, name):
-        if name not in self.components:
-            self.components[name] = load_pipeline_components(ensure_tiny_model(name), "cpu", torch.float32)
-        return self.components[name]
-
-    def conds(self, name):
-        comps = self.components_for(name)
-        return encode_prompts(comps, comps.family, "a tiny house on a hill", "low quality")
-
-    def case(self, name, cfg=None, steps=STEPS, sampler="euler", seed=7):
-        cfg = (1.0 if name == "tiny-flux" else 4.0) if cfg is None else cfg
-        key = (name, cfg, steps, sampler, seed)
-        if key not in self.cache:
-            comps = self.components_for(name)
-            pos, neg = self.conds(name)
-            adapter = comps.adapter()
-            latent = torch.zeros(1, adapter.plan.latent_channels, HEIGHT // 8, WIDTH // 8)
-            settings = SamplingSettings(seed=seed, steps=steps, cfg=cfg, sampler=sampler, guidance=3.5)
-            ms = model_sampling_for(adapter, comps.scheduler_config, WIDTH, HEIGHT)
-            out = denoise_latent(adapter, ParallelMesh.single(), ms, pos, neg, latent, settings)
-            self.cache[key] = (pos, neg, latent, settings, out)
-        return self.cache[key]
-
-
 @pytest.fixture(scope="module")
 def reference():
     return Reference()
@@ -98,22 +69,6 @@ def reference():
 def deep_pixart(tmp_path_factory):
     """A 4-block PixArt (uniform blocks), so stages of equal block counts have equal weights."""
     return build_tiny_pipeline("tiny-pixart", tmp_path_factory.mktemp("pf") / "pixart4", num_layers=4)
-
-
-def _load(pool, name_or_path, **kwargs):
-    path = name_or_path if not isinstance(name_or_path, str) else ensure_tiny_model(name_or_path)
-    return pool.submit(load_model, str(path), "fp32", "sdpa", **kwargs).result(300)
-
-
-def _generate(pool, case, patches=3, warmup=STEPS, events=None, **overrides):
-    pos, neg, latent, settings, _ = case
-    if overrides:
-        settings = dataclasses.replace(settings, **overrides)
-    on_event = None if events is None else (lambda *e: events.append(e))
-    fut = pool.submit(
-        generate, pos, neg, latent, settings, WIDTH, HEIGHT, patches=patches, warmup=warmup, on_event=on_event
-    )
-    return fut.result(300)
 
 
 # -- plans and schedules (no processes) ----------------------------------------------------------
@@ -222,48 +177,60 @@ LAYOUTS = {
     "pp2": (PP2, FAMILIES),
     "pp2xulysses2": (ParallelConfig(pp=2, ulysses=2), FAMILIES),
     "cfg2xpp2": (ParallelConfig(cfg=2, pp=2), FAMILIES),
-    "pp2xring2": (ParallelConfig(pp=2, ring=2), ["tiny-sd3"]),
+    "pp2xring2": (ParallelConfig(pp=2, ring=2), ["tiny-sd3", "tiny-flux"]),
 }
+# Families whose tiny model's attention reaches far enough across patches for the patch-local
+# baseline to differ (the tiny PixArt's attention is nearly local: both errors are ~0.004%).
+JOINT = ("tiny-sd3", "tiny-flux")
 
 
 @pytest.mark.parametrize(
     "layout, name", [pytest.param(lay, n, id=f"{lay}-{n}") for lay, (_, names) in LAYOUTS.items() for n in names]
 )
-def test_warmup_covering_all_steps_equals_single_device(cpu_pool, reference, layout, name):
+def test_layout_equals_single_device_after_full_warmup_and_stays_close_with_stale_kv(cpu_pool, reference, layout, name):
+    """warmup = steps: equal to the single device. warmup 1 < steps with 2, 3 and 5 patches: within
+    STALE_BOUND of the seed-to-seed difference, and (joint-attention families) several times closer
+    than the patch-local baseline (each patch attending only to its own tokens), so a pipeline that
+    lost the other patches' K/V, e.g. in a hybrid's Ulysses or Ring exchange, fails here."""
     pool = cpu_pool(LAYOUTS[layout][0])
     cfg = 4.0 if layout.startswith("cfg") else None  # CFG branches to split, also for Flux
     case = reference.case(name, cfg)
-    info = _load(pool, name)
+    info = load(pool, name)
     assert info["pipefusion"]["blocks_per_stage"] and len(info["pipefusion"]["ranks"]) == pool.config.world_size
     events = []
-    got = _generate(pool, case, patches=3, warmup=STEPS, events=events)
-    assert got.shape == case[4].shape and _close(got, case[4])
+    got = run_generate(pool, case, patches=3, warmup=STEPS, events=events)
+    assert got.shape == case[4].shape and close(got, case[4])
     assert_progress_per_rank(events, pool.config.world_size, STEPS)
+    yardstick = reference.seed_difference(name, cfg)
+    stale = {m: mean_diff(run_stats(pool, case, m, 1)[0], case[4]) / yardstick for m in (2, 3, 5)}
+    assert all(0 < e < STALE_BOUND for e in stale.values()), stale
+    if name in JOINT:
+        local = mean_diff(run_stats(pool, case, 3, 1, stale_kv=False)[0], case[4]) / yardstick
+        assert local > STALE_VS_PATCH_LOCAL * stale[3], (stale, local)
 
 
-def test_stale_kv_difference_shrinks_with_warmup_and_stays_below_seed_difference(cpu_pool, reference):
+def test_error_shrinks_as_warmup_grows_and_stays_below_the_stale_bound(cpu_pool, reference):
     pool = cpu_pool(PP2)
     steps = 6
     case = reference.case("tiny-sd3", steps=steps)
-    neighbour = reference.case("tiny-sd3", steps=steps, seed=8)[4]
-    _load(pool, "tiny-sd3")
-    diffs = [_mean_diff(_generate(pool, case, patches=3, warmup=w), case[4]) for w in (0, 1, 3, 5, 6)]
-    seed_diff = _mean_diff(neighbour, case[4])
+    load(pool, "tiny-sd3")
+    diffs = [mean_diff(run_generate(pool, case, patches=3, warmup=w), case[4]) for w in (0, 1, 3, 5, 6)]
+    bound = STALE_BOUND * reference.seed_difference("tiny-sd3", steps=steps)
     assert all(a > b for a, b in zip(diffs, diffs[1:])), diffs  # more warmup, closer to the serial result
-    assert diffs[-1] <= 1e-5 and diffs[0] < 0.05 * seed_diff, (diffs, seed_diff)
+    assert diffs[-1] <= 1e-5 and diffs[0] < bound, (diffs, bound)
 
 
 def test_odd_sizes_uneven_stage_weights_and_patches_not_multiple_of_pp(cpu_pool, reference):
     pool = cpu_pool(PP2)
     case = reference.case("tiny-flux")
-    info = _load(pool, "tiny-flux", pp_stage_weights=(1, 3))
+    info = load(pool, "tiny-flux", pp_stage_weights=(1, 3))
     assert info["pipefusion"]["blocks_per_stage"] == [1, 3]
     for patches in (3, 5, 13):  # 13 token rows: bands of 5/4/4, 3/3/3/2/2 and single rows
-        assert _close(_generate(pool, case, patches=patches, warmup=STEPS), case[4])
-    stale = _generate(pool, case, patches=5, warmup=1)
-    assert 0 < _mean_diff(stale, case[4]) < 0.05 * _mean_diff(reference.case("tiny-flux", seed=8)[4], case[4])
+        assert close(run_generate(pool, case, patches=patches, warmup=STEPS), case[4])
+    stale = run_generate(pool, case, patches=5, warmup=1)
+    assert 0 < mean_diff(stale, case[4]) < STALE_BOUND * reference.seed_difference("tiny-flux")
     with pytest.raises(WorkerError) as info:  # more patches than token rows: refused before any work
-        _generate(pool, case, patches=14)
+        run_generate(pool, case, patches=14)
     assert "14 PipeFusion patches" in str(info.value) and "fix:" in str(info.value)
     pos, _, _, settings, _ = case
     with pytest.raises(WorkerError) as info:  # 25 x 41 latent rows/cols do not form 2x2 patches
@@ -276,20 +243,19 @@ def test_odd_sizes_uneven_stage_weights_and_patches_not_multiple_of_pp(cpu_pool,
 def test_every_sampler_runs_per_patch(cpu_pool, reference, sampler):
     pool = cpu_pool(PP2)
     case = reference.case("tiny-sd3", sampler=sampler)
-    _load(pool, "tiny-sd3")
+    load(pool, "tiny-sd3")
     events = []
-    assert _close(_generate(pool, case, patches=4, warmup=STEPS, events=events), case[4])
+    assert close(run_generate(pool, case, patches=4, warmup=STEPS, events=events), case[4])
     assert_progress_per_rank(events, pool.config.world_size, STEPS)
-    stale = _generate(pool, case, patches=4, warmup=1)
-    seed_diff = _mean_diff(reference.case("tiny-sd3", sampler=sampler, seed=8)[4], case[4])
-    assert _mean_diff(stale, case[4]) < 0.05 * seed_diff
+    stale = run_generate(pool, case, patches=4, warmup=1)
+    assert mean_diff(stale, case[4]) < STALE_BOUND * reference.seed_difference("tiny-sd3", sampler=sampler)
 
 
 def test_only_image_tokens_and_conditioning_cross_the_stage_boundary(cpu_pool, reference, deep_pixart):
     """PixArt's text is cross-attention K/V: it travels once (setup); per item only the patch's image
     hidden states and the two conditioning vectors do, so bytes per step = e*B*(S*h + items*7h)."""
     pool = cpu_pool(PP2)
-    info = _load(pool, deep_pixart)
+    info = load(pool, deep_pixart)
     ranks = info["pipefusion"]["ranks"]
     blocks = ranks[0]["all_block_bytes"]
     for r in ranks:  # within 10% of 1/pp of the blocks plus the first/last extras
@@ -305,6 +271,8 @@ def test_only_image_tokens_and_conditioning_cross_the_stage_boundary(cpu_pool, r
     assert per_rank[0]["stats"].sent_bytes["pp_act"] == expected
     assert "pp_act" not in per_rank[1]["stats"].sent_bytes  # the last stage sends latents back only
     assert per_rank[1]["stats"].sent_bytes["pp_latent"] == 4 * 4 * (HEIGHT // 8) * (WIDTH // 8) * 4  # 4 rounds
+    # Cancel is agreed once before the first slot and once per step, not after each of the 11 slots.
+    assert [r["stats"].agreements for r in per_rank] == [1 + 4] * 2 and per_rank[0]["stats"].slots > 5
 
 
 def _start_long_run(pool, case, progress_events: int):
@@ -333,7 +301,7 @@ def _start_long_run(pool, case, progress_events: int):
 def test_cancel_mid_pipeline_keeps_pool_warm_and_exact(cpu_pool, reference):
     pool = cpu_pool(PP2)
     case = reference.case("tiny-sd3")
-    _load(pool, "tiny-sd3")
+    load(pool, "tiny-sd3")
     pids = pool.pids
     fut, seen = _start_long_run(pool, case, progress_events=2)
     fut.cancel()
@@ -341,7 +309,30 @@ def test_cancel_mid_pipeline_keeps_pool_warm_and_exact(cpu_pool, reference):
         fut.result(30)
     assert seen.count("progress") < 500 and pool.pids == pids
     # No message of the cancelled run is left in flight: the next generation is exact.
-    assert _close(_generate(pool, case, patches=3, warmup=STEPS), case[4])
+    assert close(run_generate(pool, case, patches=3, warmup=STEPS), case[4])
+
+
+@pytest.mark.parametrize("cancel_step", [1, 2])
+def test_cancel_lands_within_one_step_with_one_agreement_per_step(cpu_pool, reference, cancel_step):
+    """A cancel raised when step k finishes ends the pipeline at that step's agreement: exactly
+    steps 0..k finish (k=1 and k=2, so an agreement every other step would not do)."""
+    pool = cpu_pool(PP2)
+    pos, neg, latent, settings, _ = reference.case("tiny-sd3")
+    load(pool, "tiny-sd3")
+    settings = dataclasses.replace(settings, steps=6)
+    job = pipefusion_jobs.cancel_after_step
+    per_rank = pool.submit(job, pos, neg, latent, settings, WIDTH, HEIGHT, 3, 1, cancel_step, result_rank="all")
+    per_rank = per_rank.result(300)
+    assert all(r["cancelled"] for r in per_rank)
+    assert per_rank[1]["finished"] == list(range(cancel_step + 1))  # the last stage reports the steps
+    assert [r["agreements"] for r in per_rank] == [1 + cancel_step + 1] * 2
+    full = pool.submit(job, pos, neg, latent, settings, WIDTH, HEIGHT, 3, 1, 99, result_rank="all").result(300)
+    assert not full[0]["cancelled"] and full[1]["finished"] == list(range(6))
+    assert [r["agreements"] for r in full] == [1 + 6] * 2
+    per_slot = pool.submit(job, pos, neg, latent, settings, WIDTH, HEIGHT, 3, 1, 99, "slot", result_rank="all")
+    per_slot = per_slot.result(300)
+    slots = per_slot[0]["slots"]
+    assert slots > 6 and [r["agreements"] for r in per_slot] == [1 + slots] * 2  # the former cost: every slot
 
 
 def test_api_passes_pipefusion_settings(pool_registry, reference):
@@ -353,14 +344,14 @@ def test_api_passes_pipefusion_settings(pool_registry, reference):
     assert model.info["pipefusion"]["blocks_per_stage"] == [2, 1]
     pos, neg, latent, settings, expected = case
     got = model.sample(pos, neg, latent, WIDTH, HEIGHT, seed=7, steps=STEPS, cfg=4.0)
-    assert _close(got, expected)
+    assert close(got, expected)
     model.unload()
 
 
 def test_worker_killed_mid_pipeline_is_an_error_not_a_hang(cpu_pool, reference):
     pool = cpu_pool(PP2)
     case = reference.case("tiny-sd3")
-    _load(pool, "tiny-sd3")
+    load(pool, "tiny-sd3")
     fut, seen = _start_long_run(pool, case, progress_events=1)
     victim = pool.pids[0]  # stage 0 dies: stage 1 is waiting for its next patch
     os.kill(victim, signal.SIGKILL)
@@ -384,11 +375,11 @@ def test_cfg_branches_of_different_text_lengths_and_a_batch_of_two(cpu_pool, ref
     settings = SamplingSettings(seed=5, steps=STEPS, cfg=3.0)
     ms = model_sampling_for(adapter, comps.scheduler_config, WIDTH, HEIGHT)
     expected = denoise_latent(adapter, ParallelMesh.single(), ms, pos, neg, latent, settings)
-    _load(pool, "tiny-sd3")
+    load(pool, "tiny-sd3")
     case = (pos, neg, latent, settings, expected)
-    assert _close(_generate(pool, case, patches=3, warmup=STEPS), expected)
-    stale = _generate(pool, case, patches=3, warmup=1)
-    assert 0 < _mean_diff(stale, expected) < 0.05 * _mean_diff(expected[:1], expected[1:])
+    assert close(run_generate(pool, case, patches=3, warmup=STEPS), expected)
+    stale = run_generate(pool, case, patches=3, warmup=1)
+    assert 0 < mean_diff(stale, expected) < STALE_BOUND * mean_diff(expected[:1], expected[1:])
 
 
 def test_cli_generate_with_pipefusion(tmp_path):

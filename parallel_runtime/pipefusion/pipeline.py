@@ -14,11 +14,12 @@ whole pipeline exists once per cfg rank):
 Items flow stage to stage point to point following a lockstep schedule every rank computes for
 itself (:mod:`.schedule`). Sends are non-blocking; each receive is posted ahead, at the
 start of the slot in which its sender computes the item, so the transfer overlaps compute and the
-receiver finds the data waiting one slot later. After every slot all ranks join one tiny
-all-reduce that agrees on cancel: a cancel ends the job at a patch boundary on every rank, and
-since every posted receive then has its send, nothing is left in flight for the next job. Every
-point-to-point wait has a timeout; messages carry a per-generation tag. Warmup steps (``warmup``) run synchronously on the whole image through the
-same stages, which fills the K/V buffers; with ``warmup >= steps`` the result equals the
+receiver finds the data waiting one slot later. Once per sampling step (at the end of the slot in
+which the last stage finishes the step's last patch) all ranks join one tiny all-reduce that agrees
+on cancel: a cancel ends the job within one step on every rank, and since every posted receive then
+has its send, nothing is left in flight for the next job. Every point-to-point wait has a timeout;
+messages carry a per-generation tag. Warmup steps (``warmup``) run synchronously on the whole image
+through the same stages, which fills the K/V buffers; with ``warmup >= steps`` the result equals the
 single-device denoise loop's (:func:`parallel_runtime.denoise.loop.denoise_latent`).
 """
 
@@ -28,7 +29,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -61,6 +62,9 @@ class PipeFusionSettings:
     patches: int | None = None  # row bands; None: default_patches(pp, token rows)
     warmup: int = 1  # first steps run synchronously on the whole image
     timeout_s: float = 600.0  # longest wait for one message from a neighbouring stage
+    # Baselines for tests and benchmarks only (never better than the defaults):
+    stale_kv: bool = True  # False: a patch attends only to its own fresh tokens (no K/V of the other patches)
+    agree_cancel_every: Literal["step", "slot"] = "step"  # "slot": the former per-slot agreement (its cost)
 
 
 @dataclasses.dataclass
@@ -75,6 +79,7 @@ class PipeFusionStats:
     sent_bytes: dict[str, int]
     kv_buffer_bytes: int
     seconds: dict[str, float] = dataclasses.field(default_factory=dict)  # compute / receive / agree / total
+    agreements: int = 0  # cancel agreements joined (once per step, plus one before the first slot)
 
 
 def run_pipefusion(
@@ -97,10 +102,11 @@ def run_pipefusion(
     """KSampler on a raw VAE latent with PipeFusion over the mesh's "pp" dimension.
 
     Every rank of the mesh calls it with the same arguments. Returns (the raw latent on global
-    rank 0, else None; this rank's stats). ``check_cancel`` is called by every rank after every
-    slot (it must be collective over all ranks, like ``JobContext.check_cancel``); ``on_step`` only
-    on the reporting rank (last stage, cfg 0, sp 0), once per step; ``on_patch`` on every rank after
-    each patch it processed, with the steps this rank has finished (progress per rank). ``message_tag`` (equal on all
+    rank 0, else None; this rank's stats). ``check_cancel`` is called by every rank once before
+    the first slot and once per sampling step (it must be collective over all ranks, like
+    ``JobContext.check_cancel``); ``on_step`` only on the reporting rank (last stage, cfg 0, sp 0),
+    once per step; ``on_patch`` on every rank after each patch it processed, with the steps this
+    rank has finished (progress per rank). ``message_tag`` (equal on all
     ranks, different for every generation, e.g. the job id) keeps one generation's point-to-point
     messages apart from another's, should an error have left a receive posted."""
     runner = Pipeline(
@@ -140,6 +146,12 @@ class Pipeline:
                 "a pipeline needs at least two stages; one stage is the ordinary engine",
                 "use denoise.loop.denoise_latent, or a mesh with pp >= 2",
             )
+        if options.agree_cancel_every not in ("step", "slot"):
+            raise ConfigError(
+                f"PipeFusion agree_cancel_every={options.agree_cancel_every!r}",
+                "ranks agree on cancel once per step, or (to measure its cost) after every slot",
+                "use 'step' (the default) or 'slot'",
+            )
         self.first, self.last = self.stage == 0, self.stage == self.pp - 1
         self.group = mesh.group("pp")
         self.device = mesh.device
@@ -169,6 +181,7 @@ class Pipeline:
         self.final_latent: torch.Tensor | None = None
         self.last_item_of_step: dict[int, int] = {}
         self.seconds = dict.fromkeys(("compute", "receive", "agree", "total"), 0.0)
+        self.agreements = 0
 
     # -- driver ------------------------------------------------------------------------------------
     def run(
@@ -184,7 +197,8 @@ class Pipeline:
             return out, self._stats(0)
         check = check_cancel or (lambda: None)
         start = time.perf_counter()
-        self.cache = StaleKVCache(self.mesh, self.rows * self.cols, backend)
+        self.cache = StaleKVCache(self.mesh, self.rows * self.cols, backend, stale=self.options.stale_kv)
+        agree_at = set(range(sched.num_slots)) if self.options.agree_cancel_every == "slot" else sched.step_end_slots()
         log.debug(
             "PipeFusion stage %d/%d: blocks %s, %d patches, warmup %d, %d items in %d slots",
             self.stage,
@@ -206,6 +220,7 @@ class Pipeline:
             statics = {key: fmt.static_on(self.device) for key, fmt in formats.items()}
             try:
                 check()
+                self.agreements += 1
                 for t in range(sched.num_slots):
                     for k in posts.get(t, []):
                         self._post(k, formats)
@@ -217,9 +232,11 @@ class Pipeline:
                             self._report_patch(sched.items[k], on_patch)
                         self.seconds["compute"] += time.perf_counter() - t0
                     self.sends = [h for h in self.sends if not h.done()]
-                    t0 = time.perf_counter()
-                    check()
-                    self.seconds["agree"] += time.perf_counter() - t0
+                    if t in agree_at:
+                        t0 = time.perf_counter()
+                        check()
+                        self.seconds["agree"] += time.perf_counter() - t0
+                        self.agreements += 1
             except JobCancelled:
                 self._drain()  # every message posted so far has its partner: nothing is left in flight
                 raise
@@ -241,6 +258,7 @@ class Pipeline:
             sent_bytes=self.mesh.stats.snapshot(),
             kv_buffer_bytes=0 if self.cache is None else self.cache.buffer_bytes,
             seconds=dict(self.seconds),
+            agreements=self.agreements,
         )
 
     def _patch_samplers(self, sched: PipelineSchedule) -> PatchSamplers:

@@ -7,8 +7,8 @@ its own and no rank ever waits for a message that is not coming.
   two for the steps of heun / dpm_2). A dry run of the sampler on a 1-element latent lists them.
 - An *item* is what flows through the pipeline: the whole image for the warmup rounds (steps
   ``< warmup``), else one patch. Items are numbered in the order every stage processes them.
-- A *slot* is one tick of the lockstep: at slot ``t`` stage ``s`` processes at most one item, then
-  every rank joins the cancel agreement. Slots come from list scheduling with the dependencies
+- A *slot* is one tick of the lockstep: at slot ``t`` stage ``s`` processes at most one item; at
+  the end of the slot in which the last stage finishes a step, every rank joins the cancel agreement. Slots come from list scheduling with the dependencies
   item ``k`` at stage ``s - 1`` (activations), item ``k - 1`` at stage ``s`` (one item at a time)
   and, on stage 0, the items of the previous round that produce this item's latent at the last
   stage (the sampler step). With ``patches >= pp`` the steady state has no bubble: the pipeline
@@ -164,6 +164,11 @@ class PipelineSchedule:
         for item in self.items:
             out[self.rounds[item.round].step] = item.index
         return out
+
+    def step_end_slots(self) -> set[int]:
+        """Slots in which the last stage finishes a sampling step's last item (where ranks agree on cancel)."""
+        ends = set(self.last_item_of_step().values())
+        return {t for t, k in enumerate(self.slots[-1]) if k in ends}
 
     def bubble_fraction(self) -> float:
         """Idle share of the stages' time if a slot lasts as long as its biggest item (work ~ tokens)."""

@@ -56,8 +56,9 @@ class StaleKVCache:
     ``begin_item`` says which tokens the next forward holds; :meth:`layer` gives the attention
     object a module's scaled_dot_product_attention call goes to (see :func:`run_block_stale`)."""
 
-    def __init__(self, mesh: ParallelMesh, image_tokens: int, backend: str = "auto"):
+    def __init__(self, mesh: ParallelMesh, image_tokens: int, backend: str = "auto", stale: bool = True):
         self.mesh = mesh
+        self.stale = stale  # False: each item attends only to its own tokens (a baseline for tests/benchmarks)
         self.image_tokens = image_tokens
         self.backend = check_backend(backend, mesh.device)
         self._usable = ("sdpa",) if backend == "sdpa" else usable_backends(mesh.device)
@@ -115,6 +116,10 @@ class StaleKVCache:
             kv = torch.cat([k, v], dim=-1)
             kv = all_gather_cat(kv, mesh.group("ring"), stats, dim=2, sizes=ring_lens, op="pp_ring")
             k, v = kv.split([k.shape[-1], v.shape[-1]], dim=-1)
+        kernel = select_kernel(self.backend, q, v, self._usable)
+        if not self.stale:  # patch-local baseline: the item's own (text and image) K/V only
+            out = kernel.attend(q, k, v, scale)
+            return gather_heads(out, mesh.group("ulysses"), stats, uly_lens, num_heads)
         txt_k, img_k = _split_tokens(k, lens, order)
         txt_v, img_v = _split_tokens(v, lens, order)
         text = sum(n for n, _ in lens)  # the buffer keeps this layer's text slots in front
@@ -127,7 +132,6 @@ class StaleKVCache:
         if t0 <= buf.filled:
             buf.filled = max(buf.filled, t1)
         end = text + buf.filled
-        kernel = select_kernel(self.backend, q, v, self._usable)
         out = kernel.attend(q, buf.k[:, :, :end], buf.v[:, :, :end], scale)
         return gather_heads(out, mesh.group("ulysses"), stats, uly_lens, num_heads)
 

@@ -66,7 +66,7 @@ def generate(
     (CPU). Every rank emits its own progress each step (with pp > 1: after each patch, with the steps
     that rank has finished) and its memory now and then; the preview comes from rank 0 (with pp > 1:
     the last stage), just before that rank's progress for the same step. Cancel is checked each step
-    (with pp > 1 at every patch boundary). With pp > 1 it runs PipeFusion (``patches`` row bands,
+    (with pp > 1 agreed once per step). With pp > 1 it runs PipeFusion (``patches`` row bands,
     ``warmup`` whole-image steps)."""
     model = loaded_model(ctx)
     memory = _MemoryReports(ctx)

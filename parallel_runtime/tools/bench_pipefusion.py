@@ -37,11 +37,14 @@ def generate_with_stats(
     settings: SamplingSettings,
     width: int,
     height: int,
-    patches: int,
-    warmup: int,
+    patches: int | None = None,
+    warmup: int = 1,
+    stale_kv: bool = True,
+    agree_cancel_every: str = "step",
 ) -> dict[str, Any]:
     """Worker job: PipeFusion generation on the loaded model; returns this rank's timing and stats
-    (and the latent on rank 0)."""
+    (and the latent on rank 0). ``stale_kv=False`` and ``agree_cancel_every="slot"`` run the
+    baselines of :class:`~parallel_runtime.pipefusion.pipeline.PipeFusionSettings`."""
     from ..pipefusion.pipeline import PipeFusionSettings, run_pipefusion
 
     model = loaded_model(ctx)
@@ -57,7 +60,7 @@ def generate_with_stats(
         None if negative is None else negative.to(ctx.device),
         latent.to(ctx.device),
         settings,
-        PipeFusionSettings(patches=patches, warmup=warmup),
+        PipeFusionSettings(patches, warmup, stale_kv=stale_kv, agree_cancel_every=agree_cancel_every),  # type: ignore[arg-type]
         attention_backend=model.attention,
         check_cancel=ctx.check_cancel,
         message_tag=ctx.job_id,
