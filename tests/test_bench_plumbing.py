@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
+from parallel_runtime.runtime.builtin_jobs import tensor_sink
 from parallel_runtime.tools.measure import interleave, ratio
 from parallel_runtime.tools.report import check_result, emit
 
@@ -52,3 +54,25 @@ def test_results_must_name_model_and_baseline(tmp_path, capsys):
     data = json.loads(out.read_text())
     assert data["model"] == "tiny flux" and data["machine"]["cpus"] >= 1
     assert "speedup" in capsys.readouterr().out
+
+
+def test_tensor_sink_reads_every_byte():
+    data = torch.randint(0, 255, (3 * 4096 + 5,), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    base = tensor_sink(None, data)
+    assert base["nbytes"] == data.numel()
+    for at in (0, 1, 4095, 4097, 8191, 3 * 4096 + 2, 3 * 4096 + 4):  # inside words, between 4 KiB pages, the tail
+        changed = data.clone()
+        changed[at] = (int(changed[at]) + 1) % 256
+        assert tensor_sink(None, changed)["checksum"] != base["checksum"], at
+    assert tensor_sink(None, data.view(torch.int8).float())["nbytes"] == 4 * data.numel()
+    assert tensor_sink(None, torch.empty(0))["checksum"] == 0
+
+
+def test_model_option_only_for_benches_that_take_it(capsys):
+    from parallel_runtime.tools import bench_pipefusion
+    from parallel_runtime.tools.cli import main
+
+    assert main(["bench", "vae", "--model", "tiny-flux"]) == 2  # refused before any work
+    assert "takes no --model" in capsys.readouterr().err
+    names = [m for _, m in bench_pipefusion.ERROR_MODELS]
+    assert "tiny-flux" in names  # the random-weight figure every run reports

@@ -29,9 +29,20 @@ def info(ctx: JobContext) -> dict[str, Any]:
 
 
 def tensor_sink(ctx: JobContext, tensor: torch.Tensor) -> dict[str, Any]:
-    """Touches every byte of a received tensor and reports its checksum (transfer benchmark)."""
-    flat = tensor.reshape(-1).view(torch.uint8) if tensor.numel() else tensor.reshape(-1)
-    return {"nbytes": tensor.numel() * tensor.element_size(), "sum": int(flat[::4096].sum()) if flat.numel() else 0}
+    """Reads every byte of a received tensor and returns a checksum of them (transfer benchmark)."""
+    flat = tensor.reshape(-1).view(torch.uint8) if tensor.numel() else torch.empty(0, dtype=torch.uint8)
+    return {"nbytes": tensor.numel() * tensor.element_size(), "checksum": checksum(flat)}
+
+
+def checksum(flat: torch.Tensor) -> int:
+    """Wrapping sum of a flat uint8 tensor read as 64-bit words (the tail bytes added one by one):
+    reads every byte, at memory speed (a byte-wise sum is ~10x slower)."""
+    whole = flat.numel() // 8 * 8
+    try:
+        words = flat[:whole].view(torch.int64).sum()
+    except RuntimeError:  # storage not 8-byte aligned: add the bytes themselves
+        return int(flat.sum(dtype=torch.int64))
+    return int(words) + int(flat[whole:].sum(dtype=torch.int64))
 
 
 def sleep_steps(ctx: JobContext, steps: int, step_s: float = 0.05) -> int:

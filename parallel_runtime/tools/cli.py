@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import inspect
 import json
 import sys
 
@@ -30,7 +31,10 @@ def _bench(args: argparse.Namespace) -> int:
 
     module, title = BENCHES[args.kind]
     run = importlib.import_module(f"{__package__}.{module}").run
-    emit(run(quick=args.quick), title, args.json)
+    if args.model and "models" not in inspect.signature(run).parameters:
+        print(f"error: bench {args.kind} takes no --model (bench pipefusion does)", file=sys.stderr)
+        return 2
+    emit(run(quick=args.quick, **({"models": args.model} if args.model else {})), title, args.json)
     return 0
 
 
@@ -52,6 +56,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("kind", choices=list(BENCHES))
     p.add_argument("--json", metavar="PATH", help="write the results here")
     p.add_argument("--quick", action="store_true", help="smaller sizes (a smoke run)")
+    p.add_argument(
+        "--model",
+        action="append",
+        default=[],
+        help="pipefusion: also report the stale-K/V error on this model (tiny name or diffusers folder; repeatable)",
+    )
     p.set_defaults(func=_bench)
 
     p = sub.add_parser("generate", help="generate one image with a parallel layout")
