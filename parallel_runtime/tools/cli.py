@@ -23,6 +23,7 @@ BENCHES: dict[str, tuple[str, str]] = {
     "scaling": ("bench_scaling", "sequence/CFG parallel scaling"),
     "vae": ("bench_vae", "parallel VAE decode"),
     "pipefusion": ("bench_pipefusion", "PipeFusion"),
+    "gpu": ("bench_gpu", "one GPU, real-size Flux.1, and a model of N GPUs"),
 }
 
 
