@@ -23,45 +23,9 @@ from parallel_runtime.runtime.jobs import job_reference, resolve_job
 from parallel_runtime.runtime.pool import WorkerPool
 from parallel_runtime.tools.bench_runtime import cpu_seconds
 from tests.dist_jobs import runtime_jobs
+from tests.leftovers import assert_gone, processes_mentioning, segments
 
 TWO = ParallelConfig(ulysses=2)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # A zombie is dead for our purposes.
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ")[1][0] != "Z"
-    except OSError:
-        return False
-
-
-def _segments(prefix: str) -> list[str]:
-    return sorted(p.name for p in Path("/dev/shm").glob(prefix + "*"))
-
-
-def _processes_mentioning(text: str) -> list[int]:
-    """Live processes whose command line contains ``text`` (workers carry their pool's prefix)."""
-    found = []
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        try:
-            if text in cmdline.read_bytes().decode(errors="replace") and _alive(int(cmdline.parent.name)):
-                found.append(int(cmdline.parent.name))
-        except OSError:
-            continue
-    return found
-
-
-def _assert_gone(pids: list[int], prefix: str, within: float = 10.0) -> None:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline and (any(_alive(p) for p in pids) or _segments(prefix)):
-        time.sleep(0.05)
-    assert [p for p in pids if _alive(p)] == []
-    assert _segments(prefix) == []
 
 
 DTYPES = [
@@ -180,7 +144,7 @@ def test_wait_restarts_the_pool_when_a_job_ignores_cancel():
         assert time.monotonic() - t0 < 5.0
         assert pool.submit(echo, 7).result(60) == 7  # not queued behind the abandoned job
         assert pool.starts == 2
-        _assert_gone(old_pids, prefix)
+        assert_gone(old_pids, prefix)
 
 
 def test_wait_restarts_the_pool_when_a_job_runs_past_its_limit():
@@ -209,7 +173,7 @@ def test_kill_9_during_job_fails_fast_and_next_job_restarts_pool():
         msg = str(info.value)
         assert "rank 1" in msg and "exit code -9" in msg and "SIGKILL" in msg
         assert info.value.rank == 1 and info.value.exitcode == -9
-        _assert_gone(old_pids, old_prefix)
+        assert_gone(old_pids, old_prefix)
         assert pool.submit(echo, "fresh").result(60) == "fresh"
         assert pool.starts == 2 and set(pool.pids).isdisjoint(old_pids)
     finally:
@@ -221,9 +185,9 @@ def test_close_leaves_no_process_and_no_segment():
     big = torch.ones(1 << 20)  # forces data segments on both sides
     assert torch.equal(pool.submit(echo, big).result(30), big)
     pids, prefix = pool.pids, pool.shm_prefix
-    assert _segments(prefix)  # the rings exist while it runs
+    assert segments(prefix)  # the rings exist while it runs
     pool.close()
-    _assert_gone(pids, prefix, within=0.5)
+    assert_gone(pids, prefix, within=0.5)
     pool.close()  # idempotent
 
 
@@ -231,13 +195,13 @@ def test_garbage_collection_and_context_manager_clean_up():
     with WorkerPool("cpu:2", TWO, threads_per_worker=1) as pool:
         pids, prefix = pool.pids, pool.shm_prefix
         assert pool.submit(echo, 1).result(30) == 1
-    _assert_gone(pids, prefix)
+    assert_gone(pids, prefix)
 
     pool = WorkerPool("cpu:2", TWO, threads_per_worker=1).start()
     pids, prefix = pool.pids, pool.shm_prefix
     del pool
     gc.collect()
-    _assert_gone(pids, prefix)
+    assert_gone(pids, prefix)
 
 
 SCRIPT = textwrap.dedent(
@@ -260,7 +224,7 @@ def test_interpreter_exit_or_host_death_leaves_nothing(how):
     proc = subprocess.run([sys.executable, "-c", SCRIPT, how], capture_output=True, text=True, timeout=120)
     line = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")][-1]
     info = json.loads(line)
-    _assert_gone(info["pids"], info["prefix"], within=10.0)
+    assert_gone(info["pids"], info["prefix"], within=10.0)
 
 
 STARTUP_DEATH_SCRIPT = textwrap.dedent(
@@ -293,8 +257,8 @@ def test_worker_dying_at_startup_fails_start_and_leaves_nothing(tmp_path):
         assert lines, proc.stdout + proc.stderr
         info = json.loads(lines[-1])
         assert "exit code 3" in info["error"]
-        assert _segments(info["prefix"]) == []
-        assert _processes_mentioning(info["prefix"]) == []
+        assert segments(info["prefix"]) == []
+        assert processes_mentioning(info["prefix"]) == []
 
 
 def test_two_pools_side_by_side():

@@ -12,8 +12,10 @@ import collections
 import contextlib
 import logging
 import os
+import shutil
 import struct
 import subprocess
+import tempfile
 import threading
 import time
 import uuid
@@ -23,8 +25,9 @@ from ..errors import ConfigError, JobCancelled, PoolAborted, PoolClosed, Runtime
 from ..parallel.config import ParallelConfig
 from .affinity import allowed_cpus, plan_cpu_affinity
 from .futures import JobFuture
+from .lifeline import make_death_pipe
 from .shm import Segment, ShmRing, drain_doorbell, make_doorbell, sweep_segments
-from .spawn import start_log_pump, start_worker, terminate
+from .spawn import kill_and_reap, start_log_pump, start_worker
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +56,9 @@ class RunningPool:
         self.cmd_doorbells_w: list[int] = []
         self.cmd: ShmRing | None = None
         self.ctrl: Segment | None = None
-        self.store = None
+        self.private_dir: str | None = None  # 0700: the rendezvous store (no network listener)
+        self.death_r: int | None = None
+        self.death_w: int | None = None  # the death pipe's write end: closed when this process ends
         self.thread: threading.Thread | None = None
         self.log_threads: list[threading.Thread] = []
         self.waiters = 0  # threads waiting in JobFuture.result (they drain the rings themselves)
@@ -62,10 +67,10 @@ class RunningPool:
 
     # -- start ------------------------------------------------------------------------------------
     def start(self) -> None:
-        import torch.distributed as dist
-
         t0 = time.monotonic()
         try:
+            self.private_dir = tempfile.mkdtemp(prefix=self.prefix + "private-")
+            self.death_r, self.death_w = make_death_pipe()
             self.ctrl = Segment.create(self.prefix + "ctrl", 64)
             struct.pack_into("<q", self.ctrl.mm, 0, -1)
             self.cmd = ShmRing.create(self.prefix + "cmd", n_readers=self.world)
@@ -78,22 +83,21 @@ class RunningPool:
                 evt_r, evt_w = make_doorbell()
                 self.cmd_doorbells_w.append(cmd_w)
                 self.evt_doorbells_r.append(evt_r)
-                child_fds.append([cmd_r, evt_w])
+                child_fds.append([cmd_r, evt_w, self.death_r])
             self.cmd.set_doorbells(self.cmd_doorbells_w)
             if self.opts["pin_cpu_workers"]:
                 self.affinity = plan_cpu_affinity(self.devices, self.opts["threads"], allowed_cpus())
-            self.store = dist.TCPStore(
-                "127.0.0.1", 0, None, is_master=True, wait_for_workers=False, timeout=_td(self.opts["start_timeout_s"])
-            )
             for rank, device in enumerate(self.devices):
                 self.procs.append(self._launch(rank, device, child_fds[rank]))
-                for fd in child_fds[rank]:
+                for fd in child_fds[rank][:2]:
                     os.close(fd)
+            os.close(self.death_r)  # only the workers hold the read end
+            self.death_r = None
             self.thread = threading.Thread(target=self._event_loop, name=f"{self.prefix}events", daemon=True)
             self.thread.start()
             self._wait_ready()
         except BaseException:
-            self.shutdown()
+            self.shutdown(graceful=False)
             raise
         log.info("pool %s started %d worker(s) in %.2f s", self.prefix, self.world, time.monotonic() - t0)
 
@@ -112,8 +116,9 @@ class RunningPool:
             "evt_ring": self.evt_rings[rank].segment.name,
             "evt_doorbell_w": fds[1],
             "ctrl": self.ctrl.name,
-            "store_host": "127.0.0.1",
-            "store_port": self.store.port,
+            "death_fd": fds[2],
+            "private_dir": self.private_dir,
+            "store_path": os.path.join(self.private_dir, "store"),
             "start_timeout_s": self.opts["start_timeout_s"],
             "collective_timeout_s": self.opts["collective_timeout_s"],
             "log_level": self.opts["log_level"],
@@ -357,15 +362,21 @@ class RunningPool:
         finally:
             self.shutdown_done.set()
 
+    GRACEFUL_EXIT_S = 1.0  # an idle worker leaves in milliseconds once told to; a busy one is killed
+
     def _shutdown(self, graceful: bool) -> None:
         if graceful and self.dead is None and self.cmd is not None and self.procs:
             with contextlib.suppress(Exception):
-                self.cmd.put(("shutdown",), timeout=2.0, what="shutdown")
-        deadline = time.monotonic() + (5.0 if graceful else 0.0)
-        for proc in self.procs:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=max(deadline - time.monotonic(), 0.0))
-        terminate(self.procs)
+                self.cmd.put(("shutdown",), timeout=0.5, what="shutdown")
+            deadline = time.monotonic() + self.GRACEFUL_EXIT_S
+            for proc in self.procs:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(timeout=max(deadline - time.monotonic(), 0.0))
+        kill_and_reap(self.procs)
+        for fd in (self.death_r, self.death_w):
+            if fd is not None:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
         self.stop.set()
         if self.thread is not None and self.thread is not threading.current_thread():
             self.thread.join(timeout=2.0)
@@ -383,16 +394,11 @@ class RunningPool:
             self.ctrl.close()
         # Every creator is dead now: remove anything a killed worker could not unlink.
         sweep_segments(self.prefix)
-        self.store = None
+        if self.private_dir is not None:
+            shutil.rmtree(self.private_dir, ignore_errors=True)
         err = self.dead or PoolClosed("the pool was closed")
         with self.jobs_lock:
             jobs = list(self.jobs.values())
             self.jobs.clear()
         for fut in jobs:
             fut._finish("error", err)
-
-
-def _td(seconds: float):
-    import datetime
-
-    return datetime.timedelta(seconds=seconds)

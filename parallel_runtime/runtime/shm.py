@@ -36,6 +36,7 @@ from pathlib import Path
 import torch
 
 from ..errors import RuntimeTimeout
+from .fence import full_fence
 
 SHM_DIR = Path("/dev/shm")
 ALIGN = 64
@@ -104,6 +105,7 @@ def map_private(name: str) -> mmap.mmap:
 
 
 def _set_flag(mm: mmap.mmap, offset: int) -> None:
+    full_fence()  # this reader's last reads of the data happen before the writer may reuse it
     with contextlib.suppress(ValueError, IndexError):  # the ring may be closed by now
         mm[offset] = 1
 
@@ -313,19 +315,19 @@ class ShmRing:
     def _slot(self, i: int) -> int:
         return _RING_HEADER + i * (_SLOT_HEADER + self.slot_size)
 
-    @staticmethod
-    def _fence(lock=threading.Lock()) -> None:  # noqa: B008 - a lock used only as a memory barrier
-        with lock:
-            pass
-
     # writer ---------------------------------------------------------------------------------
     def _slot_free(self, base: int) -> bool:
         return self.mm[base] == 0 or self.mm[base + 1 : base + 1 + self.n_readers] == self._all_read
 
     def collect(self) -> None:
-        """Unlink data segments of slots every reader has finished with."""
-        with self._lock:
-            self._collect_locked()
+        """Unlink data segments of slots every reader has finished with. Skipped while a writer holds
+        the ring (it may be waiting for a reader that waits for the caller: the host's monitor must
+        never block here, or a full command ring and a full event ring would wait on each other)."""
+        if self._lock.acquire(blocking=False):
+            try:
+                self._collect_locked()
+            finally:
+                self._lock.release()
 
     FREE_CACHE_BYTES = 1 << 30
     FREE_CACHE_SEGMENTS = 4
@@ -337,10 +339,12 @@ class ShmRing:
 
     def _collect_locked(self) -> None:
         now = time.monotonic()
-        for entry in list(self._in_flight):
-            if self._released(entry):
-                self._free.append((now, self._in_flight.pop(entry)))
-                self._rel_free.append(entry)
+        released = [entry for entry in self._in_flight if self._released(entry)]
+        if released:
+            full_fence()  # the readers' last reads of these segments happen before we rewrite them
+        for entry in released:
+            self._free.append((now, self._in_flight.pop(entry)))
+            self._rel_free.append(entry)
         self._free.sort(key=lambda item: -item[0])  # most recently freed first
         kept, total = [], 0
         for freed_at, seg in self._free:
@@ -377,6 +381,7 @@ class ShmRing:
             base = self._bases[self._cursor]
             if not self._slot_free(base):
                 self._wait_for_slot(base, timeout, what, alive)
+            full_fence()  # every reader's reads of the old message happen before we overwrite it
             payload = base + _SLOT_HEADER
             mm[base] = 0
             if not tensors and len(header) + 9 <= self.slot_size:
@@ -389,7 +394,7 @@ class ShmRing:
             else:
                 self._put_segment(payload, header, tensors, total, timeout, what)
             mm[base + 1 : base + 1 + self.n_readers] = self._none_read
-            self._fence()
+            full_fence()
             mm[base] = 1
             self._cursor = (self._cursor + 1) % self.n_slots
         for fd in self._doorbells:
@@ -443,7 +448,7 @@ class ShmRing:
         me = self.reader_index
         if mm[base] != 1 or mm[base + 1 + me] != 0:
             return False, None
-        self._fence()
+        full_fence()
         payload = base + _SLOT_HEADER
         mode = mm[payload]
         if mode == _MODE_PLAIN:
@@ -459,7 +464,7 @@ class ShmRing:
             # Released (flag set) when the last tensor viewing this mapping is garbage collected.
             weakref.finalize(mapping, _set_flag, mm, 64 + entry * _REL_STRIDE + me)
             del mapping
-        self._fence()
+        full_fence()
         mm[base + 1 + me] = 1
         self._cursor = (self._cursor + 1) % self.n_slots
         return True, obj

@@ -1,4 +1,4 @@
-"""Worker processes: how one is started (command line, environment, inherited doorbells), how its
+"""Worker processes: how one is started (command line, environment, inherited pipes), how its
 output reaches the host's log, and how a set of them is stopped."""
 
 from __future__ import annotations
@@ -8,7 +8,6 @@ import contextlib
 import json
 import logging
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -21,14 +20,18 @@ PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])  # the folder holding pa
 WORKER_MODULE = f"{__package__}.worker"  # run with python -m
 
 
+LOOPBACK = "lo"
+
+
 def start_worker(spec: dict[str, Any], fds: list[int]) -> subprocess.Popen:
     """Start ``python -m parallel_runtime.runtime.worker '<spec>'`` in its own session, passing it
-    the doorbell file descriptors ``fds``; its stdout and stderr come back through one pipe."""
+    the file descriptors ``fds`` (doorbells, death pipe); its stdout and stderr come back through
+    one pipe. Every pool runs on one machine, so the collectives' own sockets (gloo's, NCCL's
+    bootstrap) are bound to the loopback interface, whatever the environment says."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([PACKAGE_ROOT, *filter(None, [env.get("PYTHONPATH")])])
-    if spec["device"] == "cpu":
-        env.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    env.setdefault("NCCL_SOCKET_IFNAME", "lo")
+    env["GLOO_SOCKET_IFNAME"] = LOOPBACK
+    env["NCCL_SOCKET_IFNAME"] = LOOPBACK
     env.setdefault("OMP_NUM_THREADS", str(spec["threads"]))
     return subprocess.Popen(
         [sys.executable, "-m", WORKER_MODULE, json.dumps(spec)],
@@ -58,17 +61,15 @@ def start_log_pump(rank: int, proc: subprocess.Popen, lines: collections.deque, 
     return thread
 
 
-def terminate(procs: Sequence[subprocess.Popen], grace: float = 3.0) -> None:
-    """SIGTERM, then SIGKILL whatever is still alive after ``grace`` seconds."""
-    alive = [p for p in procs if p.poll() is None]
-    for p in alive:
-        with contextlib.suppress(ProcessLookupError):
-            p.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    for p in alive:
-        try:
-            p.wait(timeout=max(deadline - time.monotonic(), 0.01))
-        except subprocess.TimeoutExpired:
+def kill_and_reap(procs: Sequence[subprocess.Popen], wait_s: float = 5.0) -> None:
+    """SIGKILL every process still alive and reap it. Used for every forced stop: SIGTERM cannot
+    interrupt a worker blocked in gloo or NCCL, and the host removes the segments a killed worker
+    leaves, so asking politely first only made teardowns seconds long."""
+    for p in procs:
+        if p.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 p.kill()
-            p.wait(timeout=5.0)
+    deadline = time.monotonic() + wait_s
+    for p in procs:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            p.wait(timeout=max(deadline - time.monotonic(), 0.01))

@@ -1,243 +1,33 @@
-"""Worker process: ``python -m parallel_runtime.runtime.worker '<json spec>'``.
+"""Worker process entry: ``python -m parallel_runtime.runtime.worker '<json spec>'``.
 
-One per device. Joins torch.distributed (NCCL on CUDA, gloo on CPU) through the host's TCP store,
-builds the ParallelMesh, says READY, then runs jobs from the host's broadcast ring until told to
-shut down or until the host process disappears.
+Arms the death pipe (lifeline.py) before anything slow is imported — torch takes seconds, and a
+host dying in that window must not leave an orphan — then runs the worker loop (worker_loop.py):
+join torch.distributed, say READY, run jobs until told to shut down or the host is gone.
 """
 
 from __future__ import annotations
 
-import contextlib
-import datetime
 import faulthandler
 import json
 import logging
 import os
 import signal
-import struct
 import sys
-import time
 import traceback
-from collections.abc import Callable
-from typing import Any
 
-import torch
-
-from ..errors import JobCancelled
-from ..parallel.config import ParallelConfig
-from ..parallel.mesh import ParallelMesh
-from .affinity import apply_affinity
-from .jobs import JobContext, memory_info, resolve_job
-from .shm import Segment, ShmRing, sweep_segments
-
-IDLE_TICK_S = 1.0
-# gloo's TCP loop thread wakes from epoll_wait every 10 ms even when idle (a fixed timeout in gloo),
-# about 0.5% of a core per worker on a VM. A thread inherits its creator's timer slack, and the
-# kernel may defer a timeout by that slack, so the loop threads, created with a 100 ms slack, wake
-# about 10 times a second instead of 100. Traffic still wakes them at once (an fd event, not a timer).
-GLOO_LOOP_TIMER_SLACK_S = 0.1
-_PR_SET_TIMERSLACK, _PR_GET_TIMERSLACK = 29, 30
-
-
-def _die_with_parent() -> None:
-    """Ask the kernel to SIGTERM us when the host dies (Linux); the idle loop also checks."""
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(Exception):
-            import ctypes
-
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
-@contextlib.contextmanager
-def _timer_slack_for_new_threads(seconds: float | None):
-    """Give threads created inside the block a timer slack of ``seconds``; this thread gets its
-    own slack back afterwards (its sleeps and timeouts stay precise). Linux only; else a no-op."""
-    libc = None
-    if seconds and sys.platform.startswith("linux"):
-        with contextlib.suppress(Exception):
-            import ctypes
-
-            libc = ctypes.CDLL(None, use_errno=True)
-            previous = libc.prctl(_PR_GET_TIMERSLACK, 0, 0, 0, 0)
-            if previous < 0 or libc.prctl(_PR_SET_TIMERSLACK, ctypes.c_ulong(int(seconds * 1e9)), 0, 0, 0) != 0:
-                libc = None
-    try:
-        yield
-    finally:
-        if libc is not None:
-            import ctypes
-
-            libc.prctl(_PR_SET_TIMERSLACK, ctypes.c_ulong(previous), 0, 0, 0)
-
-
-class Worker:
-    def __init__(self, spec: dict[str, Any]):
-        self.spec = spec
-        self.rank: int = spec["rank"]
-        self.world: int = spec["world_size"]
-        self.parent_pid: int = spec["parent_pid"]
-        self.device = torch.device(spec["device"])
-        self.log = logging.getLogger(f"parallel_runtime.worker.r{self.rank}")
-        self.prefix: str = spec["prefix"]
-        self.cmd = ShmRing.attach(spec["cmd_ring"], reader_index=self.rank, name_prefix="")
-        self.cmd.set_reader_doorbell(spec["cmd_doorbell_r"])
-        self.evt = ShmRing.attach(spec["evt_ring"], reader_index=None, name_prefix=f"{self.prefix}r{self.rank}-")
-        self.evt.set_doorbells([spec["evt_doorbell_w"]])
-        self.ctrl = Segment.attach(spec["ctrl"])
-        self.state: dict[str, Any] = {}
-        self.jobs: dict[str, Callable[..., Any]] = {}  # job reference -> imported function
-        self.mesh: ParallelMesh | None = None
-        self.current_job = -1
-        self.got_sigterm = False
-
-    # -- messaging ------------------------------------------------------------------------------
-    def send(self, msg: tuple) -> None:
-        self.evt.put(msg, timeout=self.spec.get("send_timeout_s", 600), what=f"{msg[0]} from rank {self.rank}")
-
-    def cancel_flag(self) -> bool:
-        (cancel_id,) = struct.unpack_from("<q", self.ctrl.mm, 0)
-        return cancel_id == self.current_job
-
-    def parent_alive(self) -> bool:
-        return os.getppid() == self.parent_pid
-
-    # -- lifecycle ------------------------------------------------------------------------------
-    def setup(self) -> None:
-        import torch.distributed as dist
-
-        apply_affinity(self.spec.get("cpus"))  # before torch starts its thread pool
-        torch.set_num_threads(self.spec["threads"])
-        if self.device.type == "cuda":
-            torch.cuda.set_device(self.device)
-        backend = "nccl" if self.device.type == "cuda" else "gloo"
-        timeout = datetime.timedelta(seconds=self.spec.get("collective_timeout_s", 1800))
-        store = dist.TCPStore(
-            self.spec["store_host"],
-            self.spec["store_port"],
-            self.world,
-            is_master=False,
-            timeout=datetime.timedelta(seconds=self.spec.get("start_timeout_s", 180)),
-        )
-        kwargs = {"device_id": self.device} if backend == "nccl" else {}
-        slack = GLOO_LOOP_TIMER_SLACK_S if backend == "gloo" else None
-        with _timer_slack_for_new_threads(slack):
-            dist.init_process_group(
-                backend, store=store, rank=self.rank, world_size=self.world, timeout=timeout, **kwargs
-            )
-            self.mesh = ParallelMesh.build(ParallelConfig(**self.spec["config"]), self.device)
-        # A first collective proves every link works before we say READY.
-        agree = torch.ones(1, device=self.device)
-        dist.all_reduce(agree)
-        info = {
-            "pid": os.getpid(),
-            "device": str(self.device),
-            "backend": backend,
-            "torch": torch.__version__,
-            "threads": torch.get_num_threads(),
-            "cpus": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
-            "mesh": repr(self.mesh),
-            **memory_info(self.device),
-        }
-        if self.device.type == "cuda":
-            info["device_name"] = torch.cuda.get_device_name(self.device)
-        self.send(("ready", self.rank, info))
-
-    def run(self) -> None:
-        while True:
-            try:
-                msg = self.cmd.get(timeout=IDLE_TICK_S, what="the next job")
-            except TimeoutError:
-                self.evt.collect()
-                if not self.parent_alive():
-                    self.log.warning("host process is gone; exiting")
-                    return
-                continue
-            kind = msg[0]
-            if kind == "shutdown":
-                return
-            if kind == "job":
-                self.run_job(*msg[1:])
-            # Drop our references to the job's arguments now: tensors received through shared
-            # memory release their segment (so the host can recycle it) when the last view dies.
-            msg = None
-            self.evt.collect()
-
-    def run_job(self, job_id: int, reference: str, args: tuple, kwargs: dict, result_rank: int | str) -> None:
-        self.current_job = job_id
-        assert self.mesh is not None
-        self.mesh.stats.reset()
-
-        def emit(kind: str, payload: Any) -> None:
-            self.send(("event", job_id, self.rank, kind, payload))
-
-        ctx = JobContext(
-            rank=self.rank,
-            world_size=self.world,
-            device=self.device,
-            mesh=self.mesh,
-            state=self.state,
-            job_id=job_id,
-            emit_fn=emit,
-            cancel_flag_fn=self.cancel_flag,
-            logger=self.log,
-        )
-        try:
-            fn = self.jobs.get(reference) or self.jobs.setdefault(reference, resolve_job(reference))
-            value = fn(ctx, *args, **kwargs)
-            status = "ok"
-            payload = value if result_rank in ("all", self.rank) else None
-        except JobCancelled:
-            status, payload = "cancelled", None
-        except BaseException as exc:  # noqa: BLE001 - every failure must reach the host
-            status = "error"
-            payload = {"type": type(exc).__name__, "message": str(exc), "traceback": traceback.format_exc()}
-            self.log.error("job %s (%s) failed: %s", job_id, reference, exc)
-            if isinstance(exc, (KeyboardInterrupt, SystemExit)):
-                raise
-        finally:
-            self.current_job = -1
-        try:
-            self.send(("result", job_id, self.rank, status, payload))
-        except Exception as exc:  # e.g. an unpicklable return value
-            err = {"type": type(exc).__name__, "message": f"could not send the result: {exc}", "traceback": ""}
-            self.send(("result", job_id, self.rank, "error", err))
-
-    def close(self) -> None:
-        import torch.distributed as dist
-
-        if self.got_sigterm:
-            # SIGTERM comes from the host's forced shutdown or from the kernel when the host dies
-            # (PR_SET_PDEATHSIG); in the second case the host may still be exiting: give it a moment.
-            deadline = time.monotonic() + 1.0
-            while self.parent_alive() and time.monotonic() < deadline:
-                time.sleep(0.02)
-        if not self.parent_alive():
-            # The host (creator of the rings) died without cleaning up: nobody else will. Do it
-            # first and leave at once; tearing down process groups could wait on the dead store.
-            sweep_segments(self.prefix)
-            os._exit(0)
-        with contextlib.suppress(Exception):
-            if dist.is_initialized():
-                dist.destroy_process_group()
-        self.evt.close()
-        self.cmd.close()
-        self.ctrl.close()
-        sweep_segments(f"{self.prefix}r{self.rank}-")  # our own data segments (we are their creator)
+from .lifeline import arm
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     spec = json.loads(argv[0])
+    arm(spec["death_fd"], spec["prefix"], spec.get("private_dir"))
     faulthandler.enable()
-    _die_with_parent()
-    holder: list[Worker] = []
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
 
     def on_sigterm(*_):
-        # The kernel may deliver the parent-death signal once per thread: only the first counts,
-        # a second one must not interrupt the cleanup it started.
+        # Someone asked us to stop (the host kills with SIGKILL): leave cleanly, once.
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        if holder:
-            holder[0].got_sigterm = True
         sys.exit(143)
 
     signal.signal(signal.SIGTERM, on_sigterm)
@@ -249,15 +39,23 @@ def main(argv: list[str] | None = None) -> int:
     )
     for var, value in spec.get("env", {}).items():
         os.environ[var] = value
+    from .worker_loop import Worker  # imports torch
+
     worker = Worker(spec)
-    holder.append(worker)
+    code = 0
     try:
         worker.setup()
         worker.run()
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    except BaseException:  # noqa: BLE001 - print it, then leave like any other exit
+        traceback.print_exc()
+        code = 1
     finally:
         worker.close()
-        sys.stderr.flush()
-    return 0
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # no interpreter teardown (torch's and gloo's take seconds; see Worker.close)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,197 @@
+"""The worker loop (started by worker.py, one process per device).
+
+Joins torch.distributed (NCCL on CUDA, gloo on CPU) through a FileStore in the pool's private
+folder (no network listener), builds the ParallelMesh, says READY, then runs jobs from the host's
+broadcast ring until told to shut down or until the host process disappears.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import logging
+import os
+import struct
+import sys
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ..errors import JobCancelled
+from ..parallel.config import ParallelConfig
+from ..parallel.mesh import ParallelMesh
+from .affinity import apply_affinity
+from .jobs import JobContext, memory_info, resolve_job
+from .shm import Segment, ShmRing, sweep_segments
+
+IDLE_TICK_S = 1.0
+# gloo's TCP loop thread wakes from epoll_wait every 10 ms even when idle (a fixed timeout in gloo),
+# about 0.5% of a core per worker on a VM. A thread inherits its creator's timer slack, and the
+# kernel may defer a timeout by that slack, so the loop threads, created with a 100 ms slack, wake
+# about 10 times a second instead of 100. Traffic still wakes them at once (an fd event, not a timer).
+GLOO_LOOP_TIMER_SLACK_S = 0.1
+_PR_SET_TIMERSLACK, _PR_GET_TIMERSLACK = 29, 30
+
+
+@contextlib.contextmanager
+def _timer_slack_for_new_threads(seconds: float | None):
+    """Give threads created inside the block a timer slack of ``seconds``; this thread gets its
+    own slack back afterwards (its sleeps and timeouts stay precise). Linux only; else a no-op."""
+    libc = None
+    if seconds and sys.platform.startswith("linux"):
+        with contextlib.suppress(Exception):
+            import ctypes
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            previous = libc.prctl(_PR_GET_TIMERSLACK, 0, 0, 0, 0)
+            if previous < 0 or libc.prctl(_PR_SET_TIMERSLACK, ctypes.c_ulong(int(seconds * 1e9)), 0, 0, 0) != 0:
+                libc = None
+    try:
+        yield
+    finally:
+        if libc is not None:
+            import ctypes
+
+            libc.prctl(_PR_SET_TIMERSLACK, ctypes.c_ulong(previous), 0, 0, 0)
+
+
+class Worker:
+    def __init__(self, spec: dict[str, Any]):
+        self.spec = spec
+        self.rank: int = spec["rank"]
+        self.world: int = spec["world_size"]
+        self.parent_pid: int = spec["parent_pid"]
+        self.device = torch.device(spec["device"])
+        self.log = logging.getLogger(f"parallel_runtime.worker.r{self.rank}")
+        self.prefix: str = spec["prefix"]
+        self.cmd = ShmRing.attach(spec["cmd_ring"], reader_index=self.rank, name_prefix="")
+        self.cmd.set_reader_doorbell(spec["cmd_doorbell_r"])
+        self.evt = ShmRing.attach(spec["evt_ring"], reader_index=None, name_prefix=f"{self.prefix}r{self.rank}-")
+        self.evt.set_doorbells([spec["evt_doorbell_w"]])
+        self.ctrl = Segment.attach(spec["ctrl"])
+        self.state: dict[str, Any] = {}
+        self.jobs: dict[str, Callable[..., Any]] = {}  # job reference -> imported function
+        self.mesh: ParallelMesh | None = None
+        self.current_job = -1
+
+    # -- messaging ------------------------------------------------------------------------------
+    def send(self, msg: tuple) -> None:
+        self.evt.put(msg, timeout=self.spec.get("send_timeout_s", 600), what=f"{msg[0]} from rank {self.rank}")
+
+    def cancel_flag(self) -> bool:
+        (cancel_id,) = struct.unpack_from("<q", self.ctrl.mm, 0)
+        return cancel_id == self.current_job
+
+    def parent_alive(self) -> bool:
+        return os.getppid() == self.parent_pid
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    def setup(self) -> None:
+        import torch.distributed as dist
+
+        apply_affinity(self.spec.get("cpus"))  # before torch starts its thread pool
+        torch.set_num_threads(self.spec["threads"])
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        backend = "nccl" if self.device.type == "cuda" else "gloo"
+        timeout = datetime.timedelta(seconds=self.spec.get("collective_timeout_s", 1800))
+        store = dist.FileStore(self.spec["store_path"], self.world)
+        store.set_timeout(datetime.timedelta(seconds=self.spec.get("start_timeout_s", 180)))
+        kwargs = {"device_id": self.device} if backend == "nccl" else {}
+        slack = GLOO_LOOP_TIMER_SLACK_S if backend == "gloo" else None
+        with _timer_slack_for_new_threads(slack):
+            dist.init_process_group(
+                backend, store=store, rank=self.rank, world_size=self.world, timeout=timeout, **kwargs
+            )
+            self.mesh = ParallelMesh.build(ParallelConfig(**self.spec["config"]), self.device)
+        # A first collective proves every link works before we say READY.
+        agree = torch.ones(1, device=self.device)
+        dist.all_reduce(agree)
+        info = {
+            "pid": os.getpid(),
+            "device": str(self.device),
+            "backend": backend,
+            "torch": torch.__version__,
+            "threads": torch.get_num_threads(),
+            "cpus": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+            "mesh": repr(self.mesh),
+            **memory_info(self.device),
+        }
+        if self.device.type == "cuda":
+            info["device_name"] = torch.cuda.get_device_name(self.device)
+        self.send(("ready", self.rank, info))
+
+    def run(self) -> None:
+        while True:
+            try:
+                msg = self.cmd.get(timeout=IDLE_TICK_S, what="the next job")
+            except TimeoutError:
+                self.evt.collect()
+                if not self.parent_alive():
+                    self.log.warning("host process is gone; exiting")
+                    return
+                continue
+            kind = msg[0]
+            if kind == "shutdown":
+                return
+            if kind == "job":
+                self.run_job(*msg[1:])
+            # Drop our references to the job's arguments now: tensors received through shared
+            # memory release their segment (so the host can recycle it) when the last view dies.
+            msg = None
+            self.evt.collect()
+
+    def run_job(self, job_id: int, reference: str, args: tuple, kwargs: dict, result_rank: int | str) -> None:
+        self.current_job = job_id
+        assert self.mesh is not None
+        self.mesh.stats.reset()
+
+        def emit(kind: str, payload: Any) -> None:
+            self.send(("event", job_id, self.rank, kind, payload))
+
+        ctx = JobContext(
+            rank=self.rank,
+            world_size=self.world,
+            device=self.device,
+            mesh=self.mesh,
+            state=self.state,
+            job_id=job_id,
+            emit_fn=emit,
+            cancel_flag_fn=self.cancel_flag,
+            logger=self.log,
+        )
+        try:
+            fn = self.jobs.get(reference) or self.jobs.setdefault(reference, resolve_job(reference))
+            value = fn(ctx, *args, **kwargs)
+            status = "ok"
+            payload = value if result_rank in ("all", self.rank) else None
+        except JobCancelled:
+            status, payload = "cancelled", None
+        except BaseException as exc:  # noqa: BLE001 - every failure must reach the host
+            status = "error"
+            payload = {"type": type(exc).__name__, "message": str(exc), "traceback": traceback.format_exc()}
+            self.log.error("job %s (%s) failed: %s", job_id, reference, exc)
+            if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                raise
+        finally:
+            self.current_job = -1
+        try:
+            self.send(("result", job_id, self.rank, status, payload))
+        except Exception as exc:  # e.g. an unpicklable return value
+            err = {"type": type(exc).__name__, "message": f"could not send the result: {exc}", "traceback": ""}
+            self.send(("result", job_id, self.rank, "error", err))
+
+    def close(self) -> None:
+        """Leave: drop the mappings and the data segments this rank created. The process then ends
+        with os._exit (worker.py): no process-group or interpreter teardown, which took seconds and
+        can wait on peers that are gone."""
+        if not self.parent_alive():
+            # The host (creator of the rings) died without cleaning up: nobody else will.
+            sweep_segments(self.prefix)
+            return
+        self.evt.close()
+        self.cmd.close()
+        self.ctrl.close()
+        sweep_segments(f"{self.prefix}r{self.rank}-")  # our own data segments (we are their creator)
