@@ -92,6 +92,7 @@ def import_comfy(comfy_dir: Path) -> SimpleNamespace:
     import comfy.ops
     import comfy.sd
     import comfy.utils
+
     import nodes
 
     return SimpleNamespace(
@@ -191,7 +192,9 @@ def conditioning(gen: torch.Generator, tokens: int) -> torch.Tensor:
 def run_case(c: SimpleNamespace, patcher, case: dict, conds: dict[str, torch.Tensor]) -> torch.Tensor:
     positive = [[conds[case["positive"]], {}]]
     negative = [[conds[case["negative"]], {}]]
-    latent = {"samples": torch.zeros(case["latent_shape"])} if case.get("latent") is None else {"samples": case["latent"]}
+    latent = (
+        {"samples": torch.zeros(case["latent_shape"])} if case.get("latent") is None else {"samples": case["latent"]}
+    )
     (out,) = c.nodes.common_ksampler(
         patcher,
         case["seed"],

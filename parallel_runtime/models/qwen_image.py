@@ -1,0 +1,214 @@
+"""Qwen-Image (QwenImageTransformer2DModel): dual-stream MMDiT, text tokens with a mask, complex 3-axis RoPE.
+
+Layout: the model-space latent [B,16,H,W] is packed into 2x2 patches (channel order c,p,q, as
+QwenImagePipeline and ComfyUI pack it), a token is 64 values; text tokens come first in every joint
+attention call. Each sp rank holds [its text shard, its image shard] and the rotary rows of those tokens.
+
+Rotary positions: the image grid is centred (rows and columns run through negative positions, the
+module's ``neg_freqs``) and text positions start after it, at max(rows // 2, cols // 2). For grids of
+odd size diffusers and ComfyUI centre differently (diffusers: -(n - n//2) .. n//2 - 1, ComfyUI:
+-(n//2) .. n - 1 - n//2); Qwen's own 1328x1328 is such a grid. ComfyUI's centring is the default, so a
+graph gives ComfyUI's picture; ``QwenImageAdapter.rope_centre = "diffusers"`` gives the pipeline's.
+The tables are carried as real ``view_as_real`` tensors (they split, slice and travel between PipeFusion
+stages like Flux's cos/sin) and turned back into complex numbers for the block.
+
+Text mask: trailing padding shared by the whole batch is dropped (exact: masked keys influence nothing
+and no kept token moves); a mask that still masks something is applied on one rank only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Literal
+
+import torch
+from torch import nn
+
+from ..errors import ConfigError
+from .base import Activations, Conditioning, LatentFormat, ModelAdapter, ModelPlan, Split
+
+PACK = 2  # 2x2 latent pixels per token
+ROPE_TABLE_LEN = 4096  # rows of QwenEmbedRope's pos_freqs / neg_freqs
+# ComfyUI's latent_formats.Wan21 (= the Qwen-Image VAE config's latents_mean / latents_std).
+WAN21_MEAN = (-0.7571, -0.7089, -0.9113, 0.1075, -0.1745, 0.9653, -0.1517, 1.5508,
+              0.4134, -0.0715, 0.5517, -0.3632, -0.1922, -0.9497, 0.2503, -0.2921)  # fmt: skip
+WAN21_STD = (2.8184, 1.4541, 2.3275, 2.6558, 1.2196, 1.7708, 2.6052, 2.0743,
+             3.2687, 2.1526, 2.8652, 1.5579, 1.6382, 1.1253, 2.8251, 1.9160)  # fmt: skip
+_UNSUPPORTED = {
+    "zero_cond_t": "Qwen-Image-Edit-2511's reference-image modulation",
+    "use_additional_t_cond": "an additional timestep condition (layered variants)",
+    "use_layer3d_rope": "layered 3-D rotary positions (Qwen-Image-Layered)",
+    "guidance_embeds": "a distilled guidance input",
+}
+
+
+class QwenImageAdapter(ModelAdapter):
+    family = "qwen-image"
+    sdpa_processors = ("QwenDoubleStreamAttnProcessor2_0",)
+    rope_centre: Literal["comfyui", "diffusers"] = "comfyui"
+
+    @classmethod
+    def make_plan(cls, config: Any, latent_format: LatentFormat | None) -> ModelPlan:
+        used = [what for key, what in _UNSUPPORTED.items() if getattr(config, key, False)]
+        out = config.out_channels or config.in_channels
+        if used or config.patch_size != PACK or config.in_channels != out * PACK * PACK:
+            raise ConfigError(
+                f"Qwen-Image transformer with {', '.join(used) or f'in_channels={config.in_channels}, out_channels={out}'}",
+                "only text-to-image Qwen-Image (2x2-packed 16-channel latents, no edit/layered inputs) is supported",
+                "load Qwen-Image (qwen_image_*.safetensors or the Qwen/Qwen-Image folder); edit variants come later",
+            )
+        return ModelPlan(
+            family=cls.family,
+            block_lists=("transformer_blocks",),
+            patch_size=PACK,
+            patch_layout="cpq",
+            latent_channels=out,
+            out_channels=out,
+            learned_sigma=False,
+            text_attention="joint",
+            guidance_embed=False,
+            timestep="sigma",
+            latent_format=latent_format or wan21_latent_format(out),
+            splits=(Split("img", 1), Split("txt", 1), Split("img_rope", 0), Split("txt_rope", 0)),
+        )
+
+    def embed_full(
+        self, x: torch.Tensor, timestep: torch.Tensor, cond: Conditioning, guidance: torch.Tensor | None = None
+    ) -> Activations:
+        t = self.transformer
+        text, mask = strip_text_padding(cond.prompt_embeds, cond.attention_mask)
+        rows, cols = self.grid_of(x)
+        img = t.img_in(self.patchify(x))
+        temb = t.time_text_embed(timestep.to(img.dtype), img)
+        txt = t.txt_in(t.txt_norm(text))
+        img_rope, txt_rope = qwen_rope_tables(t.pos_embed, rows, cols, txt.shape[1], x.device, self.rope_centre)
+        return Activations(
+            img=img,
+            txt=txt,
+            temb=temb,
+            temb_out=temb,
+            grid=(rows, cols),
+            txt_tokens=txt.shape[1],
+            img_rope=(torch.view_as_real(img_rope),),
+            txt_rope=(torch.view_as_real(txt_rope),),
+            txt_mask=mask,
+        )
+
+    def embed(self, x, timestep, cond, mesh, guidance=None) -> Activations:
+        acts = super().embed(x, timestep, cond, mesh, guidance)
+        _check_mask_layout(acts, mesh)
+        return acts
+
+    def embed_rows(self, x_band, rows, full_size, timestep, cond, mesh, guidance=None) -> Activations:
+        acts = super().embed_rows(x_band, rows, full_size, timestep, cond, mesh, guidance)
+        _check_mask_layout(acts, mesh)
+        return acts
+
+    def call_block(self, list_name: str, block: nn.Module, acts: Activations) -> Activations:
+        rope = (torch.view_as_complex(acts.img_rope[0]), torch.view_as_complex(acts.txt_rope[0]))
+        txt, img = block(
+            hidden_states=acts.img,
+            encoder_hidden_states=acts.txt,
+            encoder_hidden_states_mask=acts.txt_mask,
+            temb=acts.temb,
+            image_rotary_emb=rope,
+        )
+        return acts.replace(img=img, txt=txt)
+
+    def self_attention_modules(self, list_name: str, block: nn.Module) -> list[nn.Module]:
+        return [block.attn]
+
+    def joint_text_order(self, module: nn.Module) -> Literal["first", "last"]:
+        return "first"  # QwenDoubleStreamAttnProcessor2_0 attends over [text, image]
+
+    def project_out(self, acts: Activations) -> torch.Tensor:
+        t = self.transformer
+        return t.proj_out(t.norm_out(acts.img, acts.temb_out))
+
+
+def wan21_latent_format(channels: int) -> LatentFormat:
+    """ComfyUI's Wan21 latent format: (latent - mean) / std per channel."""
+    if channels != len(WAN21_MEAN):
+        raise ConfigError(
+            f"a Qwen-Image transformer with {channels} latent channels",
+            f"Qwen-Image's VAE (Wan 2.1) makes {len(WAN21_MEAN)}-channel latents with per-channel statistics",
+            "use a Qwen-Image transformer file, or pass the latent format of your VAE",
+        )
+    return ChannelStatsFormat(channels, WAN21_MEAN, WAN21_STD)
+
+
+@dataclasses.dataclass(frozen=True)
+class ChannelStatsFormat:
+    """Per-channel latent normalisation (ComfyUI's Wan21 ``process_in``/``process_out``), for [B,C,...] latents.
+    TODO(issue 13): replaced by the shared per-channel LatentFormat when it lands."""
+
+    channels: int
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+
+    def _stats(self, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        shape = (1, self.channels) + (1,) * (like.ndim - 2)
+        as_tensor = lambda v: torch.tensor(v, dtype=like.dtype, device=like.device).reshape(shape)  # noqa: E731
+        return as_tensor(self.mean), as_tensor(self.std)
+
+    def to_model(self, latent: torch.Tensor) -> torch.Tensor:
+        mean, std = self._stats(latent)
+        return (latent - mean) / std
+
+    def to_raw(self, z: torch.Tensor) -> torch.Tensor:
+        mean, std = self._stats(z)
+        return z * std + mean
+
+
+def strip_text_padding(text: torch.Tensor, mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(text, mask) without the trailing tokens every prompt of the batch masks out; mask None when the
+    rest is all kept. Exact: a masked token is never attended to and dropping trailing tokens moves none."""
+    if mask is None:
+        return text, None
+    keep = mask.to(torch.bool)
+    valid = keep.any(dim=0).nonzero()
+    length = int(valid.max()) + 1 if valid.numel() else 1
+    text, keep = text[:, :length], keep[:, :length]
+    return text, (None if bool(keep.all()) else keep)
+
+
+def _check_mask_layout(acts: Activations, mesh) -> None:
+    if acts.txt_mask is not None and (mesh.size("sp") > 1 or mesh.size("pp") > 1):
+        raise ConfigError(
+            "a batch of Qwen-Image prompts with different token counts under sequence parallelism or PipeFusion",
+            "the shorter prompts' padding must be masked, and split (or stale) attention applies no mask",
+            "encode one prompt per batch (ComfyUI's text encode does), or use a layout without ulysses/ring/pipefusion",
+        )
+
+
+def _positions(n: int, centre: str) -> torch.Tensor:
+    offset = n // 2 if centre == "comfyui" else n - n // 2
+    return torch.arange(n) - offset
+
+
+def _axis_rows(pos: torch.Tensor, neg: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """Rows of one axis' table for signed positions (negative p is ``neg`` row ROPE_TABLE_LEN + p)."""
+    rows = torch.where(positions >= 0, positions, positions + ROPE_TABLE_LEN)
+    return torch.where((positions >= 0)[:, None], pos[rows.clamp(max=pos.shape[0] - 1)], neg[rows])
+
+
+def qwen_rope_tables(
+    rope: nn.Module, rows: int, cols: int, text_tokens: int, device: torch.device, centre: str = "comfyui"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(image freqs [rows*cols, D/2], text freqs [T, D/2]) as complex tables of QwenEmbedRope ``rope``."""
+    if centre not in ("comfyui", "diffusers"):
+        raise ConfigError(
+            f"rope_centre {centre!r}",
+            "odd grids are centred as ComfyUI or as diffusers does",
+            "use 'comfyui' or 'diffusers'",
+        )
+    halves = [d // 2 for d in rope.axes_dim]
+    pos = rope.pos_freqs.split(halves, dim=1)
+    neg = rope.neg_freqs.split(halves, dim=1)
+    frame = pos[0][0].expand(rows, cols, -1)
+    height = _axis_rows(pos[1], neg[1], _positions(rows, centre))[:, None, :].expand(rows, cols, -1)
+    width = _axis_rows(pos[2], neg[2], _positions(cols, centre))[None, :, :].expand(rows, cols, -1)
+    image = torch.cat([frame, height, width], dim=-1).reshape(rows * cols, -1)
+    start = max(rows // 2, cols // 2)
+    text = rope.pos_freqs[start : start + text_tokens]
+    return image.to(device), text.to(device)
