@@ -15,11 +15,13 @@ from parallel_runtime.errors import ConfigError
 if TYPE_CHECKING:
     from parallel_runtime.models.base import Conditioning
 
-FAMILY_LABEL = {"flux": "Flux", "sd3": "SD3", "pixart": "PixArt"}
+FAMILY_LABEL = {"flux": "Flux", "sd3": "SD3", "pixart": "PixArt", "qwen-image": "Qwen-Image", "flux2": "FLUX.2"}
 COMFY_ENCODER_HINT = {
     "flux": "DualCLIPLoader (clip_l + t5xxl, type flux) with CLIPTextEncode",
     "sd3": "TripleCLIPLoader (clip_l + clip_g + t5xxl) with CLIPTextEncode",
     "pixart": "CLIPLoader (t5xxl, type pixart) with CLIPTextEncode",
+    "qwen-image": "CLIPLoader (qwen_2.5_vl_7b, type qwen_image) with CLIPTextEncode",
+    "flux2": "CLIPLoader (the FLUX.2 Mistral text encoder, type flux2) with CLIPTextEncode",
 }
 UNSUPPORTED_KEYS = {
     "area": "an area (Conditioning Set Area)",
@@ -43,6 +45,10 @@ def guess_source(embed_dim: int, pooled_dim: int | None) -> str:
         return "SDXL"
     if embed_dim == 4096:
         return {2048: "SD3", 768: "Flux", None: "T5 (PixArt)"}.get(pooled_dim, "T5")
+    if embed_dim == 3584:
+        return "Qwen2.5-VL (Qwen-Image)"
+    if embed_dim == 15360:
+        return "Mistral (FLUX.2)"
     return f"{embed_dim}-wide"
 
 

@@ -16,7 +16,7 @@ from .model_files import TINY_MODELS, VAE_FROM_MODEL, model_choices, resolve_mod
 log = logging.getLogger("dit_parallel.nodes")
 
 CATEGORY = "DiT Parallel"
-FAMILIES = ("auto", "flux", "sd3", "pixart")
+FAMILIES = ("auto", "flux", "sd3", "pixart", "qwen-image", "flux2")
 DTYPES = ("bf16", "fp16", "fp32")
 ATTENTION = ("auto", "sdpa", "flash")
 LAYOUTS = ("auto", "manual")

@@ -18,7 +18,7 @@ from parallel_runtime.errors import ConfigError
 
 from .bridge import Bridge
 
-TINY_MODELS: tuple[str, ...] = ("tiny-flux", "tiny-sd3", "tiny-pixart")
+TINY_MODELS: tuple[str, ...] = ("tiny-flux", "tiny-sd3", "tiny-pixart", "tiny-qwen-image", "tiny-flux2")
 SINGLE_FILE_SUFFIXES: tuple[str, ...] = (".safetensors", ".sft")
 VAE_FROM_MODEL = "(the model's own)"
 

@@ -25,6 +25,8 @@ EXPECTED = {
         ["text_encoder", "text_encoder_2", "text_encoder_3"],
     ),
     "tiny-pixart": ("pixart", "PixArtAlphaPipeline", "PixArtTransformer2DModel", ["text_encoder"]),
+    "tiny-qwen-image": ("qwen-image", "QwenImagePipeline", "QwenImageTransformer2DModel", ["text_encoder"]),
+    "tiny-flux2": ("flux2", "Flux2Pipeline", "Flux2Transformer2DModel", ["text_encoder"]),
 }
 
 
@@ -62,7 +64,7 @@ def _run_pipeline(name: str):
     kwargs["generator"] = torch.Generator().manual_seed(0)
     if name == "tiny-pixart":
         kwargs.update(use_resolution_binning=False, clean_caption=False)
-    return pipe("a photo of a cat", **kwargs).images
+    return pipe(prompt="a photo of a cat", **kwargs).images
 
 
 @pytest.mark.parametrize("name", TINY_MODELS)

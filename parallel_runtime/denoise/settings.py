@@ -9,7 +9,7 @@ import torch
 
 from ..errors import ConfigError
 from ..models.base import ModelAdapter
-from ..sampling import ModelSampling, discrete_eps, flow_flux, flow_sd3
+from ..sampling import FluxFlowSampling, ModelSampling, discrete_eps, flow_flux, flow_sd3
 
 DEFAULT_FLUX_GUIDANCE = 3.5  # ComfyUI's FluxGuidance default
 
@@ -26,6 +26,12 @@ def model_sampling_for(
         return flow_sd3(float(scheduler_config.get("shift", 3.0)))
     if plan.family == "pixart":
         return discrete_eps()
+    # Issue 14 families (until issue 11's per-family table lands): ComfyUI's supported_models values,
+    # a flux-type shift fixed per model (QwenImage 1.15, Flux2 2.02), timestep = sigma.
+    if plan.family == "qwen-image":
+        return FluxFlowSampling(1.15)
+    if plan.family == "flux2":
+        return FluxFlowSampling(2.02)
     raise ConfigError(
         f"no model sampling known for family {plan.family!r}",
         "the sampler needs the model's noise parameterisation",

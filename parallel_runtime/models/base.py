@@ -85,7 +85,8 @@ class Conditioning:
         return Conditioning(move(self.prompt_embeds, dtype), move(self.pooled, dtype), move(self.attention_mask, None))
 
 
-Rope = tuple[torch.Tensor, torch.Tensor]
+Rope = tuple[torch.Tensor, ...]  # (cos, sin) tables, or one real view of a complex table (Qwen-Image)
+COMPUTE_DTYPE_ATTR = "dit_compute_dtype"  # set on a transformer whose weights are stored in another dtype (fp8)
 
 JOINT_TEXT_ORDER: Mapping[str, Literal["first", "last"]] = MappingProxyType(
     {
@@ -210,7 +211,9 @@ class ModelAdapter(abc.ABC):
 
     @property
     def dtype(self) -> torch.dtype:
-        return self._first_parameter().dtype
+        """The compute dtype: the loader's record of it (fp8-stored weights compute in a wider type), else
+        the first loaded parameter's."""
+        return getattr(self.transformer, COMPUTE_DTYPE_ATTR, None) or self._first_parameter().dtype
 
     @property
     def device(self) -> torch.device:

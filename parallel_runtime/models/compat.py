@@ -22,6 +22,9 @@ import torch
 FLUX_ATTN_PROCESSOR = "FluxAttnProcessor"
 JOINT_ATTN_PROCESSOR = "JointAttnProcessor2_0"
 ATTN_PROCESSOR = "AttnProcessor2_0"
+QWEN_ATTN_PROCESSOR = "QwenDoubleStreamAttnProcessor2_0"
+FLUX2_ATTN_PROCESSOR = "Flux2AttnProcessor"
+FLUX2_SINGLE_ATTN_PROCESSOR = "Flux2ParallelSelfAttnProcessor"
 NATIVE_BACKEND = "native"
 
 _DISPATCH = "diffusers.models.attention_dispatch"
@@ -34,6 +37,10 @@ DIFFUSERS_INTERNALS: tuple[tuple[str, str, str], ...] = (
     ("diffusers.models.transformers.transformer_flux", FLUX_ATTN_PROCESSOR, "Flux's attention processor"),
     ("diffusers.models.attention_processor", JOINT_ATTN_PROCESSOR, "SD3's joint attention processor"),
     ("diffusers.models.attention_processor", ATTN_PROCESSOR, "PixArt's attention processor"),
+    ("diffusers.models.transformers.transformer_qwenimage", QWEN_ATTN_PROCESSOR, "Qwen-Image's attention processor"),
+    ("diffusers.models.transformers.transformer_flux2", FLUX2_ATTN_PROCESSOR, "FLUX.2's double-block processor"),
+    ("diffusers.models.transformers.transformer_flux2", FLUX2_SINGLE_ATTN_PROCESSOR, "FLUX.2's single-block processor"),
+    (_SINGLE_FILE, "convert_flux2_transformer_checkpoint_to_diffusers", "single-file FLUX.2 transformers"),
     (_SINGLE_FILE, "convert_flux_transformer_checkpoint_to_diffusers", "single-file Flux transformers"),
     (_SINGLE_FILE, "convert_sd3_transformer_checkpoint_to_diffusers", "single-file SD3 transformers"),
     (_SINGLE_FILE, "convert_ldm_vae_checkpoint", "VAE files in the original (LDM) layout"),
@@ -69,6 +76,13 @@ def convert_sd3_transformer(state: dict[str, torch.Tensor]) -> dict[str, torch.T
     from diffusers.loaders.single_file_utils import convert_sd3_transformer_checkpoint_to_diffusers
 
     return convert_sd3_transformer_checkpoint_to_diffusers(state)
+
+
+def convert_flux2_transformer(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """diffusers' converter of a Black Forest Labs FLUX.2 state dict to diffusers names."""
+    from diffusers.loaders.single_file_utils import convert_flux2_transformer_checkpoint_to_diffusers
+
+    return convert_flux2_transformer_checkpoint_to_diffusers(state)
 
 
 def convert_ldm_vae(state: dict[str, torch.Tensor], config: Mapping[str, Any]) -> dict[str, torch.Tensor]:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import struct
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
@@ -14,7 +13,13 @@ from ..errors import ConfigError
 from ..parallel.layout import ModelInfo
 
 DTYPE_BYTES: Mapping[str, int] = {"fp32": 4, "bf16": 2, "fp16": 2}
-_HEAD_DIM = {"flux": 128, "sd3": 64, "pixart": 72}  # typical head dim per family (heads of a single file)
+_HEAD_DIM = {
+    "flux": 128,
+    "sd3": 64,
+    "pixart": 72,
+    "qwen-image": 128,
+    "flux2": 128,
+}  # typical head dim per family (heads of a single file)
 
 
 def model_info_from_path(path: str | os.PathLike, family: str | None = None, dtype: str = "bf16") -> ModelInfo:
@@ -51,12 +56,14 @@ def _from_diffusers_folder(path: Path, run_bytes: int) -> ModelInfo:
         "FluxTransformer2DModel": "flux",
         "SD3Transformer2DModel": "sd3",
         "PixArtTransformer2DModel": "pixart",
+        "QwenImageTransformer2DModel": "qwen-image",
+        "Flux2Transformer2DModel": "flux2",
     }.get(cls_name)
     if family is None:
         raise ConfigError(
             f"{path} holds a {cls_name or 'unknown'} transformer",
-            "only Flux, SD3 and PixArt transformers have parallel adapters",
-            "use a FLUX.1, SD3/3.5 or PixArt-alpha/sigma diffusers folder",
+            "only Flux, FLUX.2, Qwen-Image, SD3 and PixArt transformers have parallel adapters",
+            "use a FLUX.1, FLUX.2, Qwen-Image, SD3/3.5 or PixArt-alpha/sigma diffusers folder",
         )
     heads = int(config["num_attention_heads"])
     layers = int(config.get("num_layers", 0)) + int(config.get("num_single_layers", 0))
@@ -67,24 +74,9 @@ def _from_diffusers_folder(path: Path, run_bytes: int) -> ModelInfo:
 
 def read_safetensors_header(file: str | os.PathLike) -> dict[str, dict]:
     """Tensor name -> {"dtype", "shape", ...} from a .safetensors header (reads only the header)."""
-    with open(file, "rb") as f:
-        raw = f.read(8)
-        if len(raw) != 8:
-            raise ConfigError(
-                f"{file} is empty or truncated",
-                "a .safetensors file starts with its header size",
-                "download the file again",
-            )
-        (size,) = struct.unpack("<Q", raw)
-        if size > 100 * 1024**2:
-            raise ConfigError(
-                f"{file} has an implausible header ({size} bytes)",
-                "the file is not a safetensors file",
-                "check that the file is a .safetensors model",
-            )
-        header = json.loads(f.read(size))
-    header.pop("__metadata__", None)
-    return header
+    from .tensor_files import read_header
+
+    return read_header(file)[0]
 
 
 def _safetensors_params(file: Path) -> int:
@@ -93,6 +85,8 @@ def _safetensors_params(file: Path) -> int:
 
 _FAMILY_MARKERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # (family, key fragments: any one present identifies it; checked in this order)
+    ("flux2", ("double_stream_modulation_img.",)),  # before flux: FLUX.2 has double/single blocks too
+    ("qwen-image", ("txt_norm.weight",)),
     ("flux", ("double_blocks.", "single_transformer_blocks.", "single_blocks.")),
     ("sd3", ("joint_blocks.", "context_embedder.weight", "transformer_blocks.0.ff_context")),
     ("pixart", ("adaln_single.", "t_block.", "y_embedder.", "caption_projection.")),
@@ -122,7 +116,7 @@ def _from_single_file(path: Path, family: str | None, run_bytes: int) -> ModelIn
     found = detect_family(keys)
     if found is None:
         raise ConfigError(
-            f"{path.name} does not look like a Flux, SD3 or PixArt transformer",
+            f"{path.name} does not look like a Flux, FLUX.2, Qwen-Image, SD3 or PixArt transformer",
             "its tensor names match none of the supported families (is it a full checkpoint, a LoRA or a VAE?)",
             "use a transformer-only file (models/diffusion_models) of a supported family, or a diffusers folder",
         )

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from ..errors import ConfigError
+from . import compat
 from .base import Activations, Conditioning, LatentFormat, ModelAdapter, ModelPlan, Split
 
 TEXT_TOKENS = 512  # ComfyUI pads FLUX.2 text to this many tokens (zeros in front)
@@ -29,7 +30,7 @@ DOUBLE, SINGLE = "transformer_blocks", "single_transformer_blocks"
 
 class Flux2Adapter(ModelAdapter):
     family = "flux2"
-    sdpa_processors = ("Flux2AttnProcessor", "Flux2ParallelSelfAttnProcessor")
+    sdpa_processors = (compat.FLUX2_ATTN_PROCESSOR, compat.FLUX2_SINGLE_ATTN_PROCESSOR)
 
     @classmethod
     def make_plan(cls, config: Any, latent_format: LatentFormat | None) -> ModelPlan:

@@ -50,7 +50,10 @@ class PipelineComponents:
                 "an adapter drives the transformer's modules",
                 'load with parts including "transformer"',
             )
-        fmt = LatentFormat.from_vae_config(self.vae.config) if self.vae is not None else None
+        # AutoencoderKL-style VAEs record scale and shift; others (Qwen-Image's Wan VAE, FLUX.2's batch-norm
+        # VAE) leave the latent format to the family's default
+        config = getattr(self.vae, "config", None)
+        fmt = LatentFormat.from_vae_config(config) if config is not None and "scaling_factor" in config else None
         return get_adapter(self.transformer, fmt)
 
 

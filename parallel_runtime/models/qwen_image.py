@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from ..errors import ConfigError
+from . import compat
 from .base import Activations, Conditioning, LatentFormat, ModelAdapter, ModelPlan, Split
 
 PACK = 2  # 2x2 latent pixels per token
@@ -44,7 +45,7 @@ _UNSUPPORTED = {
 
 class QwenImageAdapter(ModelAdapter):
     family = "qwen-image"
-    sdpa_processors = ("QwenDoubleStreamAttnProcessor2_0",)
+    sdpa_processors = (compat.QWEN_ATTN_PROCESSOR,)
     rope_centre: Literal["comfyui", "diffusers"] = "comfyui"
 
     @classmethod

@@ -10,16 +10,26 @@ from .base import LatentFormat, ModelAdapter
 
 def adapter_classes() -> dict[type, type[ModelAdapter]]:
     """Supported transformer classes -> adapter classes (built on call; diffusers imported lazily)."""
-    from diffusers import FluxTransformer2DModel, PixArtTransformer2DModel, SD3Transformer2DModel
+    from diffusers import (
+        Flux2Transformer2DModel,
+        FluxTransformer2DModel,
+        PixArtTransformer2DModel,
+        QwenImageTransformer2DModel,
+        SD3Transformer2DModel,
+    )
 
     from .flux import FluxAdapter
+    from .flux2 import Flux2Adapter
     from .pixart import PixArtAdapter
+    from .qwen_image import QwenImageAdapter
     from .sd3 import SD3Adapter
 
     return {
         FluxTransformer2DModel: FluxAdapter,
         SD3Transformer2DModel: SD3Adapter,
         PixArtTransformer2DModel: PixArtAdapter,
+        QwenImageTransformer2DModel: QwenImageAdapter,
+        Flux2Transformer2DModel: Flux2Adapter,
     }
 
 
@@ -42,7 +52,7 @@ def adapter_class_for(transformer_cls: type) -> type[ModelAdapter]:
 
 
 def family_of(transformer_cls: type) -> str:
-    """Family name ("flux", "sd3", "pixart") of a transformer class."""
+    """Family name ("flux", "sd3", "pixart", "qwen-image", "flux2") of a transformer class."""
     return adapter_class_for(transformer_cls).family
 
 

@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 import struct
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -164,11 +163,3 @@ def read_header(path: str | os.PathLike) -> tuple[dict[str, dict], dict[str, str
         header = json.loads(f.read(size))
     metadata = header.pop("__metadata__", None) or {}
     return header, metadata
-
-
-def tensor_bytes(entries: Mapping[str, TensorEntry], names: Iterator[str] | Sequence[str]) -> int:
-    return sum(entries[n].nbytes for n in names)
-
-
-def numel(shape: Sequence[int]) -> int:
-    return math.prod(shape)

@@ -6,6 +6,7 @@ Per family (defaults as the diffusers pipelines use them):
           T5's width) followed by T5 (256 tokens) -> tokens; CLIP-L + CLIP-G projections -> pooled.
 - pixart: prompt lower-cased and stripped (encode_prompt's clean_caption=False path); T5 with its
           attention mask (120 tokens for alpha, 300 for sigma) -> tokens + mask.
+- qwen-image, flux2: Qwen2.5-VL / Mistral-Small-3.1 through their chat templates (``text_big``).
 Each encoder runs on the device its weights are on; results are moved to ``device``.
 """
 
@@ -23,7 +24,7 @@ from .loading import PipelineComponents
 
 log = logging.getLogger(__name__)
 
-T5_LENGTH = {"flux": 512, "sd3": 256, "pixart": 120}
+T5_LENGTH = {"flux": 512, "sd3": 256, "pixart": 120, "qwen-image": 512, "flux2": 512}  # tokens per family
 PIXART_SIGMA_LENGTH = 300
 
 
@@ -106,7 +107,31 @@ def _encode_pixart(comps: PipelineComponents, prompts: list[str], t5_length: int
     return Conditioning(tokens.to(device), None, mask.to(device))
 
 
-_FAMILIES = {"flux": _encode_flux, "sd3": _encode_sd3, "pixart": _encode_pixart}
+def _encode_qwen_image(
+    comps: PipelineComponents, prompts: list[str], length: int, device: torch.device
+) -> Conditioning:
+    from .text_big import encode_qwen_image
+
+    encoder = _component(comps, "encoder", "text_encoder", "qwen-image")
+    tokenizer = _component(comps, "tokenizer", "tokenizer", "qwen-image")
+    return encode_qwen_image(encoder, tokenizer, prompts, length).to(device)
+
+
+def _encode_flux2(comps: PipelineComponents, prompts: list[str], length: int, device: torch.device) -> Conditioning:
+    from .text_big import encode_flux2
+
+    encoder = _component(comps, "encoder", "text_encoder", "flux2")
+    tokenizer = _component(comps, "tokenizer", "tokenizer", "flux2")
+    return encode_flux2(encoder, tokenizer, prompts, length).to(device)
+
+
+_FAMILIES = {
+    "flux": _encode_flux,
+    "sd3": _encode_sd3,
+    "pixart": _encode_pixart,
+    "qwen-image": _encode_qwen_image,
+    "flux2": _encode_flux2,
+}
 
 
 def default_max_sequence_length(components: PipelineComponents, family: str) -> int:

@@ -24,7 +24,7 @@ import torch
 from ..errors import ConfigError
 
 TINY_VERSION = "v1"  # bump whenever the built folders change: caches are keyed by it
-TINY_MODELS: tuple[str, ...] = ("tiny-flux", "tiny-sd3", "tiny-pixart")
+TINY_MODELS: tuple[str, ...] = ("tiny-flux", "tiny-sd3", "tiny-pixart", "tiny-qwen-image", "tiny-flux2")
 CACHE_ENV = "DIT_PARALLEL_TINY_ROOT"
 SEED = 0
 
@@ -319,7 +319,15 @@ def _pixart(overrides: dict[str, Any]) -> dict[str, Any]:
 
 
 def _builders() -> dict[str, Callable[[dict[str, Any]], dict[str, Any]]]:
-    return {"tiny-flux": _flux, "tiny-sd3": _sd3, "tiny-pixart": _pixart}
+    from . import tiny_big
+
+    return {
+        "tiny-flux": _flux,
+        "tiny-sd3": _sd3,
+        "tiny-pixart": _pixart,
+        "tiny-qwen-image": tiny_big.qwen_image,
+        "tiny-flux2": tiny_big.flux2,
+    }
 
 
 def _check_name(name: str) -> None:

@@ -30,8 +30,8 @@ from .machine import GiB, MachineInfo
 ASSUMED_SIDE = 1024  # image side the planner assumes when the size is not known
 TOKEN_PIXELS = 16  # every supported family makes one token per 16x16 image pixels (VAE 8 x patch 2)
 # Per family: default CFG scale when unknown, joint-attention text tokens (PixArt: cross-attention).
-_DEFAULT_CFG = {"flux": 1.0, "sd3": 4.5, "pixart": 4.5}
-_TEXT_TOKENS = {"flux": 512, "sd3": 333, "pixart": 0}
+_DEFAULT_CFG = {"flux": 1.0, "sd3": 4.5, "pixart": 4.5, "qwen-image": 2.5, "flux2": 1.0}
+_TEXT_TOKENS = {"flux": 512, "sd3": 333, "pixart": 0, "qwen-image": 64, "flux2": 512}
 
 
 # -- model ----------------------------------------------------------------------------------------

@@ -25,7 +25,7 @@ from ..sampling import SAMPLER_NAMES, SCHEDULER_NAMES
 from .load_job import load_model
 from .model_jobs import decode, encode_text, generate
 
-TINY_MODELS = ("tiny-flux", "tiny-sd3", "tiny-pixart")
+TINY_MODELS = ("tiny-flux", "tiny-sd3", "tiny-pixart", "tiny-qwen-image", "tiny-flux2")
 
 
 @dataclasses.dataclass(frozen=True)
