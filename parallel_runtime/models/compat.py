@@ -41,6 +41,7 @@ DIFFUSERS_INTERNALS: tuple[tuple[str, str, str], ...] = (
     ("diffusers.models.transformers.transformer_flux2", FLUX2_ATTN_PROCESSOR, "FLUX.2's double-block processor"),
     ("diffusers.models.transformers.transformer_flux2", FLUX2_SINGLE_ATTN_PROCESSOR, "FLUX.2's single-block processor"),
     (_SINGLE_FILE, "convert_flux2_transformer_checkpoint_to_diffusers", "single-file FLUX.2 transformers"),
+    ("diffusers.pipelines.flux2.system_messages", "SYSTEM_MESSAGE", "FLUX.2's text-encoder system prompt"),
     (_SINGLE_FILE, "convert_flux_transformer_checkpoint_to_diffusers", "single-file Flux transformers"),
     (_SINGLE_FILE, "convert_sd3_transformer_checkpoint_to_diffusers", "single-file SD3 transformers"),
     (_SINGLE_FILE, "convert_ldm_vae_checkpoint", "VAE files in the original (LDM) layout"),
@@ -83,6 +84,13 @@ def convert_flux2_transformer(state: dict[str, torch.Tensor]) -> dict[str, torch
     from diffusers.loaders.single_file_utils import convert_flux2_transformer_checkpoint_to_diffusers
 
     return convert_flux2_transformer_checkpoint_to_diffusers(state)
+
+
+def flux2_system_message() -> str:
+    """The system message Flux2Pipeline puts before every prompt (Black Forest Labs' own text)."""
+    from diffusers.pipelines.flux2.system_messages import SYSTEM_MESSAGE
+
+    return SYSTEM_MESSAGE
 
 
 def convert_ldm_vae(state: dict[str, torch.Tensor], config: Mapping[str, Any]) -> dict[str, torch.Tensor]:

@@ -60,13 +60,14 @@ def encode_qwen_image(
 
 def flux2_messages(prompts: Sequence[str]) -> list[list[dict]]:
     """FLUX.2's chat for each prompt: its system message, then the prompt as the user's text."""
-    from diffusers.pipelines.flux2.system_messages import SYSTEM_MESSAGE
+    from .compat import flux2_system_message
 
     def text(value: str) -> list[dict]:
         return [{"type": "text", "text": value}]
 
+    system = flux2_system_message()
     return [
-        [{"role": "system", "content": text(SYSTEM_MESSAGE)}, {"role": "user", "content": text(p.replace("[IMG]", ""))}]
+        [{"role": "system", "content": text(system)}, {"role": "user", "content": text(p.replace("[IMG]", ""))}]
         for p in prompts
     ]
 
