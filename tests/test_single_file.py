@@ -8,7 +8,9 @@ import struct
 
 import pytest
 import torch
-from ldm_vae_layout import to_ldm  # tests/ helper
+from bigmodel_files import save as save_file_fp8  # tests/ helpers
+from bigmodel_files import to_fp8
+from ldm_vae_layout import to_ldm
 from safetensors.torch import save_file
 
 from parallel_runtime.denoise.settings import SamplingSettings
@@ -431,14 +433,12 @@ def test_wrong_family_missing_file_and_other_files_fail_clearly(tmp_path, tiny_t
     pixart = write_original(tiny_transformers["pixart"].state_dict(), "pixart", tmp_path / "pixart.safetensors")
     with pytest.raises(ConfigError, match="does not split into heads of 72"):
         inspect_single_file(pixart)  # 96 wide: the shipped head width does not fit; an override is needed
-    scaled = write_original(
-        tiny_transformers["flux"].state_dict(),
-        "flux",
-        tmp_path / "fp8.safetensors",
-        extra={"scaled_fp8": torch.zeros(1)},
-    )
-    with pytest.raises(ConfigError, match="scaled-fp8"):
-        load_single_file_transformer(scaled)
+    # a ComfyUI "fp8 scaled" Flux.1 file loads with its scales (fp8 storage; see test_bigmodels_files for the maths)
+    original = flux_to_bfl(tiny_transformers["flux"].state_dict())
+    scaled = save_file_fp8(to_fp8(original, "scaled"), tmp_path / "flux1-dev-fp8-scaled.safetensors")
+    model, _, _ = load_single_file_transformer(scaled, "cpu", torch.bfloat16)
+    q = model.transformer_blocks[0].attn.to_q
+    assert q.weight.dtype == torch.float8_e4m3fn and q.scaled
 
 
 @pytest.mark.parametrize("family", ["flux", "sd3"])

@@ -4,7 +4,9 @@ Three file conventions are read (the header decides; nothing is guessed from the
 
 - plain fp8: Linear weights stored as F8_E4M3 / F8_E5M2, no scales (weight = stored value);
 - ComfyUI "fp8 scaled": a ``scaled_fp8`` marker tensor and, per Linear, ``<layer>.scale_weight`` (a float32
-  scalar; weight = stored value x scale) and maybe ``<layer>.scale_input`` (only for fp8 matrix products);
+  scalar; weight = stored value x scale) and maybe ``<layer>.scale_input`` (only for fp8 matrix products).
+  ComfyUI creates every Linear of such a model in fp8, so a bias stored wider is rounded to fp8 on load;
+  the loader does the same (``QuantInfo.layer_dtype``), so results match ComfyUI's;
 - comfy-kitchen per-layer quantisation (newer ComfyUI files): ``<layer>.comfy_quant`` (the JSON
   ``{"format": "float8_e4m3fn", ...}`` as bytes), ``<layer>.weight_scale`` and maybe ``<layer>.input_scale``.
 
@@ -49,6 +51,7 @@ class QuantInfo:
     fp8_weights: Mapping[str, torch.dtype]  # file key of every fp8 tensor -> its fp8 dtype
     scales: Mapping[str, str]  # file key of a scaled weight -> file key of its scale
     extra_keys: frozenset[str]  # markers, input scales, comfy_quant blobs: not model tensors
+    layer_dtype: torch.dtype | None = None  # "fp8 scaled" (0.3.x): ComfyUI makes every Linear, bias too, this dtype
 
     @property
     def quantised(self) -> bool:
@@ -77,13 +80,16 @@ def detect_quantisation(
         for layer in quant_layers:
             _check_comfy_quant(layer, read_small(layer + COMFY_QUANT))
     fp8 = {k: v for k, v in fp8.items() if k not in extra}
+    layer_dtype = None
     if quant_layers:
         kind = "comfy_quant"
     elif marker or scales:
         kind = "fp8_scaled"
+        marked = FP8_DTYPES.get(header[marker[0]].get("dtype")) if marker else None
+        layer_dtype = marked or torch.float8_e4m3fn  # ComfyUI reads a float32 marker as e4m3fn
     else:
         kind = "fp8" if fp8 else "none"
-    return QuantInfo(kind, MappingProxyType(fp8), MappingProxyType(scales), frozenset(extra))
+    return QuantInfo(kind, MappingProxyType(fp8), MappingProxyType(scales), frozenset(extra), layer_dtype)
 
 
 def _check_scale(key: str, entry: Mapping[str, Any], weight: str, fp8: Mapping[str, torch.dtype]) -> None:

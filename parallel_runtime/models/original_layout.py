@@ -31,6 +31,8 @@ ANCHOR_KEYS: Mapping[str, str] = MappingProxyType(
         "flux": "img_in.weight",
         "sd3": "x_embedder.proj.weight",
         "pixart": "x_embedder.proj.weight",
+        "qwen-image": "txt_norm.weight",  # Qwen-Image's own names are diffusers' (the identity conversion)
+        "flux2": "img_in.weight",
     }
 )
 
@@ -143,11 +145,48 @@ def pixart_config(shapes: Shapes, base: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def qwen_image_config(shapes: Shapes, base: Mapping[str, Any]) -> dict[str, Any]:
+    hidden, in_channels = _shape(shapes, "img_in.weight", "qwen-image")
+    head_dim = _shape(shapes, "transformer_blocks.0.attn.norm_q.weight", "qwen-image")[0]
+    axes = base.get("axes_dims_rope") if head_dim == base.get("attention_head_dim") else flux_rope_axes(head_dim)
+    return {
+        "num_layers": block_count(shapes, "transformer_blocks."),
+        "attention_head_dim": head_dim,
+        "num_attention_heads": _heads(hidden, head_dim, "qwen-image"),
+        "in_channels": in_channels,
+        "out_channels": _shape(shapes, "proj_out.weight", "qwen-image")[0] // 4,
+        "joint_attention_dim": _shape(shapes, "txt_in.weight", "qwen-image")[1],
+        "axes_dims_rope": list(axes),
+    }
+
+
+def flux2_config(shapes: Shapes, base: Mapping[str, Any]) -> dict[str, Any]:
+    hidden, in_channels = _shape(shapes, "img_in.weight", "flux2")
+    head_dim = _shape(shapes, "double_blocks.0.img_attn.norm.query_norm.scale", "flux2")[0]
+    out_channels = _shape(shapes, "final_layer.linear.weight", "flux2")[0]
+    axes = base.get("axes_dims_rope") if head_dim == base.get("attention_head_dim") else [head_dim // 4] * 4
+    return {
+        "num_layers": block_count(shapes, "double_blocks."),
+        "num_single_layers": block_count(shapes, "single_blocks."),
+        "attention_head_dim": head_dim,
+        "num_attention_heads": _heads(hidden, head_dim, "flux2"),
+        "in_channels": in_channels,
+        "out_channels": None if out_channels == in_channels else out_channels,
+        "joint_attention_dim": _shape(shapes, "txt_in.weight", "flux2")[1],
+        "timestep_guidance_channels": _shape(shapes, "time_in.in_layer.weight", "flux2")[1],
+        "mlp_ratio": _shape(shapes, "double_blocks.0.img_mlp.0.weight", "flux2")[0] / 2 / hidden,
+        "guidance_embeds": "guidance_in.in_layer.weight" in shapes,
+        "axes_dims_rope": list(axes),
+    }
+
+
 CONFIG_FROM_WEIGHTS: Mapping[str, Callable[[Shapes, Mapping[str, Any]], dict[str, Any]]] = MappingProxyType(
     {
         "flux": flux_config,
         "sd3": sd3_config,
         "pixart": pixart_config,
+        "qwen-image": qwen_image_config,
+        "flux2": flux2_config,
     }
 )
 
@@ -159,6 +198,8 @@ def detect_variant(family: str, shapes: Shapes) -> str:
     PixArt Sigma 1024 (alpha's micro-conditions are decided by the weights)."""
     if family == "flux":
         return "flux-dev" if "guidance_in.in_layer.weight" in shapes else "flux-schnell"
+    if family in ("qwen-image", "flux2"):
+        return {"qwen-image": "qwen-image", "flux2": "flux2-dev"}[family]
     if family == "sd3":
         if _blocks_with(shapes, "joint_blocks.", "x_block.attn2."):
             return "sd3.5-medium"
@@ -263,11 +304,22 @@ def _pixart_to_diffusers(state: StateDict, config: Mapping[str, Any]) -> StateDi
     return out
 
 
+def _same_names(state: StateDict, config: Mapping[str, Any]) -> StateDict:
+    """Qwen-Image files use diffusers' names (diffusers' own single-file mapping is the identity)."""
+    return {k: state.pop(k) for k in list(state)}
+
+
+def _flux2_to_diffusers(state: StateDict, config: Mapping[str, Any]) -> StateDict:
+    return compat.convert_flux2_transformer(state)
+
+
 _CONVERTERS: Mapping[str, Callable[[StateDict, Mapping[str, Any]], StateDict]] = MappingProxyType(
     {
         "flux": _flux_to_diffusers,
         "sd3": _sd3_to_diffusers,
         "pixart": _pixart_to_diffusers,
+        "qwen-image": _same_names,
+        "flux2": _flux2_to_diffusers,
     }
 )
 

@@ -19,9 +19,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 import os
 import pickle
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -33,7 +34,7 @@ from ..errors import ConfigError
 from .files import detect_family, read_safetensors_header
 from .loading import PipelineComponents
 from .original_layout import ANCHOR_KEYS, CONFIG_FROM_WEIGHTS, Shapes, StateDict, detect_variant, to_diffusers
-from .weights import TensorSource, parameters_on_meta
+from .weights import FP8_STORAGE, TensorSource, load_tensors, meta_model, parameters_on_meta
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +50,8 @@ VARIANTS: Mapping[str, str] = MappingProxyType(
         "sd3.5-medium": "sd3",
         "sd3.5-large": "sd3",
         "pixart-sigma-1024": "pixart",
+        "qwen-image": "qwen-image",
+        "flux2-dev": "flux2",
     }
 )
 PIPELINE_CLASSES: Mapping[str, str] = MappingProxyType(
@@ -56,6 +59,8 @@ PIPELINE_CLASSES: Mapping[str, str] = MappingProxyType(
         "flux": "FluxPipeline",
         "sd3": "StableDiffusion3Pipeline",
         "pixart": "PixArtSigmaPipeline",
+        "qwen-image": "QwenImagePipeline",
+        "flux2": "Flux2Pipeline",
     }
 )
 _SCALED_FP8_MARKERS = ("scaled_fp8", ".scale_weight", ".scale_input")
@@ -217,12 +222,6 @@ def _cast(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 def _check_leftovers(info: SingleFileInfo, leftovers: list[str]) -> None:
-    if any(marker in k for k in leftovers for marker in _SCALED_FP8_MARKERS):
-        raise ConfigError(
-            f"{info.path.name} is a scaled-fp8 checkpoint",
-            "its weights must be multiplied by per-tensor scales, which this loader does not apply",
-            "use the bf16 / fp16 release of the model (or a plain fp8 file without scales)",
-        )
     if leftovers:
         shown = ", ".join(sorted(leftovers)[:5])
         log.warning(
@@ -230,16 +229,14 @@ def _check_leftovers(info: SingleFileInfo, leftovers: list[str]) -> None:
         )
 
 
-def _assign(model: nn.Module, state: StateDict, info: SingleFileInfo) -> None:
-    """Put the converted tensors into ``model`` (parameters on meta) after checking names and shapes."""
-    expected = model.state_dict()
+def _check_fits(model: nn.Module, shapes: Mapping[str, tuple[int, ...]], info: SingleFileInfo) -> None:
+    """The converted tensors (name -> shape) must be exactly the model's parameters, shape for shape."""
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     params = {name for name, _ in model.named_parameters()}
-    missing = sorted(params - set(state))
-    unexpected = sorted(set(state) - set(expected))
+    missing = sorted(params - set(shapes))
+    unexpected = sorted(set(shapes) - set(expected))
     wrong = [
-        f"{k} {tuple(state[k].shape)} vs {tuple(expected[k].shape)}"
-        for k in state
-        if k in expected and state[k].shape != expected[k].shape
+        f"{k} {tuple(shapes[k])} vs {expected[k]}" for k in shapes if k in expected and tuple(shapes[k]) != expected[k]
     ]
     if missing or unexpected or wrong:
         problems = [
@@ -253,6 +250,11 @@ def _assign(model: nn.Module, state: StateDict, info: SingleFileInfo) -> None:
             "these tensors still disagree with it (a modified architecture, or a wrong variant)",
             "choose the right variant, pass config overrides for what the weights cannot show, or use a diffusers folder",
         )
+
+
+def _assign(model: nn.Module, state: StateDict, info: SingleFileInfo) -> None:
+    """Put the converted tensors into ``model`` (parameters on meta) after checking names and shapes."""
+    _check_fits(model, {k: tuple(v.shape) for k, v in state.items()}, info)
     model.load_state_dict(state, strict=False, assign=True)
 
 
@@ -263,19 +265,28 @@ def load_single_file_transformer(
     family: str | None = None,
     variant: str | None = None,
     overrides: Mapping[str, Any] | None = None,
+    storage: str = "auto",
 ) -> tuple[nn.Module, str, dict[str, Any]]:
-    """(transformer, family, scheduler config) from one file, offline (see the module doc)."""
+    """(transformer, family, scheduler config) from one file, offline (see the module doc). A
+    .safetensors file is read tensor by tensor into the model (fp8 layers as ``storage`` says, see
+    ``weights.WEIGHT_STORAGE``); a .pth file is converted whole."""
     import diffusers
 
     from .registry import adapter_class_for
 
     info = inspect_single_file(path, family, variant, overrides)
+    cls = getattr(diffusers, str(info.config["_class_name"]))
+    adapter_class_for(cls)  # a class with a parallel adapter
     device = torch.device(device)
+    if info.path.name.endswith(SAFETENSORS_SUFFIXES):
+        source = _planned_source(info) or _eager_source(info)
+        model = meta_model(cls, info.config)
+        _check_fits(model, source.shapes, info)
+        load_tensors(model, source, lambda name: "all", device, dtype, storage=storage)
+        return model, info.family, dict(info.scheduler_config)
     state = _read_state(info, device, dtype)
     converted = to_diffusers(info.family, state, info.config)
     _check_leftovers(info, list(state))
-    cls = getattr(diffusers, str(info.config["_class_name"]))
-    adapter_class_for(cls)  # a class with a parallel adapter
     with parameters_on_meta():
         model = cls.from_config(info.config)
     _assign(model, converted, info)
@@ -289,30 +300,102 @@ def load_single_file_components(
     device: str | torch.device,
     dtype: torch.dtype,
     family: str | None = None,
+    storage: str = "auto",
 ) -> PipelineComponents:
     """A transformer-only ``PipelineComponents`` (no VAE, text encoders or tokenizers)."""
-    transformer, found, scheduler = load_single_file_transformer(path, device, dtype, family)
+    transformer, found, scheduler = load_single_file_transformer(path, device, dtype, family, storage=storage)
     return transformer_only(path, transformer, found, scheduler)
 
 
 def single_file_tensor_source(
     path: str | os.PathLike, family: str | None = None
 ) -> tuple[SingleFileInfo, type, TensorSource]:
-    """(what the file holds, its diffusers transformer class, its tensors under diffusers names):
-    the file converted as uncopied views of its mapping (fused tensors are split as views too), so a
-    caller that reads only some tensors (a PipeFusion stage) copies just those."""
+    """(what the file holds, its diffusers transformer class, its tensors under diffusers names). A
+    .safetensors file is read only where a caller asks (a PipeFusion stage: its blocks), through the
+    conversion plan (``conversion_plan``); fp8 tensors keep their dtype and per-tensor scales."""
     import diffusers
 
     info = inspect_single_file(path, family)
+    source = (_planned_source(info) if info.path.name.endswith(SAFETENSORS_SUFFIXES) else None) or _eager_source(info)
+    return info, getattr(diffusers, str(info.config["_class_name"])), source
+
+
+def _eager_source(info: SingleFileInfo) -> TensorSource:
+    """The whole file converted as uncopied views of its mapping (fused tensors split as views too), for
+    converters that are not plain row operations, and .pth files."""
     state = _read_state(info, torch.device("cpu"), None)
+    if any(t.dtype in FP8_STORAGE for t in state.values()) or any(m in k for k in state for m in _SCALED_FP8_MARKERS):
+        raise ConfigError(
+            f"{info.path.name} stores fp8 weights in a layout read only as a whole",
+            "fp8 files are read tensor by tensor through a conversion plan, which this file's layout does not allow",
+            "use the model's .safetensors release (or its bf16 file)",
+        )
     converted = to_diffusers(info.family, state, info.config)
     _check_leftovers(info, list(state))
-    source = TensorSource(
+    return TensorSource(
         str(info.path.name),
         {k: v.numel() for k, v in converted.items()},
         lambda names: ((n, converted[n]) for n in names),
+        shapes={k: tuple(v.shape) for k, v in converted.items()},
     )
-    return info, getattr(diffusers, str(info.config["_class_name"])), source
+
+
+def _planned_source(info: SingleFileInfo) -> TensorSource | None:
+    """The file read through a conversion plan (None when the family's converter is not row operations)."""
+    from .conversion_plan import PlanError, plan_conversion
+    from .fp8 import detect_quantisation
+    from .tensor_files import SafetensorsFile
+
+    file = SafetensorsFile(info.path)
+    with file:
+        quant = detect_quantisation(file.header, file.read)
+        scale_of = {w: file.read(s).to(torch.float32).reshape(()) for w, s in quant.scales.items()}
+    prefix = info.prefix
+    shapes = {
+        k[len(prefix) :]: e.shape for k, e in file.entries.items() if k.startswith(prefix) and k not in quant.extra_keys
+    }
+    try:
+        plan = plan_conversion(lambda state: to_diffusers(info.family, state, info.config), shapes)
+    except PlanError as exc:
+        log.info("%s: reading the whole file (%s)", info.path.name, exc)
+        return None
+    _check_leftovers(info, list(plan.unused))
+    fp8: dict[str, torch.dtype] = {}
+    scales: dict[str, torch.Tensor] = {}
+    for name in plan.pieces:
+        keys = [prefix + k for k in plan.sources(name)]
+        dtypes = {quant.fp8_weights.get(k) for k in keys}
+        factors = {float(scale_of[k]) if k in scale_of else 1.0 for k in keys}
+        if len(dtypes) == 1 and None not in dtypes and len(factors) == 1:
+            fp8[name] = dtypes.pop()
+            if keys[0] in scale_of:
+                scales[name] = scale_of[keys[0]]
+
+    # ComfyUI's scaled-fp8 models hold every Linear in fp8, biases included: round those biases the same way
+    rounded = (
+        {name for name in plan.pieces if name.endswith(".bias") and name[: -len("bias")] + "weight" in fp8}
+        if quant.layer_dtype is not None
+        else set()
+    )
+
+    def read(names: list[str]) -> Iterator[tuple[str, torch.Tensor]]:
+        with file:
+            for name in names:
+                whole = plan.trailing[name] is None
+                parts = [
+                    (prefix + p.key, file.read(prefix + p.key, None if whole else (p.r0, p.r1)))
+                    for p in plan.pieces[name]
+                ]
+                if name not in fp8 and any(t.dtype in FP8_STORAGE for _, t in parts):  # pieces of different scales
+                    parts = [(k, t.to(torch.float32) * scale_of.get(k, 1.0)) for k, t in parts]
+                tensor = parts[0][1] if len(parts) == 1 else torch.cat([t for _, t in parts])
+                if name in rounded:
+                    tensor = tensor.to(quant.layer_dtype).to(tensor.dtype)
+                yield name, tensor.reshape(plan.shape(name))
+
+    shapes = {name: plan.shape(name) for name in plan.pieces}
+    numels = {name: math.prod(shape) for name, shape in shapes.items()}
+    return TensorSource(str(info.path.name), numels, read, fp8=fp8, scales=scales, owned=True, shapes=shapes)
 
 
 def transformer_only(path, transformer: nn.Module, family: str, scheduler: dict[str, Any]) -> PipelineComponents:

@@ -82,13 +82,17 @@ class SafetensorsFile:
             entries[name] = TensorEntry(dtype, tuple(info["shape"]), base + start, end - start)
         self.entries: Mapping[str, TensorEntry] = MappingProxyType(entries)
         self._fd: int | None = None
+        self._depth = 0  # nested ``with`` blocks share one open descriptor
 
     def __enter__(self) -> SafetensorsFile:
-        self._fd = os.open(self.path, os.O_RDONLY)
+        if self._depth == 0:
+            self._fd = os.open(self.path, os.O_RDONLY)
+        self._depth += 1
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        if self._fd is not None:
+        self._depth -= 1
+        if self._depth == 0 and self._fd is not None:
             os.close(self._fd)
             self._fd = None
 

@@ -18,7 +18,7 @@ import dataclasses
 import json
 import logging
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,7 @@ from .registry import adapter_class_for
 
 log = logging.getLogger(__name__)
 
+FP8_STORAGE = (torch.float8_e4m3fn, torch.float8_e5m2)
 SAFETENSORS_NAME = "diffusion_pytorch_model.safetensors"
 SAFETENSORS_INDEX = "diffusion_pytorch_model.safetensors.index.json"
 
@@ -162,11 +163,16 @@ def _set_tensor(model: nn.Module, name: str, value: torch.Tensor, parameter: boo
 @dataclasses.dataclass(frozen=True)
 class TensorSource:
     """Where a stage reads its tensors: their names and element counts (no data), and a reader
-    that yields (name, CPU tensor) for the names asked for."""
+    that yields (name, CPU tensor) for the names asked for. ``fp8`` names the tensors the source
+    holds in an fp8 dtype (read as stored); ``scales`` their float32 per-tensor scales (absent: 1)."""
 
     description: str
     numels: dict[str, int]
     read: Callable[[list[str]], Iterator[tuple[str, torch.Tensor]]]
+    fp8: Mapping[str, torch.dtype] = dataclasses.field(default_factory=dict)
+    scales: Mapping[str, torch.Tensor] = dataclasses.field(default_factory=dict)
+    owned: bool = False  # read tensors are in memory of their own (not views of a file mapping): never copied
+    shapes: Mapping[str, tuple[int, ...]] = dataclasses.field(default_factory=dict)  # when known before reading
 
 
 def folder_tensor_source(folder: Path) -> TensorSource:
@@ -202,6 +208,32 @@ class LoadedTensors:
     buffer_bytes: int
 
 
+WEIGHT_STORAGE = ("auto", "compute", "fp8_e4m3fn")
+"""How Linear weights are held: "auto" keeps an fp8 file's fp8 layers in fp8 (:class:`~.fp8.Fp8Linear`,
+upcast per call) and the rest in the compute dtype; "compute" converts everything to the compute dtype;
+"fp8_e4m3fn" also stores the blocks' other Linear weights in fp8 (per-tensor scale), as ComfyUI's
+UNETLoader weight_dtype does."""
+
+
+def _linear_weights(model: nn.Module, names: Iterator[str] | list[str]) -> list[str]:
+    """The names among ``names`` that are the weight of a plain nn.Linear of ``model``."""
+    out = []
+    for n in names:
+        owner, _, leaf = n.rpartition(".")
+        if leaf == "weight" and owner and type(model.get_submodule(owner)) is nn.Linear:
+            out.append(n)
+    return out
+
+
+def _check_storage(storage: str) -> None:
+    if storage not in WEIGHT_STORAGE:
+        raise ConfigError(
+            f"weight storage {storage!r}",
+            "weights are kept as the file stores them, converted to the compute dtype, or stored in fp8",
+            f"use one of {', '.join(WEIGHT_STORAGE)}",
+        )
+
+
 def load_tensors(
     model: nn.Module,
     source: TensorSource,
@@ -209,16 +241,30 @@ def load_tensors(
     device: torch.device | str,
     dtype: torch.dtype,
     what: str = "",
+    storage: str = "auto",
 ) -> LoadedTensors:
     """Read from ``source`` every tensor of ``model`` whose ``role_of(name)`` is not None and put it
-    on ``device`` (floats in ``dtype``); every other parameter stays on "meta" and its buffers move
-    there too. Raises ConfigError for a wanted parameter missing from the source or a wrong shape
-    (``what``, e.g. "of stage 1", says whose parameters in that message)."""
+    on ``device`` (floats in ``dtype``, fp8 Linear weights as :data:`WEIGHT_STORAGE` says); every other
+    parameter stays on "meta" and its buffers move there too. Raises ConfigError for a wanted parameter
+    missing from the source or a wrong shape (``what``, e.g. "of stage 1", says whose parameters in
+    that message). Each tensor is read and converted on its own: no full-precision copy of an fp8 file."""
+    from .base import COMPUTE_DTYPE_ATTR
+    from .fp8 import fp8_layers, quantise_per_tensor, set_scale, swap_to_fp8
+
+    _check_storage(storage)
     numels = source.numels
     device = torch.device(device)
+    wanted = {n: role_of(n) for n in (*dict(model.named_parameters()), *dict(model.named_buffers()))}
+    chosen = [n for n, r in wanted.items() if r and n in numels]
+    keep = set() if storage == "compute" else set(_linear_weights(model, [n for n in chosen if n in source.fp8]))
+    quantise = set()
+    if storage == "fp8_e4m3fn":
+        blocks = [n for n in chosen if wanted[n] == "block" and n not in keep]
+        quantise = set(_linear_weights(model, blocks))
+    swap_to_fp8(model, sorted(keep | quantise))
+    scales: dict[str, torch.Tensor] = {n: source.scales[n] for n in keep if n in source.scales}
     params = dict(model.named_parameters())
     buffers = dict(model.named_buffers())
-    wanted = {n: role_of(n) for n in (*params, *buffers)}
     missing = [n for n, r in wanted.items() if r and n in params and n not in numels]
     if missing:
         raise ConfigError(
@@ -235,14 +281,31 @@ def load_tensors(
                 "the weights do not fit the model's config",
                 "use the config that belongs to these weights (or the model's diffusers folder)",
             )
-        t = t.to(device=device, dtype=dtype if t.is_floating_point() else t.dtype, copy=t.device == device)
+        if n in quantise:
+            t, scales[n] = quantise_per_tensor(t)
+        elif t.dtype in FP8_STORAGE and n not in keep:  # an fp8 tensor computed in the compute dtype
+            scale = source.scales.get(n)
+            t = t.to(torch.float32) * scale if scale is not None else t
+            t = t.to(dtype)
+        target = t.dtype if n in keep or n in quantise or not t.is_floating_point() else dtype
+        t = t.to(device=device, dtype=target, copy=t.device == device and t.dtype == target and not source.owned)
         _set_tensor(model, n, t, parameter=n in params)
         if n in params:
             loaded[wanted[n]] = loaded.get(wanted[n], 0) + t.numel() * t.element_size()
     for n, b in buffers.items():
+        if n not in wanted:  # an fp8 layer's scale: set below
+            continue
         if wanted[n] and n not in numels:  # computed by the constructor (e.g. a position table)
             _set_tensor(model, n, b.to(device), parameter=False)
         elif not wanted[n]:
             _set_tensor(model, n, b.to("meta"), parameter=False)
+    layers = fp8_layers(model)
+    for n, scale in scales.items():
+        set_scale(layers[n.rpartition(".")[0]], scale, device)
+    for layer in layers.values():
+        if layer.weight_scale.device.type == "meta" and layer.weight.device.type != "meta":
+            set_scale(layer, torch.ones(()), device)
+    if layers:
+        setattr(model, COMPUTE_DTYPE_ATTR, dtype)
     buffer_bytes = sum(b.numel() * b.element_size() for b in model.buffers() if b.device.type != "meta")
     return LoadedTensors(loaded, buffer_bytes)

@@ -66,17 +66,19 @@ def load_stage_transformer(
     device: torch.device | str,
     dtype: torch.dtype,
     stage_weights: Sequence[float] | None = None,
+    storage: str = "auto",
 ) -> tuple[nn.Module, StagePlan, StageWeights]:
     """The transformer of the diffusers pipeline ``folder`` with only ``stage``'s tensors loaded on
     ``device`` in ``dtype`` (every other parameter stays on "meta"), the stage plan over ``pp``
-    stages (``stage_weights``: see :func:`plan_stages`) and what this stage loaded."""
+    stages (``stage_weights``: see :func:`plan_stages`) and what this stage loaded. ``storage``: see
+    ``models.weights.WEIGHT_STORAGE``."""
     folder = Path(folder)
     index = read_model_index(folder)
     model_cls = component_class("transformer", index["transformer"], folder)
     with open(folder / "transformer" / "config.json", encoding="utf-8") as f:
         config = json.load(f)
     source = folder_tensor_source(folder / "transformer")
-    return build_stage_transformer(model_cls, config, source, pp, stage, device, dtype, stage_weights)
+    return build_stage_transformer(model_cls, config, source, pp, stage, device, dtype, stage_weights, storage)
 
 
 def build_stage_transformer(
@@ -88,6 +90,7 @@ def build_stage_transformer(
     device: torch.device | str,
     dtype: torch.dtype,
     stage_weights: Sequence[float] | None = None,
+    storage: str = "auto",
 ) -> tuple[nn.Module, StagePlan, StageWeights]:
     """``model_cls(config)`` with only ``stage``'s tensors read from ``source`` (see
     :func:`load_stage_transformer`); names and shapes are checked against the model."""
@@ -110,12 +113,17 @@ def build_stage_transformer(
             return "final"
         return None
 
-    loaded = load_tensors(model, source, role, device, dtype, what=f"of stage {stage}")
-    numels = source.numels
     params = [n for n, _ in model.named_parameters()]
+    loaded = load_tensors(model, source, role, device, dtype, what=f"of stage {stage}", storage=storage)
+    numels = source.numels
     itemsize = torch.empty(0, dtype=dtype).element_size()
-    total = sum(numels.get(n, 0) for n in params) * itemsize
-    all_blocks = sum(numels.get(n, 0) for n in params if n.startswith(tuple(prefixes))) * itemsize
+
+    def held(name: str) -> int:  # bytes of a parameter as held (fp8 layers of an fp8 file: 1 byte)
+        fp8 = storage != "compute" and name in source.fp8 and name.endswith(".weight")
+        return numels.get(name, 0) * (1 if fp8 else itemsize)
+
+    total = sum(held(n) for n in params)
+    all_blocks = sum(held(n) for n in params if n.startswith(tuple(prefixes)))
     weights = StageWeights(
         stage=stage,
         num_stages=stages.num_stages,
@@ -138,6 +146,7 @@ def load_pipeline_stage(
     dtype: torch.dtype,
     stage_weights: Sequence[float] | None = None,
     parts: Sequence[str] = ("vae",),
+    storage: str = "auto",
 ) -> tuple[PipelineComponents, StagePlan, StageWeights]:
     """:func:`~parallel_runtime.models.loading.load_pipeline_components` for a PipeFusion stage: the
     other ``parts`` ("vae", "text") as usual, the transformer with only this stage's tensors."""
@@ -148,7 +157,7 @@ def load_pipeline_stage(
             'pass parts without "transformer" (it is always loaded partially)',
         )
     comps = load_pipeline_components(path, device, dtype, parts)
-    model, stages, weights = load_stage_transformer(path, pp, stage, device, dtype, stage_weights)
+    model, stages, weights = load_stage_transformer(path, pp, stage, device, dtype, stage_weights, storage)
     comps.transformer = model
     return comps, stages, weights
 
@@ -161,13 +170,14 @@ def load_single_file_stage(
     dtype: torch.dtype,
     stage_weights: Sequence[float] | None = None,
     family: str | None = None,
+    storage: str = "auto",
 ) -> tuple[PipelineComponents, StagePlan, StageWeights]:
     """PipeFusion from one file: (components, stage plan, stage weights) with only ``stage``'s
-    tensors on ``device``. The file is converted to diffusers names as uncopied views of its
-    mapping (fused tensors are split as views too), then the stage copies just its own share."""
+    tensors on ``device``: the stage reads just its own share of the file (see
+    ``models.single_file.single_file_tensor_source``)."""
     info, model_cls, source = single_file_tensor_source(path, family)
     model, stages, weights = build_stage_transformer(
-        model_cls, dict(info.config), source, pp, stage, device, dtype, stage_weights
+        model_cls, dict(info.config), source, pp, stage, device, dtype, stage_weights, storage
     )
     return transformer_only(path, model, info.family, dict(info.scheduler_config)), stages, weights
 

@@ -44,6 +44,7 @@ class LoadRequest:
     pp_stage_weights: tuple[float, ...] | None = None  # relative blocks per stage (None: equal)
     vae: str | None = None  # a VAE .safetensors file to decode with instead of the model's own
     vae_norm_groups: int = 32  # GroupNorm groups of that VAE (32 in every published one)
+    storage: str = "auto"  # Linear weights: "auto" (fp8 files stay fp8), "compute" (all in dtype), "fp8_e4m3fn"
 
     def load_kwargs(self) -> dict[str, Any]:
         """Keyword arguments of the load_model job beyond (path, dtype, attention)."""
@@ -53,6 +54,8 @@ class LoadRequest:
         if self.vae:
             kwargs["vae_path"] = str(Path(self.vae).expanduser().resolve())
             kwargs["vae_norm_groups"] = self.vae_norm_groups
+        if self.storage != "auto":
+            kwargs["storage"] = self.storage
         return kwargs
 
 

@@ -62,14 +62,17 @@ def load_model(
     pp_stage_weights: tuple[float, ...] | None = None,
     vae_path: str | None = None,
     vae_norm_groups: int = 32,
+    storage: str = "auto",
 ) -> dict[str, Any]:
     """Load the pipeline onto this rank's device (text encoders only on TEXT_RANK). Reuses it when
     the same model and dtype are already loaded. With pp > 1 each rank loads only its PipeFusion
     stage's blocks (``pp_stage_weights``: relative share of blocks per stage; None: equal). A single
-    transformer file (``path`` is a file) loads the transformer only (:mod:`parallel_runtime.models.single_file`)."""
+    transformer file (``path`` is a file) loads the transformer only (:mod:`parallel_runtime.models.single_file`).
+    ``storage`` says how Linear weights are held (``models.weights.WEIGHT_STORAGE``: fp8 files stay fp8
+    by default, computing in ``dtype``)."""
     pp = ctx.mesh.size("pp")
     weights = tuple(pp_stage_weights) if pp > 1 and pp_stage_weights else None
-    key = (str(path), dtype, pp, weights, vae_path, vae_norm_groups)
+    key = (str(path), dtype, pp, weights, vae_path, vae_norm_groups, storage)
     model = ctx.state.get("model")
     if model is None or model.key != key:
         ctx.state.pop("model", None)
@@ -80,18 +83,20 @@ def load_model(
             from ..pipefusion.stage_loading import load_single_file_stage
 
             comps, stages, stage_weights = load_single_file_stage(
-                path, pp, ctx.mesh.rank("pp"), ctx.device, torch_dtype(dtype), weights
+                path, pp, ctx.mesh.rank("pp"), ctx.device, torch_dtype(dtype), weights, storage=storage
             )
         elif Path(path).is_file():
             from ..models.single_file import load_single_file_components
 
-            comps = load_single_file_components(path, ctx.device, torch_dtype(dtype))
-        elif pp > 1:
+            comps = load_single_file_components(path, ctx.device, torch_dtype(dtype), storage=storage)
+        elif pp > 1 or storage != "auto":  # stages, or weights stored other than as the folder has them
             from ..pipefusion.stage_loading import load_pipeline_stage
 
             comps, stages, stage_weights = load_pipeline_stage(
-                path, pp, ctx.mesh.rank("pp"), ctx.device, torch_dtype(dtype), weights, ("vae", *text)
+                path, pp, ctx.mesh.rank("pp"), ctx.device, torch_dtype(dtype), weights, ("vae", *text), storage
             )
+            if pp == 1:
+                stages = stage_weights = None
         else:
             comps = load_pipeline_components(path, ctx.device, torch_dtype(dtype), ("transformer", "vae", *text))
         if vae_path is not None:
