@@ -19,6 +19,7 @@ CATEGORY = "DiT Parallel"
 FAMILIES = ("auto", "flux", "sd3", "pixart", "qwen-image", "flux2")
 DTYPES = ("bf16", "fp16", "fp32")
 ATTENTION = ("auto", "sdpa", "flash")
+WEIGHTS = {"as file": "auto", "fp8_e4m3fn": "fp8_e4m3fn", "convert to dtype": "compute"}  # node choice -> storage
 LAYOUTS = ("auto", "manual")
 MAX_DEGREE = 64
 
@@ -122,6 +123,16 @@ class ParallelModelLoader(ContextNode):
                         "transformer file, which carries none.",
                     },
                 ),
+                "weights": (
+                    tuple(WEIGHTS),
+                    {
+                        "default": "as file",
+                        "tooltip": "How the transformer's Linear weights are held. as file: an fp8 file (e.g. "
+                        "qwen_image_fp8_e4m3fn.safetensors) stays fp8 on the devices, each layer upcast to dtype "
+                        "when it runs; fp8_e4m3fn: also store a bf16 model's blocks in fp8 (half the memory); "
+                        "convert to dtype: upcast fp8 files to dtype once, at load.",
+                    },
+                ),
             },
         }
 
@@ -153,10 +164,12 @@ class ParallelModelLoader(ContextNode):
         dtype: str,
         attention: str,
         vae: str = VAE_FROM_MODEL,
+        weights: str = "as file",
     ) -> dict[str, Any]:
         from parallel_runtime.models.files import model_info_from_path
-        from parallel_runtime.parallel.layout import LayoutRequest, plan_layout
+        from parallel_runtime.parallel.layout import LayoutRequest, plan_layout, weights_held
         from parallel_runtime.parallel.machine import MachineInfo
+        from parallel_runtime.parallel.stages import plan_stages
 
         ctx = self.context
         target = resolve_model(model, ctx.bridge)
@@ -166,7 +179,14 @@ class ParallelModelLoader(ContextNode):
 
             inspect_vae_file(vae_path)  # a wrong file fails here, before any memory is freed or worker started
         chosen = None if family == "auto" else family
-        info = model_info_from_path(_local_path(target), family=chosen, dtype=dtype)
+        storage = WEIGHTS.get(weights)
+        if storage is None:
+            raise ConfigError(
+                f"weights {weights!r}",
+                "the loader keeps, stores or converts fp8 weights",
+                f"use one of {list(WEIGHTS)}",
+            )
+        info = model_info_from_path(_local_path(target), family=chosen, dtype=dtype, storage=storage)
         if chosen is not None and info.family != chosen:
             raise ConfigError(
                 f"{model} is a {info.family} model but family {chosen!r} was chosen",
@@ -174,15 +194,20 @@ class ParallelModelLoader(ContextNode):
                 f"set family to {info.family!r} or 'auto'",
             )
         devs = resolve_devices(devices)
-        patches, weights = (pp_patches or None), None
+        patches, stage_weights = (pp_patches or None), None
         if layout == "manual":
             config = manual_layout(devs, ulysses, ring, cfg_parallel, pipefusion, pp_patches)
-            reason = f"manual layout {config.describe()}"
+            held = (
+                info.stage_bytes(plan_stages(info.num_layers, config.pp).counts)
+                if config.pp > 1
+                else [info.weight_bytes]
+            )
+            reason = f"manual layout {config.describe()}; {weights_held(info, held)}"
         else:
             # The plan reads free GPU memory: ComfyUI's own models must be off those GPUs first.
             ctx.bridge.free_memory_for(devs)
             plan = plan_layout(MachineInfo.detect(devices_spec(devs)), info, LayoutRequest())
-            config, devs, weights, reason = plan.config, list(plan.devices), plan.pp_stage_weights, plan.reason
+            config, devs, stage_weights, reason = plan.config, list(plan.devices), plan.pp_stage_weights, plan.reason
             patches = patches or plan.pp_patches
         request = build_request(
             model=target,
@@ -191,10 +216,11 @@ class ParallelModelLoader(ContextNode):
             layout=config,
             pp_patches=patches if config.pp > 1 else None,
             pp_warmup=pp_warmup,
-            pp_stage_weights=weights if config.pp > 1 else None,
+            pp_stage_weights=stage_weights if config.pp > 1 else None,
             dtype=dtype,
             attention=attention,
             vae=vae_path,
+            storage=storage,
         )
         handle = ParallelModelHandle(request, ctx, model, info.family, tuple(devs), config.describe(), reason)
         handle.model(room_made=layout != "manual")  # start the workers now, so load errors show on this node

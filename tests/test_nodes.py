@@ -481,7 +481,15 @@ def test_model_choices_list_folders_and_files(tmp_path):
     bridge = RecordingBridge(
         folders={"diffusers": [str(tmp_path / "diffusers")], "diffusion_models": [str(tmp_path / "unet")]}
     )
-    assert model_choices(bridge) == ["FLUX.1-dev", "flux1-dev.safetensors", "tiny-flux", "tiny-sd3", "tiny-pixart"]
+    assert model_choices(bridge) == [
+        "FLUX.1-dev",
+        "flux1-dev.safetensors",
+        "tiny-flux",
+        "tiny-sd3",
+        "tiny-pixart",
+        "tiny-qwen-image",
+        "tiny-flux2",
+    ]
     assert resolve_model("flux1-dev.safetensors", bridge) == str(tmp_path / "unet" / "flux1-dev.safetensors")
 
 

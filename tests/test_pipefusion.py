@@ -22,9 +22,9 @@ from parallel_runtime.models.text_encoding import encode_prompts
 from parallel_runtime.models.tiny import build_tiny_pipeline
 from parallel_runtime.parallel.config import ParallelConfig
 from parallel_runtime.parallel.mesh import ParallelMesh
+from parallel_runtime.parallel.stages import plan_stages
 from parallel_runtime.pipefusion.schedule import build_schedule, patch_bands, sampler_rounds
 from parallel_runtime.pipefusion.stage_loading import load_stage_transformer
-from parallel_runtime.pipefusion.stages import plan_stages
 from parallel_runtime.pipefusion.stale_kv import ItemTokens, StaleKVCache
 from parallel_runtime.runtime.builtin_jobs import echo
 from parallel_runtime.sampling import flow_sd3

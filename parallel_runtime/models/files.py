@@ -22,9 +22,12 @@ _HEAD_DIM = {
 }  # typical head dim per family (heads of a single file)
 
 
-def model_info_from_path(path: str | os.PathLike, family: str | None = None, dtype: str = "bf16") -> ModelInfo:
+def model_info_from_path(
+    path: str | os.PathLike, family: str | None = None, dtype: str = "bf16", storage: str = "auto"
+) -> ModelInfo:
     """The planner's facts about a diffusers folder (model_index.json + transformer/) or a single
-    .safetensors transformer file, read from configs and tensor headers (no weights are loaded)."""
+    .safetensors transformer file, read from configs and tensor headers (no weights are loaded).
+    Weight bytes are those each block will hold (``dtype``; fp8 layers kept as ``storage`` says)."""
     path = Path(path).expanduser()
     run_bytes = DTYPE_BYTES.get(dtype)
     if run_bytes is None:
@@ -32,9 +35,9 @@ def model_info_from_path(path: str | os.PathLike, family: str | None = None, dty
             f"unknown dtype {dtype!r}", "weights are held in one float type", f"use one of {list(DTYPE_BYTES)}"
         )
     if path.is_dir():
-        return _from_diffusers_folder(path, run_bytes)
+        return _with_budget(_from_diffusers_folder(path, run_bytes), path, run_bytes, storage)
     if path.is_file() and path.suffix == ".safetensors":
-        return _from_single_file(path, family, run_bytes)
+        return _with_budget(_from_single_file(path, family, run_bytes), path, run_bytes, storage)
     raise ConfigError(
         f"model {path} does not exist" if not path.exists() else f"model {path} is not a folder or .safetensors file",
         "a model is a diffusers folder (with model_index.json) or a single .safetensors transformer file",
@@ -70,6 +73,41 @@ def _from_diffusers_folder(path: Path, run_bytes: int) -> ModelInfo:
     hidden = heads * int(config["attention_head_dim"])
     params = sum(_safetensors_params(f) for f in sorted((path / "transformer").glob("*.safetensors")))
     return ModelInfo(family, heads, layers, hidden, params * run_bytes)
+
+
+def _with_budget(info: ModelInfo, path: Path, run_bytes: int, storage: str) -> ModelInfo:
+    """``info`` with the bytes each block, the embedding and the output layers will hold (from the model's
+    config on "meta"; fp8 tensors of a single file counted as kept). Unreadable configs keep the estimate."""
+    import dataclasses
+
+    import diffusers
+
+    from .weight_budget import weight_budget
+
+    try:
+        if path.is_dir():
+            config = json.loads((path / "transformer" / "config.json").read_text(encoding="utf-8"))
+            fp8: frozenset[str] = frozenset()
+        else:
+            from .single_file import inspect_single_file, single_file_tensor_source
+
+            config = dict(inspect_single_file(path, info.family).config)
+            fp8 = frozenset(single_file_tensor_source(path, info.family)[2].fp8)
+        budget = weight_budget(getattr(diffusers, str(config["_class_name"])), config, run_bytes, fp8, storage)
+    except ConfigError:
+        return info  # e.g. a header-only file: the planner spreads weight_bytes evenly over the blocks
+    if len(budget.blocks) != info.num_layers:
+        return info
+    heads = int(config.get("num_attention_heads") or info.num_heads)
+    return dataclasses.replace(
+        info,
+        num_heads=heads,
+        hidden_size=heads * int(config.get("attention_head_dim") or info.hidden_size // heads),
+        weight_bytes=budget.total,
+        block_bytes=budget.blocks,
+        embed_bytes=budget.embed,
+        final_bytes=budget.final,
+    )
 
 
 def read_safetensors_header(file: str | os.PathLike) -> dict[str, dict]:

@@ -182,9 +182,9 @@ def _check_mask_layout(acts: Activations, mesh) -> None:
         )
 
 
-def _positions(n: int, centre: str) -> torch.Tensor:
+def _positions(n: int, centre: str, device: torch.device) -> torch.Tensor:
     offset = n // 2 if centre == "comfyui" else n - n // 2
-    return torch.arange(n) - offset
+    return torch.arange(n, device=device) - offset
 
 
 def _axis_rows(pos: torch.Tensor, neg: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -207,8 +207,9 @@ def qwen_rope_tables(
     pos = rope.pos_freqs.split(halves, dim=1)
     neg = rope.neg_freqs.split(halves, dim=1)
     frame = pos[0][0].expand(rows, cols, -1)
-    height = _axis_rows(pos[1], neg[1], _positions(rows, centre))[:, None, :].expand(rows, cols, -1)
-    width = _axis_rows(pos[2], neg[2], _positions(cols, centre))[None, :, :].expand(rows, cols, -1)
+    table = rope.pos_freqs.device
+    height = _axis_rows(pos[1], neg[1], _positions(rows, centre, table))[:, None, :].expand(rows, cols, -1)
+    width = _axis_rows(pos[2], neg[2], _positions(cols, centre, table))[None, :, :].expand(rows, cols, -1)
     image = torch.cat([frame, height, width], dim=-1).reshape(rows * cols, -1)
     start = max(rows // 2, cols // 2)
     text = rope.pos_freqs[start : start + text_tokens]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import struct
 from collections.abc import Mapping, Sequence
@@ -167,3 +168,24 @@ def read_header(path: str | os.PathLike) -> tuple[dict[str, dict], dict[str, str
         header = json.loads(f.read(size))
     metadata = header.pop("__metadata__", None) or {}
     return header, metadata
+
+
+def write_tensors(path: str | os.PathLike, shapes: Mapping[str, tuple[torch.dtype, tuple[int, ...]]], make) -> Path:
+    """Write a .safetensors file tensor by tensor: ``shapes`` names each tensor's dtype and shape (the
+    header), ``make(name)`` returns its data when its turn comes, so only one tensor is in memory at a time."""
+    names = {dtype: name for name, dtype in DTYPES.items()}
+    header: dict[str, Any] = {}
+    offset = 0
+    for name, (dtype, shape) in shapes.items():
+        nbytes = math.prod(shape) * torch.empty(0, dtype=dtype).element_size()
+        header[name] = {"dtype": names[dtype], "shape": list(shape), "data_offsets": [offset, offset + nbytes]}
+        offset += nbytes
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)  # data starts 8-byte aligned
+    path = Path(path)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(raw)) + raw)
+        for name, (dtype, shape) in shapes.items():
+            tensor = make(name).to(dtype).contiguous().reshape(shape)
+            f.write(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return path

@@ -215,7 +215,7 @@ upcast per call) and the rest in the compute dtype; "compute" converts everythin
 UNETLoader weight_dtype does."""
 
 
-def _linear_weights(model: nn.Module, names: Iterator[str] | list[str]) -> list[str]:
+def linear_weights(model: nn.Module, names: Iterator[str] | list[str]) -> list[str]:
     """The names among ``names`` that are the weight of a plain nn.Linear of ``model``."""
     out = []
     for n in names:
@@ -256,11 +256,11 @@ def load_tensors(
     device = torch.device(device)
     wanted = {n: role_of(n) for n in (*dict(model.named_parameters()), *dict(model.named_buffers()))}
     chosen = [n for n, r in wanted.items() if r and n in numels]
-    keep = set() if storage == "compute" else set(_linear_weights(model, [n for n in chosen if n in source.fp8]))
+    keep = set() if storage == "compute" else set(linear_weights(model, [n for n in chosen if n in source.fp8]))
     quantise = set()
     if storage == "fp8_e4m3fn":
         blocks = [n for n in chosen if wanted[n] == "block" and n not in keep]
-        quantise = set(_linear_weights(model, blocks))
+        quantise = set(linear_weights(model, blocks))
     swap_to_fp8(model, sorted(keep | quantise))
     scales: dict[str, torch.Tensor] = {n: source.scales[n] for n in keep if n in source.scales}
     params = dict(model.named_parameters())

@@ -9,6 +9,7 @@ __all__, __getattr__ = lazy_exports(
     {
         "config": ("MESH_DIMS", "ParallelConfig", "parse_devices", "validate_layout"),
         "mesh": ("CommStats", "ParallelMesh"),
+        "stages": ("StagePlan", "plan_stages"),
         "collectives": (
             "agree_any",
             "all_gather_cat",

@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from ..errors import ConfigError
 from .config import ParallelConfig
 from .machine import GiB, MachineInfo
+from .stages import balanced_counts, plan_stages
 
 ASSUMED_SIDE = 1024  # image side the planner assumes when the size is not known
 TOKEN_PIXELS = 16  # every supported family makes one token per 16x16 image pixels (VAE 8 x patch 2)
@@ -44,7 +45,36 @@ class ModelInfo:
     num_heads: int
     num_layers: int  # blocks PipeFusion can split into stages
     hidden_size: int
-    weight_bytes: int  # transformer weights in the run dtype
+    weight_bytes: int  # transformer weights as they will be held (run dtype; fp8-stored layers 1 byte)
+    block_bytes: tuple[int, ...] = ()  # per block in execution order (empty: weight_bytes spread evenly)
+    embed_bytes: int = 0  # embedding layers (held by the first PipeFusion stage)
+    final_bytes: int = 0  # output layers (held by the last stage)
+
+    def stage_counts(self, pp: int, capacities: Sequence[float] | None = None) -> tuple[int, ...]:
+        """Blocks per stage: balancing the bytes held (per capacity) when the block sizes are known,
+        else proportional block counts (``plan_stages``)."""
+        if len(self.block_bytes) == self.num_layers and self.num_layers:
+            return balanced_counts(self.block_bytes, pp, self.embed_bytes, self.final_bytes, capacities)
+        return plan_stages(self.num_layers, pp, capacities).counts
+
+    def uniform_split(self, pp: int) -> bool:
+        """Whether the byte-balanced split is the plain equal split (then no stage weights are needed)."""
+        return self.stage_counts(pp) == plan_stages(self.num_layers, pp).counts
+
+    def stage_bytes(self, counts: Sequence[int]) -> list[int]:
+        """Weight bytes each PipeFusion stage holds when stage ``s`` runs the next ``counts[s]`` blocks."""
+        if len(self.block_bytes) == self.num_layers and self.num_layers:
+            per_block: Sequence[float] = self.block_bytes
+            embed, final = self.embed_bytes, self.final_bytes
+        else:
+            per_block = [self.weight_bytes / max(self.num_layers, 1)] * max(self.num_layers, 1)
+            embed = final = 0
+        out, start = [], 0
+        for s, count in enumerate(counts):
+            held = sum(per_block[start : start + count]) + (embed if s == 0 else 0)
+            out.append(int(held + (final if s == len(counts) - 1 else 0)))
+            start += count
+        return out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,6 +87,7 @@ class LayoutRequest:
     cfg: float | None = None
     batch_size: int = 1
     reserve_bytes: int = int(1.5 * GiB)  # left free per GPU for the CUDA context, VAE, fragmentation
+    text_tokens: int | None = None  # joint-attention text tokens; None: the family's usual count
 
     def cfg_for(self, family: str) -> float:
         return _DEFAULT_CFG.get(family, 1.0) if self.cfg is None else float(self.cfg)
@@ -91,6 +122,7 @@ class LayoutPlan:
     pp_patches: int | None = None
     pp_stage_weights: tuple[float, ...] | None = None  # None: layers split evenly
     reason: str = ""
+    stage_weight_bytes: tuple[int, ...] = ()  # weight bytes a rank of each PipeFusion stage holds (one entry: pp=1)
 
     def describe(self) -> str:
         extra = f", {self.pp_patches} patches" if self.pp_patches else ""
@@ -103,10 +135,11 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def _activation_bytes(model: ModelInfo, request: LayoutRequest, share: int, branches: int) -> int:
+def activation_bytes(model: ModelInfo, request: LayoutRequest, share: int, branches: int) -> int:
     """Rough peak activations of one block on one rank: a share of the tokens, ~24 hidden-size
     tensors (q, k, v, attention output, 4x MLP, norms), in 2-byte floats."""
-    tokens = request.tokens + _TEXT_TOKENS.get(model.family, 0)
+    text = _TEXT_TOKENS.get(model.family, 0) if request.text_tokens is None else request.text_tokens
+    tokens = request.tokens + text
     return int(request.batch_size * branches * math.ceil(tokens / share) * model.hidden_size * 2 * 24)
 
 
@@ -145,26 +178,35 @@ def plan_layout(machine: MachineInfo, model: ModelInfo, request: LayoutRequest |
     kind = "CPU rank" if machine.is_cpu else "GPU"
     facts = [f"{n} {kind}{'s' if n > 1 else ''}"]
     if n == 1:
-        return LayoutPlan(ParallelConfig(), names, reason=f"1 {kind}: single-device run, nothing to split")
+        held = (model.weight_bytes,)
+        reason = f"1 {kind}: single-device run, nothing to split; {weights_held(model, held)}"
+        return LayoutPlan(ParallelConfig(), names, reason=reason, stage_weight_bytes=held)
 
     cfg_scale = request.cfg_for(model.family)
     facts.append(request.describe_size())
 
-    # 1. CFG parallel first when there are two branches to run.
-    cfg = 1
-    if cfg_scale > 1.0 and n % 2 == 0:
-        cfg = 2
-        facts.append(f"cfg {cfg_scale:g} > 1: CFG parallel puts cond and uncond on different halves (cfg=2)")
-    elif cfg_scale > 1.0:
-        facts.append(f"cfg {cfg_scale:g} > 1 but {n} devices cannot be halved: no CFG parallel")
+    # 1. CFG parallel first when there are two branches to run - unless each half cannot hold the model even
+    # split into PipeFusion stages (CFG parallel holds the weights twice): memory comes first.
+    # 2. Does the whole model fit each device? If not, PipeFusion must split the layers. (CPU ranks share the
+    # host's memory: they are checked against their share of it, so only a model larger than that splits.)
+    cfg = 2 if cfg_scale > 1.0 and n % 2 == 0 else 1
+    try:
+        pp, weights, fit_fact = _pipefusion_for_memory(machine, order, model, request, cfg, n // cfg)
+    except ConfigError:
+        if cfg == 1:
+            raise
+        cfg = 1
+        pp, weights, fit_fact = _pipefusion_for_memory(machine, order, model, request, cfg, n)
+        facts.append(f"cfg {cfg_scale:g} > 1 but the model needs every device's memory: no CFG parallel")
     else:
-        facts.append(f"cfg {cfg_scale:g}: one branch, no CFG parallel")
+        if cfg == 2:
+            facts.append(f"cfg {cfg_scale:g} > 1: CFG parallel puts cond and uncond on different halves (cfg=2)")
+        elif cfg_scale > 1.0:
+            facts.append(f"cfg {cfg_scale:g} > 1 but {n} devices cannot be halved: no CFG parallel")
+        else:
+            facts.append(f"cfg {cfg_scale:g}: one branch, no CFG parallel")
     group = n // cfg
-
-    # 2. Does the whole model fit each device? If not, PipeFusion must split the layers.
-    pp, weights = 1, None
-    if not machine.is_cpu:
-        pp, weights, fit_fact = _pipefusion_for_memory(machine, order, model, request, cfg, group)
+    if not machine.is_cpu or pp > 1:
         facts.append(fit_fact)
 
     # 3. Ulysses inside P2P cliques, with a degree that divides the heads.
@@ -211,8 +253,33 @@ def plan_layout(machine: MachineInfo, model: ModelInfo, request: LayoutRequest |
         patches = pp  # one patch per stage keeps every stage busy once the pipeline streams
         if weights is not None and len(weights) != pp:
             weights = None
+    if pp > 1 and weights is None and not model.uniform_split(pp):
+        weights = model.stage_counts(pp)  # exact block counts that balance the bytes per stage
+    held = (
+        tuple(model.stage_bytes(plan_stages(model.num_layers, pp, weights).counts)) if pp > 1 else (model.weight_bytes,)
+    )
+    facts.append(weights_held(model, held))
     reason = f"{config.describe()}: " + "; ".join(facts)
-    return LayoutPlan(config, names, patches, weights, reason)
+    return LayoutPlan(config, names, patches, weights, reason, held)
+
+
+def weights_held(model: ModelInfo, stage_bytes: Sequence[int]) -> str:
+    """The reason text's statement of the weights each rank holds (per PipeFusion stage when split)."""
+    if len(stage_bytes) == 1:
+        return f"each rank holds the whole transformer, {format_bytes(stage_bytes[0])} of weights"
+    stages = ", ".join(f"stage {s}: {format_bytes(b)}" for s, b in enumerate(stage_bytes))
+    return (
+        f"each rank holds at most {format_bytes(max(stage_bytes))} of weights, its stage's share of "
+        f"{format_bytes(model.weight_bytes)} ({stages})"
+    )
+
+
+def format_bytes(n: float) -> str:
+    """1.5 GiB / 640.0 MiB / 12.0 KiB."""
+    for unit, size in (("GiB", GiB), ("MiB", 1024**2), ("KiB", 1024)):
+        if n >= size or unit == "KiB":
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
 
 
 def _pipefusion_for_memory(
@@ -227,7 +294,7 @@ def _pipefusion_for_memory(
         if pp > model.num_layers:
             break
         sp = group // pp
-        act = _activation_bytes(model, request, sp, branches) + request.reserve_bytes
+        act = activation_bytes(model, request, sp, branches) + request.reserve_bytes
         # Stage s lives on the devices at pp-coordinate s of every cfg group (rank order cfg, pp, sp).
         capacity = []
         for s in range(pp):
@@ -243,23 +310,25 @@ def _pipefusion_for_memory(
                     f"the model ({gib:.1f} GiB) fits on every device (smallest has {smallest.free_bytes / GiB:.1f} GiB free)",
                 )
             continue
-        even = all(c >= model.weight_bytes / pp for c in capacity)
+        even_counts = model.stage_counts(pp)
+        even = all(c >= b for c, b in zip(capacity, model.stage_bytes(even_counts)))
         mixed = max(capacity) > 1.1 * min(capacity)
         if even and not mixed:
             return (
                 pp,
-                None,
+                None if model.uniform_split(pp) else even_counts,
                 (
                     f"the model ({gib:.1f} GiB) does not fit one device ({smallest.label} {smallest.name}: "
                     f"{smallest.free_bytes / GiB:.1f} GiB free): PipeFusion pp={pp} splits its {model.num_layers} layers"
                 ),
             )
         weights = tuple(c / sum(capacity) for c in capacity)
-        if all(model.weight_bytes * w <= c for w, c in zip(weights, capacity)):
+        counts = model.stage_counts(pp, weights)
+        if all(b <= c for b, c in zip(model.stage_bytes(counts), capacity)):
             frees = ", ".join(f"{d.free_bytes / GiB:.0f}" for d in devs)
             return (
                 pp,
-                tuple(round(w, 3) for w in weights),
+                tuple(round(w, 3) for w in weights) if not model.block_bytes else counts,
                 (
                     f"the model ({gib:.1f} GiB) does not fit one device ({smallest.label} {smallest.name}: "
                     f"{smallest.free_bytes / GiB:.1f} GiB free): PipeFusion pp={pp} with uneven stage weights "

@@ -8,7 +8,6 @@ __all__, __getattr__ = lazy_exports(
     __name__,
     {
         "pipeline": ("PipeFusionSettings", "PipeFusionStats", "run_pipefusion"),
-        "stages": ("StagePlan", "plan_stages"),
         "stage_loading": (
             "StageWeights",
             "describe_stages",

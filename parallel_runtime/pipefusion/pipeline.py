@@ -39,13 +39,13 @@ from ..errors import ConfigError, JobCancelled
 from ..models.base import Activations, Conditioning, ModelAdapter
 from ..parallel.collectives import PendingP2P, recv_object, recv_start, send_object, send_start
 from ..parallel.mesh import ParallelMesh
+from ..parallel.stages import StagePlan
 from ..sampling import (
     ModelSampling,
 )
 from .branches import Branches
 from .patch_samplers import PatchSamplers
 from .schedule import Band, Item, PipelineSchedule, build_schedule, default_patches, sampler_rounds
-from .stages import StagePlan
 from .stale_kv import ItemTokens, StaleKVCache, run_block_stale
 from .transport import ActivationFormat
 

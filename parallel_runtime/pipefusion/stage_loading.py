@@ -32,7 +32,7 @@ from ..models.weights import (
     trace_extra_roles,
 )
 from ..parallel.mesh import ParallelMesh
-from .stages import StagePlan, plan_stages
+from ..parallel.stages import StagePlan, plan_stages
 
 
 @dataclasses.dataclass(frozen=True)

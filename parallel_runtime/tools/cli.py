@@ -24,6 +24,7 @@ BENCHES: dict[str, tuple[str, str]] = {
     "vae": ("bench_vae", "parallel VAE decode"),
     "pipefusion": ("bench_pipefusion", "PipeFusion"),
     "gpu": ("bench_gpu", "one GPU, real-size Flux.1, and a model of N GPUs"),
+    "bigmodels": ("bench_bigmodels", "big models: weights per rank, per-stage and fp8 loading"),
 }
 
 

@@ -1,5 +1,7 @@
 """PipeFusion stage plan: which contiguous range of transformer blocks each pipeline stage runs.
 
+It sits with the layout (not in ``pipefusion/``) because the layout planner sizes stages by their bytes.
+
 The adapter's block lists (e.g. Flux's double then single blocks) form one sequence in execution
 order; ``pp`` stages take contiguous pieces of it. By default every stage gets the same number of
 blocks (the first ``n % pp`` stages one more); relative weights give a bigger card more blocks
@@ -92,3 +94,48 @@ def _weighted_counts(num_blocks: int, pp: int, weights: Sequence[float]) -> list
         s = min((i for i in range(pp) if counts[i] > 1), key=lambda i: (ideal[i] - counts[i], i))
         counts[s] -= 1
     return counts
+
+
+def balanced_counts(
+    block_bytes: Sequence[float],
+    pp: int,
+    first_extra: float = 0.0,
+    last_extra: float = 0.0,
+    capacities: Sequence[float] | None = None,
+) -> tuple[int, ...]:
+    """Blocks per stage for ``pp`` contiguous stages that balance the bytes each holds: stage ``s`` holds
+    its blocks' ``block_bytes`` (+ ``first_extra`` on the first stage, ``last_extra`` on the last), and the
+    largest ratio held / ``capacities[s]`` (equal capacities by default) is as small as it can be. Blocks of
+    different sizes (Flux's double blocks are twice its single ones) then do not pile up on one stage.
+    The counts can be given to :func:`plan_stages` as exact stage weights."""
+    n = len(block_bytes)
+    if pp < 1 or n < pp:
+        raise ConfigError(
+            f"{pp} stages for {n} blocks", "every pipeline stage needs at least one block", f"use pp <= {n}"
+        )
+    caps = [1.0] * pp if capacities is None else [float(c) for c in capacities]
+    prefix = [0.0]
+    for b in block_bytes:
+        prefix.append(prefix[-1] + float(b))
+
+    def load(s: int, a: int, b: int) -> float:
+        held = prefix[b] - prefix[a] + (first_extra if s == 0 else 0.0) + (last_extra if s == pp - 1 else 0.0)
+        return held / caps[s]
+
+    # best[s][i]: smallest possible largest load when stages 0..s-1 hold blocks 0..i-1; cut[s][i]: where stage s-1 starts
+    inf = float("inf")
+    best = [[inf] * (n + 1) for _ in range(pp + 1)]
+    cut = [[0] * (n + 1) for _ in range(pp + 1)]
+    best[0][0] = 0.0
+    for s in range(1, pp + 1):
+        for i in range(s, n - (pp - s) + 1):
+            for j in range(s - 1, i):
+                value = max(best[s - 1][j], load(s - 1, j, i))
+                if value < best[s][i]:
+                    best[s][i], cut[s][i] = value, j
+    counts, i = [], n
+    for s in range(pp, 0, -1):
+        j = cut[s][i]
+        counts.append(i - j)
+        i = j
+    return tuple(reversed(counts))

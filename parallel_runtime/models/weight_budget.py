@@ -1,0 +1,63 @@
+"""How many bytes of weights each block of a transformer holds, from its config alone (no weights).
+
+The layout planner splits a model that does not fit one device into PipeFusion stages; what a stage
+holds is its blocks plus the embedding layers (first stage) or the output layers (last stage). This
+builds the module tree on the "meta" device, finds which tensors are embedding / output layers the way
+per-stage loading does (``weights.trace_extra_roles``) and counts each parameter in the bytes it will
+be held in: the compute dtype's, or one byte for a Linear weight kept in fp8.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Collection
+from typing import Any
+
+import torch
+
+from .registry import adapter_class_for
+from .weights import WEIGHT_STORAGE, block_prefixes, linear_weights, trace_extra_roles
+
+
+@dataclasses.dataclass(frozen=True)
+class WeightBudget:
+    """Bytes held per block (execution order), by the embedding layers and by the output layers."""
+
+    blocks: tuple[int, ...]
+    embed: int
+    final: int
+
+    @property
+    def total(self) -> int:
+        return sum(self.blocks) + self.embed + self.final
+
+
+def weight_budget(
+    model_cls: type,
+    config: dict[str, Any],
+    run_bytes: int,
+    fp8_names: Collection[str] = (),
+    storage: str = "auto",
+) -> WeightBudget:
+    """The budget of ``model_cls(config)`` held in ``run_bytes``-byte floats; ``fp8_names`` are the (diffusers)
+    names a file stores in fp8, kept so unless ``storage`` is "compute" ("fp8_e4m3fn": every block Linear)."""
+    if storage not in WEIGHT_STORAGE:
+        raise ValueError(f"storage {storage!r} is not one of {WEIGHT_STORAGE}")
+    with torch.device("meta"):
+        model = model_cls.from_config(config)
+    adapter = adapter_class_for(model_cls)(model)
+    prefixes = block_prefixes(model, adapter)
+    params = dict(model.named_parameters())
+    linear = set(linear_weights(model, list(params)))
+    fp8 = set(fp8_names)
+
+    def held(name: str) -> int:
+        in_block = name.startswith(tuple(prefixes))
+        kept = name in linear and ((storage != "compute" and name in fp8) or (storage == "fp8_e4m3fn" and in_block))
+        return params[name].numel() * (1 if kept else run_bytes)
+
+    roles = trace_extra_roles(model_cls, config)
+    blocks = tuple(sum(held(n) for n in params if n.startswith(prefix)) for prefix in prefixes)
+    embed = sum(held(n) for n in params if n in roles.embed)
+    final = sum(held(n) for n in params if n in roles.final and n not in roles.embed)
+    return WeightBudget(blocks, embed, final)
