@@ -22,7 +22,8 @@ from torch import nn
 
 from ..errors import ConfigError
 from . import compat
-from .base import Activations, Conditioning, LatentFormat, ModelAdapter, ModelPlan, Split
+from .base import Activations, Conditioning, ModelAdapter, ModelPlan, Split
+from .latent_formats import LatentFormat
 
 TEXT_TOKENS = 512  # ComfyUI pads FLUX.2 text to this many tokens (zeros in front)
 DOUBLE, SINGLE = "transformer_blocks", "single_transformer_blocks"

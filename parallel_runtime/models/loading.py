@@ -50,10 +50,11 @@ class PipelineComponents:
                 "an adapter drives the transformer's modules",
                 'load with parts including "transformer"',
             )
-        # AutoencoderKL-style VAEs record scale and shift; others (Qwen-Image's Wan VAE, FLUX.2's batch-norm
-        # VAE) leave the latent format to the family's default
+        # AutoencoderKL-style VAEs record scale and shift, Wan-style ones per-channel statistics; FLUX.2's
+        # batch-norm VAE records neither (its latent format is the family's: ComfyUI's identity)
         config = getattr(self.vae, "config", None)
-        fmt = LatentFormat.from_vae_config(config) if config is not None and "scaling_factor" in config else None
+        known = config is not None and ("scaling_factor" in config or "latents_mean" in config)
+        fmt = LatentFormat.from_vae_config(config) if known else None
         return get_adapter(self.transformer, fmt)
 
 

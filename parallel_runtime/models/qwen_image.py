@@ -18,7 +18,6 @@ and no kept token moves); a mask that still masks something is applied on one ra
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, Literal
 
 import torch
@@ -26,15 +25,11 @@ from torch import nn
 
 from ..errors import ConfigError
 from . import compat
-from .base import Activations, Conditioning, LatentFormat, ModelAdapter, ModelPlan, Split
+from .base import Activations, Conditioning, ModelAdapter, ModelPlan, Split
+from .latent_formats import WAN21, LatentFormat
 
 PACK = 2  # 2x2 latent pixels per token
 ROPE_TABLE_LEN = 4096  # rows of QwenEmbedRope's pos_freqs / neg_freqs
-# ComfyUI's latent_formats.Wan21 (= the Qwen-Image VAE config's latents_mean / latents_std).
-WAN21_MEAN = (-0.7571, -0.7089, -0.9113, 0.1075, -0.1745, 0.9653, -0.1517, 1.5508,
-              0.4134, -0.0715, 0.5517, -0.3632, -0.1922, -0.9497, 0.2503, -0.2921)  # fmt: skip
-WAN21_STD = (2.8184, 1.4541, 2.3275, 2.6558, 1.2196, 1.7708, 2.6052, 2.0743,
-             3.2687, 2.1526, 2.8652, 1.5579, 1.6382, 1.1253, 2.8251, 1.9160)  # fmt: skip
 _UNSUPPORTED = {
     "zero_cond_t": "Qwen-Image-Edit-2511's reference-image modulation",
     "use_additional_t_cond": "an additional timestep condition (layered variants)",
@@ -128,37 +123,14 @@ class QwenImageAdapter(ModelAdapter):
 
 
 def wan21_latent_format(channels: int) -> LatentFormat:
-    """ComfyUI's Wan21 latent format: (latent - mean) / std per channel."""
-    if channels != len(WAN21_MEAN):
+    """ComfyUI's Wan21 latent format (Qwen-Image's VAE is the Wan 2.1 one): (latent - mean) / std per channel."""
+    if channels != WAN21.channels:
         raise ConfigError(
             f"a Qwen-Image transformer with {channels} latent channels",
-            f"Qwen-Image's VAE (Wan 2.1) makes {len(WAN21_MEAN)}-channel latents with per-channel statistics",
+            f"Qwen-Image's VAE (Wan 2.1) makes {WAN21.channels}-channel latents with per-channel statistics",
             "use a Qwen-Image transformer file, or pass the latent format of your VAE",
         )
-    return ChannelStatsFormat(channels, WAN21_MEAN, WAN21_STD)
-
-
-@dataclasses.dataclass(frozen=True)
-class ChannelStatsFormat:
-    """Per-channel latent normalisation (ComfyUI's Wan21 ``process_in``/``process_out``), for [B,C,...] latents.
-    TODO(issue 13): replaced by the shared per-channel LatentFormat when it lands."""
-
-    channels: int
-    mean: tuple[float, ...]
-    std: tuple[float, ...]
-
-    def _stats(self, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        shape = (1, self.channels) + (1,) * (like.ndim - 2)
-        as_tensor = lambda v: torch.tensor(v, dtype=like.dtype, device=like.device).reshape(shape)  # noqa: E731
-        return as_tensor(self.mean), as_tensor(self.std)
-
-    def to_model(self, latent: torch.Tensor) -> torch.Tensor:
-        mean, std = self._stats(latent)
-        return (latent - mean) / std
-
-    def to_raw(self, z: torch.Tensor) -> torch.Tensor:
-        mean, std = self._stats(z)
-        return z * std + mean
+    return WAN21
 
 
 def strip_text_padding(text: torch.Tensor, mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
