@@ -64,5 +64,9 @@ class ParallelEmptyLatent:
         import torch
 
         check_size(width, height)
-        channels = parallel_model.model().latent_channels
-        return ({"samples": torch.zeros(batch_size, channels, height // 8, width // 8)},)
+        model = parallel_model.model()
+        f = getattr(model, "spatial_factor", 8)
+        samples = torch.zeros(batch_size, model.latent_channels, height // f, width // f)
+        if getattr(model, "latent_frame_axis", False):  # Qwen-Image's LATENT, as ComfyUI keeps it: [B, C, 1, H, W]
+            samples = samples.unsqueeze(2)
+        return ({"samples": samples},)

@@ -24,8 +24,9 @@ def sampler_names() -> tuple[tuple[str, ...], tuple[str, ...]]:
     return tuple(SAMPLER_NAMES), tuple(SCHEDULER_NAMES)
 
 
-def prepare_latent(latent: Any, channels: int, family: str) -> Any:
-    """The LATENT's samples as float32 [B,C,H,W], checked against the model.
+def prepare_latent(latent: Any, channels: int, family: str, spatial: int = 8, frame_axis: bool = False) -> Any:
+    """The LATENT's samples as float32 [B,C,H,W], checked against the model (``spatial`` image pixels per
+    latent pixel; ``frame_axis``: the family's LATENT may be [B,C,1,H,W], as ComfyUI keeps Qwen-Image's).
 
     An all-zero latent with another channel count (ComfyUI's EmptyLatentImage is 4-channel) is
     replaced by zeros with the model's channels, as ComfyUI's own KSampler does."""
@@ -44,6 +45,8 @@ def prepare_latent(latent: Any, channels: int, family: str) -> Any:
             "remove Set Latent Noise Mask / VAE Encode (for Inpainting), or use ComfyUI's KSampler for inpainting",
         )
     samples = latent["samples"]
+    if frame_axis and samples.ndim == 5 and samples.shape[2] == 1:
+        samples = samples[:, :, 0]
     if samples.ndim != 4:
         raise ConfigError(
             f"latent_image has shape {tuple(samples.shape)}",
@@ -61,7 +64,7 @@ def prepare_latent(latent: Any, channels: int, family: str) -> Any:
                 "a latent is only meaningful to the VAE (and model) that made it",
                 "encode the image with this model's VAE (16 channels for Flux/SD3, 4 for PixArt)",
             )
-    width, height = w * 8, h * 8
+    width, height = w * spatial, h * spatial
     if width % SIZE_STEP or height % SIZE_STEP:
         raise ConfigError(
             f"the latent is {width}x{height} pixels; width and height must be multiples of {SIZE_STEP}",
@@ -168,7 +171,9 @@ class ParallelSampler(ContextNode):
         ctx = self.context
         model = parallel_model.model()
         family = model.family
-        samples = prepare_latent(latent_image, model.latent_channels, family)
+        frame_axis = getattr(model, "latent_frame_axis", False)
+        spatial = getattr(model, "spatial_factor", 8)
+        samples = prepare_latent(latent_image, model.latent_channels, family, spatial, frame_axis)
         expected = model.expected_conditioning()
         pos, pos_extra = to_runtime(positive, expected, family, "positive")
         neg = to_runtime(negative, expected, family, "negative")[0] if negative is not None else None
@@ -182,8 +187,8 @@ class ParallelSampler(ContextNode):
                 pos,
                 neg,
                 samples,
-                width=w * 8,
-                height=h * 8,
+                width=w * spatial,
+                height=h * spatial,
                 batch_size=batch,
                 seed=int(seed),
                 steps=int(steps),
@@ -210,5 +215,5 @@ class ParallelSampler(ContextNode):
             raise
         ctx.status.job(parallel_model.pool_id, "sample", "done")
         result = {k: v for k, v in latent_image.items() if k not in ("samples", "noise_mask")}
-        result["samples"] = out
+        result["samples"] = out.unsqueeze(2) if frame_axis else out  # ComfyUI's own layout for the family
         return (result,)

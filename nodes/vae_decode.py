@@ -34,6 +34,8 @@ class ParallelVAEDecode(ContextNode):
 
         model = parallel_model.model()
         latent = samples.get("samples") if isinstance(samples, dict) else None
+        if isinstance(latent, torch.Tensor) and latent.ndim == 5 and latent.shape[2] == 1:
+            latent = latent[:, :, 0]  # an image family whose LATENT carries a frame axis (Qwen-Image)
         if not isinstance(latent, torch.Tensor) or latent.ndim != 4:
             raise ConfigError(
                 "samples is not an image LATENT",

@@ -62,6 +62,7 @@ class ModelPlan:
     latent_dims: int = 2  # 2: image latents [B, C, H, W]; 3: video latents [B, C, T, H, W] (one frame per token)
     vae_temporal_factor: int = 1  # video frames per latent frame (Wan: 4, the first latent frame is 1 frame)
     image_fields: tuple[str, ...] = ("img", "img_rope")  # Activations fields with one entry per image token
+    latent_frame_axis: bool = False  # ComfyUI's LATENT is [B, C, 1, H, W] for this image family (Qwen-Image's Wan VAE)
 
 
 @dataclasses.dataclass(frozen=True)

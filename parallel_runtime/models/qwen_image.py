@@ -66,6 +66,7 @@ class QwenImageAdapter(ModelAdapter):
             timestep="sigma",
             latent_format=latent_format or wan21_latent_format(out),
             splits=(Split("img", 1), Split("txt", 1), Split("img_rope", 0), Split("txt_rope", 0)),
+            latent_frame_axis=True,
         )
 
     def embed_full(

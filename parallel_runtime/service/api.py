@@ -111,6 +111,11 @@ class ParallelModel:
     def spatial_factor(self) -> int:
         return self.info["spatial_factor"]
 
+    @property
+    def latent_frame_axis(self) -> bool:
+        """ComfyUI's LATENT of this image family carries a frame axis of 1 ([B, C, 1, H, W], Qwen-Image)."""
+        return bool(self.info.get("latent_frame_axis", False))
+
     def expected_conditioning(self) -> dict[str, int | None]:
         return {"embed_dim": self.info["embed_dim"], "pooled_dim": self.info["pooled_dim"]}
 
@@ -164,7 +169,8 @@ class ParallelModel:
         should_cancel: Callable[[], bool] | None = None,
     ) -> torch.Tensor:
         """KSampler semantics on a raw VAE latent (zeros of the size when ``latent`` is None)."""
-        check_sampling_args(sampler_name, scheduler, steps, denoise, width, height, self.spatial_factor * 2)
+        multiple = self.spatial_factor * int(self.info.get("patch_size", 2))  # image pixels per token side
+        check_sampling_args(sampler_name, scheduler, steps, denoise, width, height, multiple)
         if latent is None:
             f = self.spatial_factor
             latent = torch.zeros(batch_size, self.latent_channels, height // f, width // f)
@@ -244,7 +250,7 @@ def check_sampling_args(
         if value <= 0 or value % multiple:
             raise ConfigError(
                 f"{name} {value} is not a positive multiple of {multiple}",
-                f"the VAE divides the image by 8 and the transformer groups latent pixels into patches ({multiple} px)",
+                f"the VAE and the transformer's patches make one token of every {multiple}x{multiple} image pixels",
                 f"use a {name} such as {max(multiple, round(max(value, 1) / multiple) * multiple)}",
             )
 

@@ -124,6 +124,7 @@ def load_model(
         "family": adapter.plan.family,
         "latent_channels": adapter.plan.latent_channels,
         "spatial_factor": adapter.plan.vae_scale_factor,
+        "latent_frame_axis": adapter.plan.latent_frame_axis,
         "patch_size": adapter.plan.patch_size,
         "guidance_embed": adapter.plan.guidance_embed,
         "num_heads": cfg.get("num_attention_heads"),
