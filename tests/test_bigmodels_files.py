@@ -169,3 +169,37 @@ def test_fp8_scaled_file_on_the_pool_equals_comfyui(cpu_pool, layout):
     got = pool.submit(generate, pos, neg, latent, settings, shape[-1] * 8, shape[-2] * 8, **extra).result(300)
     expected = _tensor(entry["samples"])[:, :, 0]
     assert (got - expected).abs().max().item() <= 1e-4 * max(1.0, expected.abs().max().item())
+
+
+def test_flux2_file_with_its_vae_file_decodes_like_the_folder(cpu_pool, tmp_path, flux2_state):
+    """flux2-dev.safetensors (BFL layout) + flux2-vae.safetensors (LDM layout + batch-norm statistics) from
+    ComfyUI's folders: the same latent and the same decoded image as the diffusers folder, on Ulysses 2."""
+    from ldm_vae_layout import to_ldm
+    from safetensors.torch import save_file
+
+    from parallel_runtime.denoise.settings import SamplingSettings
+    from parallel_runtime.parallel.config import ParallelConfig
+    from parallel_runtime.service.load_job import load_model
+    from parallel_runtime.service.model_jobs import decode, generate
+
+    _, state = flux2_state
+    transformer = save(flux2_to_bfl(state), tmp_path / "flux2-dev.safetensors")
+    folder = ensure_tiny_model("tiny-flux2")
+    vae = load_pipeline_components(folder, "cpu", torch.float32, parts=("vae",)).vae
+    vae_state = {k: v for k, v in vae.state_dict().items() if not k.startswith("bn.")}
+    ldm = to_ldm(vae_state, len(vae.config.block_out_channels))
+    ldm.update({k: v for k, v in vae.state_dict().items() if k in ("bn.running_mean", "bn.running_var")})
+    vae_file = tmp_path / "flux2-vae.safetensors"
+    save_file(ldm, str(vae_file))
+    pool = cpu_pool(ParallelConfig(ulysses=2))
+    gen = torch.Generator().manual_seed(5)
+    pos = Conditioning(torch.randn(1, 512, 48, generator=gen))
+    latent = torch.zeros(1, 16, 4, 6)
+    settings = SamplingSettings(seed=2, steps=2, guidance=4.0)
+    pool.submit(load_model, str(folder), "fp32", "sdpa").result(300)
+    expected = pool.submit(generate, pos, None, latent, settings, 96, 64).result(300)
+    expected_image = pool.submit(decode, expected).result(300)
+    pool.submit(load_model, str(transformer), "fp32", "sdpa", vae_path=str(vae_file), vae_norm_groups=4).result(300)
+    got = pool.submit(generate, pos, None, latent, settings, 96, 64).result(300)
+    assert (got - expected).abs().max().item() <= 1e-5
+    torch.testing.assert_close(pool.submit(decode, got).result(300), expected_image, rtol=0, atol=1e-5)

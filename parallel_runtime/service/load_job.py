@@ -143,12 +143,15 @@ def _vae_from_file(comps: PipelineComponents, file: str, device: torch.device, n
 
     fmt = comps.adapter().plan.latent_format
     vae = load_vae_file(file, device, torch.float32, norm_groups)
-    if vae.config.latent_channels != fmt.channels:
+    patch = getattr(vae.config, "patch_size", None) if getattr(vae, "bn", None) is not None else None
+    channels = vae.config.latent_channels * (patch[0] * patch[1] if patch else 1)  # FLUX.2: the packed latent's
+    if channels != fmt.channels:
+        packed = f", {channels} packed {patch[0]}x{patch[1]}," if patch else ""
         raise ConfigError(
-            f"the VAE {Path(file).name} has {vae.config.latent_channels} latent channels but this "
+            f"the VAE {Path(file).name} has {vae.config.latent_channels} latent channels{packed} but this "
             f"{comps.family} model makes {fmt.channels}",
             "a latent can only be decoded by the VAE family that made it",
-            f"pick the {comps.family} VAE (e.g. ae.safetensors for Flux), or the model's own VAE",
+            f"pick the {comps.family} VAE (ae.safetensors for Flux, flux2-vae.safetensors for FLUX.2), or the model's own",
         )
     vae.register_to_config(scaling_factor=fmt.scale, shift_factor=fmt.shift or None)
     return vae

@@ -1,5 +1,7 @@
 """A VAE from ONE file, as ComfyUI users keep them: ``models/vae/ae.safetensors`` (Flux),
-``sdxl_vae.safetensors``, or the ``first_stage_model.`` part of a full checkpoint.
+``sdxl_vae.safetensors``, ``flux2-vae.safetensors`` (FLUX.2: the same layout plus the batch-norm
+statistics ``bn.*`` of its 2x2-packed latent; loaded as diffusers' ``AutoencoderKLFlux2``), or the
+``first_stage_model.`` part of a full checkpoint.
 
 The structure (levels, widths, blocks per level, latent channels, quant convs, mid-block
 attention) is read from the tensor shapes in the header; the only thing weights do not record is
@@ -25,6 +27,7 @@ from ..models import compat
 from ..models.files import read_safetensors_header
 
 PREFIXES: tuple[str, ...] = ("", "first_stage_model.", "vae.")
+BATCH_NORM = "bn.running_mean"  # FLUX.2's VAE: batch-norm statistics of the packed latent
 DEFAULT_NORM_GROUPS = 32
 # (layout, name of a tensor only that layout has, per-level resnet conv2 name, mid attention name)
 _LAYOUTS: tuple[tuple[str, str, str, str], ...] = (
@@ -51,6 +54,7 @@ class VaeFileInfo:
     prefix: str
     layout: str  # "ldm" | "diffusers"
     config: dict[str, Any]
+    batch_norm: bool = False  # FLUX.2's VAE: AutoencoderKLFlux2 with the running statistics in ``bn.*``
 
     @property
     def latent_channels(self) -> int:
@@ -85,6 +89,10 @@ def inspect_vae_file(path: str | os.PathLike, norm_num_groups: int = DEFAULT_NOR
                         "GroupNorm splits each width into equal groups",
                         "give the group count the VAE was trained with (32 for every published VAE)",
                     )
+                if prefix + BATCH_NORM in shapes:  # FLUX.2: its latent is packed 2x2 and normalised by ``bn``
+                    packed = shapes[prefix + BATCH_NORM][0]
+                    config["patch_size"] = _patch_for(packed, config["latent_channels"], path)
+                    return VaeFileInfo(path, prefix, layout, config, batch_norm=True)
                 return VaeFileInfo(path, prefix, layout, config)
     raise ConfigError(
         f"{path.name} holds no VAE",
@@ -92,6 +100,17 @@ def inspect_vae_file(path: str | os.PathLike, norm_num_groups: int = DEFAULT_NOR
         f"with prefixes {', '.join(repr(p) for p in PREFIXES if p)} or none)",
         "pick the VAE file that belongs to the model (e.g. ae.safetensors for Flux)",
     )
+
+
+def _patch_for(packed: int, latent: int, path: Path) -> tuple[int, int]:
+    side = int(round((packed / latent) ** 0.5))
+    if side * side * latent != packed:
+        raise ConfigError(
+            f"{path.name} has batch-norm statistics for {packed} channels over a {latent}-channel latent",
+            "FLUX.2's VAE normalises its latent packed in square patches (4x the channels for 2x2)",
+            "use the VAE file published with FLUX.2 (flux2-vae.safetensors)",
+        )
+    return (side, side)
 
 
 def _config(shapes: Mapping[str, tuple[int, ...]], conv2: str, attention: str, norm_num_groups: int) -> dict:
@@ -122,8 +141,9 @@ def load_vae_file(
     dtype: torch.dtype = torch.float32,
     norm_num_groups: int = DEFAULT_NORM_GROUPS,
 ) -> nn.Module:
-    """A diffusers ``AutoencoderKL`` with the weights of the VAE in ``path`` (see the module doc)."""
-    from diffusers import AutoencoderKL
+    """A diffusers ``AutoencoderKL`` (``AutoencoderKLFlux2`` for FLUX.2's) with the weights of the VAE in
+    ``path`` (see the module doc)."""
+    from diffusers import AutoencoderKL, AutoencoderKLFlux2
     from safetensors import safe_open
 
     from ..models.weights import parameters_on_meta
@@ -133,9 +153,12 @@ def load_vae_file(
         names = [k for k in f.keys() if k.startswith(info.prefix)]  # noqa: SIM118 - safe_open is not iterable
         state = {k[len(info.prefix) :]: f.get_tensor(k) for k in names}
     if info.layout == "ldm":
-        state = compat.convert_ldm_vae(state, info.config)
+        norms = {k: v for k, v in state.items() if k.startswith("bn.")}  # the converter knows no batch norm
+        state = {**compat.convert_ldm_vae(state, info.config), **norms}
     with parameters_on_meta():
-        vae = AutoencoderKL(**info.config)
+        vae = AutoencoderKLFlux2(**info.config) if info.batch_norm else AutoencoderKL(**info.config)
+    if info.batch_norm:  # the step counter of the running statistics, when the file does not carry it
+        state.setdefault("bn.num_batches_tracked", torch.zeros((), dtype=torch.long))
     expected = set(vae.state_dict())
     missing, unexpected = sorted(expected - set(state)), sorted(set(state) - expected)
     if missing:
