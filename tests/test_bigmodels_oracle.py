@@ -152,3 +152,42 @@ def test_qwen_image_equals_comfyui_ksampler(case):
     negative = Conditioning(conds[entry["negative"]])
     got = denoise_latent(adapter, ParallelMesh.single(), ms, positive, negative, latent, settings)
     assert (got - expected).abs().max().item() <= 1e-4 * max(1.0, expected.abs().max().item())
+
+
+def test_big_text_encoders_are_spread_over_gpus_by_layers():
+    from parallel_runtime.service.load_job import text_encoder_placement
+
+    gib = 1024**3
+    four = ["cuda:0", "cuda:1", "cuda:2", "cuda:3"]
+    mistral = text_encoder_placement({"text_encoder": 48 * gib}, four, dict.fromkeys(four, 20 * gib))
+    assert mistral == {"text_encoder": dict.fromkeys(four, 20 * gib)}  # FLUX.2's 24B on 24 GB cards: by layers
+    small = text_encoder_placement(
+        {"text_encoder": 9 * gib, "text_encoder_2": gib}, four[:2], dict.fromkeys(four[:2], 20 * gib)
+    )
+    assert small == {"text_encoder": "cuda:0", "text_encoder_2": "cuda:1"}  # whole encoders where they fit
+    assert text_encoder_placement({"text_encoder": 48 * gib}, ["cpu", "cpu"], {}) == {"text_encoder": "cpu"}
+
+
+@torch.no_grad()
+def test_flux2_text_model_keeps_only_the_layers_it_reads(tmp_path):
+    """FLUX.2 reads Mistral's hidden states 10, 20 and 30: a 34-layer encoder is loaded with 31 layers and
+    encodes exactly as the whole one."""
+    from transformers import Mistral3ForConditionalGeneration
+
+    from parallel_runtime.models import tiny_big
+    from parallel_runtime.models.loading import text_encoder_options
+    from parallel_runtime.models.text_big import encode_flux2
+
+    tok = tiny_big.build_mistral_tokenizer()
+    tiny_big.MISTRAL_LAYERS, layers = 34, tiny_big.MISTRAL_LAYERS
+    try:
+        whole = tiny_big.mistral_text_encoder(tok)
+    finally:
+        tiny_big.MISTRAL_LAYERS = layers
+    whole.save_pretrained(tmp_path / "text_encoder")
+    kept = Mistral3ForConditionalGeneration.from_pretrained(
+        tmp_path / "text_encoder", local_files_only=True, **text_encoder_options("flux2", tmp_path / "text_encoder")
+    ).eval()
+    assert len(kept.model.language_model.layers) == 31 < len(whole.model.language_model.layers)
+    prompts = ["a lighthouse at dusk"]
+    assert torch.equal(encode_flux2(kept, tok, prompts).prompt_embeds, encode_flux2(whole, tok, prompts).prompt_embeds)

@@ -22,7 +22,7 @@ from .registry import adapter_class_for, supported_class_names
 
 PARTS: tuple[str, ...] = ("transformer", "vae", "text")
 _LIBRARIES = ("diffusers", "transformers")
-DeviceSpec = str | torch.device | Mapping[str, str | torch.device]
+DeviceSpec = str | torch.device | Mapping[str, Any]  # one device, or component/part -> device (or {gpu: bytes})
 
 
 @dataclasses.dataclass
@@ -106,10 +106,32 @@ def _read_json(file: Path) -> dict[str, Any]:
         return json.load(f)
 
 
-def _device_for(device: DeviceSpec, component: str, part: str) -> torch.device:
-    if isinstance(device, Mapping):
-        return torch.device(device.get(component, device.get(part, "cpu")))
-    return torch.device(device)
+def _ordinal(device: str | torch.device) -> int:
+    d = torch.device(device)
+    if d.type != "cuda":
+        raise ConfigError(
+            f"a text encoder split over {device}",
+            "only GPUs get a share of a split text encoder (CPU ranks share one memory: nothing to split)",
+            "split over cuda devices only",
+        )
+    return d.index or 0
+
+
+def text_encoder_options(family: str, folder: Path) -> dict[str, Any]:
+    """from_pretrained options for a family's text encoder: FLUX.2 reads Mistral's hidden states of layers
+    10, 20 and 30 only, so its text model is built with just the layers those need (31 of Mistral-Small's 40)."""
+    if family != "flux2":
+        return {}
+    from transformers import AutoConfig
+
+    from .text_big import layers_needed
+
+    config = AutoConfig.from_pretrained(folder, local_files_only=True)
+    text = getattr(config, "text_config", config)
+    if text.num_hidden_layers <= layers_needed():
+        return {}
+    text.num_hidden_layers = layers_needed()
+    return {"config": config}
 
 
 def _check_parts(parts: Iterable[str]) -> tuple[str, ...]:
@@ -133,7 +155,9 @@ def load_pipeline_components(
     """Load the selected ``parts`` of the diffusers folder ``path`` (local files only).
 
     ``device`` is one device, or a mapping from component name ("transformer", "vae",
-    "text_encoder_2", ...) or part name ("text") to device; unnamed components go to the CPU.
+    "text_encoder_2", ...) or part name ("text") to device; unnamed components go to the CPU. A text
+    encoder mapped to ``{gpu: bytes, ...}`` is spread over those GPUs by layers, at most that many bytes
+    on each (accelerate's device map).
     Tokenizers and the scheduler config are always read (small)."""
     parts = _check_parts(parts)
     path = Path(path).expanduser()
@@ -159,9 +183,15 @@ def load_pipeline_components(
 
     def load_model(name: str, part: str) -> nn.Module:
         cls = component_class(name, index[name], path)
-        kw = {"torch_dtype": dtype} if index[name][0] == "diffusers" else {"dtype": dtype}
+        kw: dict[str, Any] = {"torch_dtype": dtype} if index[name][0] == "diffusers" else {"dtype": dtype}
+        if part == "text":
+            kw.update(text_encoder_options(family, path / name))
+        where = device.get(name, device.get(part, "cpu")) if isinstance(device, Mapping) else device
+        if isinstance(where, Mapping):  # an encoder larger than any one device: its layers spread over several
+            kw.update(device_map="auto", max_memory={**{_ordinal(d): int(b) for d, b in where.items()}, "cpu": 0})
+            return cls.from_pretrained(path / name, local_files_only=True, **kw).eval().requires_grad_(False)
         model = cls.from_pretrained(path / name, local_files_only=True, **kw)
-        return model.to(_device_for(device, name, part)).eval().requires_grad_(False)
+        return model.to(torch.device(where)).eval().requires_grad_(False)
 
     if "transformer" in parts:
         comps.transformer = load_model("transformer", "transformer")

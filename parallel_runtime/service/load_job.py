@@ -105,8 +105,10 @@ def load_model(
             comps.vae = _embedded_vae(comps, path, ctx.device)
         if comps.vae is not None:
             comps.vae.to(torch.float32 if dtype == "fp16" else torch_dtype(dtype))
+        if ctx.world_size > 1 and Path(path).is_dir():
+            dist.barrier()  # every rank's transformer share is in place: what the GPUs have left is known
         if ctx.rank == TEXT_RANK and Path(path).is_dir():
-            placement = text_encoder_placement(_encoder_bytes(Path(path)), devices)
+            placement = text_encoder_placement(_encoder_bytes(Path(path)), devices, free_gpu_bytes(devices))
             comps.text_encoders = load_pipeline_components(path, placement, torch_dtype(dtype), ("text",)).text_encoders
         model = LoadedModel(key, comps, comps.adapter(), attention, stages, stage_weights)
         ctx.state["model"] = model
@@ -186,18 +188,45 @@ def _encoder_bytes(path: Path) -> dict[str, int]:
     return sizes
 
 
-def text_encoder_placement(encoder_bytes: dict[str, int], devices: list[str]) -> dict[str, str]:
+def text_encoder_placement(
+    encoder_bytes: dict[str, int], devices: list[str], free: dict[str, int] | None = None
+) -> dict[str, Any]:
     """Spread the text encoders over the pool's distinct devices: the biggest first, each onto the
     device with the fewest encoder bytes so far (T5-XXL's ~9 GB then does not share a GPU with
-    the CLIPs). They run in the TEXT_RANK process, which can address every visible GPU."""
+    the CLIPs). They run in the TEXT_RANK process, which can address every visible GPU.
+
+    With ``free`` (bytes free per GPU), an encoder larger than what any one GPU has left is spread by
+    layers over all of them instead ({gpu: bytes it may take}): Mistral-Small's 48 GB (FLUX.2) on 24 GB
+    cards, Qwen2.5-VL's 15 GB next to a Qwen-Image stage."""
     distinct = list(dict.fromkeys(devices))
     load = dict.fromkeys(distinct, 0)
-    placement = {}
+    left = dict(free or {})
+    placement: dict[str, Any] = {}
     for name, size in sorted(encoder_bytes.items(), key=lambda item: (-item[1], item[0])):
         device = min(distinct, key=lambda d: (load[d], distinct.index(d)))
+        total = sum(left.values())
+        if left and size > max(left.get(d, 0) for d in distinct) and size <= total:
+            placement[name] = {d: left[d] for d in distinct if left.get(d, 0) > 0}
+            left = {d: b - size * b // total for d, b in left.items()}  # each GPU takes its share of the layers
+            continue
         placement[name] = device
         load[device] += size
+        if device in left:
+            left[device] = max(left[device] - size, 0)
     return placement
+
+
+TEXT_RESERVE = 2 * 1024**3  # left free on a GPU for activations when text encoder layers are spread
+
+
+def free_gpu_bytes(devices: list[str]) -> dict[str, int]:
+    """Free bytes on each distinct GPU of ``devices`` less a reserve (empty for CPU pools)."""
+    out = {}
+    for d in dict.fromkeys(devices):
+        device = torch.device(d)
+        if device.type == "cuda":
+            out[d] = max(int(torch.cuda.mem_get_info(device)[0]) - TEXT_RESERVE, 0)
+    return out
 
 
 def _embed_dim(model: LoadedModel) -> int | None:
