@@ -137,7 +137,7 @@ class ParallelSampler(ContextNode):
                         "min": 0.0,
                         "max": 100.0,
                         "step": 0.1,
-                        "tooltip": "Flux distilled guidance (a FluxGuidance node on positive overrides it). Ignored by SD3/PixArt.",
+                        "tooltip": "Flux / FLUX.2 distilled guidance (a FluxGuidance node on positive overrides it). Ignored by SD3, PixArt and Qwen-Image.",
                     },
                 ),
             },
@@ -177,7 +177,8 @@ class ParallelSampler(ContextNode):
         expected = model.expected_conditioning()
         pos, pos_extra = to_runtime(positive, expected, family, "positive")
         neg = to_runtime(negative, expected, family, "negative")[0] if negative is not None else None
-        flux_guidance = float(pos_extra.get("guidance", guidance)) if family == "flux" else None
+        distilled = family in ("flux", "flux2")  # the families with an embedded (distilled) guidance input
+        flux_guidance = float(pos_extra.get("guidance", guidance)) if distilled else None
         batch, _, h, w = samples.shape
         total = (len(sigmas) - 1) if sigmas is not None else steps
         monitor = JobMonitor(ctx.bridge, ctx.status, parallel_model.pool_id, family, total, len(parallel_model.devices))
