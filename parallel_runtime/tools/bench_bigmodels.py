@@ -157,6 +157,11 @@ def run(quick: bool = False) -> dict[str, Any]:
 
     width, blocks = (512, 4) if quick else (1024, 6)
     results: dict[str, Any] = {
+        "model": "FLUX.1-dev, Qwen-Image, FLUX.2-dev at their shipped configs on the meta device (weights per "
+        f"rank: byte accounting, no weights, no GPU); loads measured on a Qwen-Image-shaped file of {blocks} blocks, "
+        f"{width} wide, random weights, bf16 compute, CPU ranks",
+        "baseline": "peak RSS ratios: a full load of the same file in one process (stage) / the bytes the rank "
+        "holds (fp8)",
         "weight_gb_per_rank": real_weight_gb("auto"),
         "weight_gb_per_rank_fp8": real_weight_gb("fp8_e4m3fn"),
         "real_configs": {k: f"models/configs/{v}" for k, v in REAL.items()},
