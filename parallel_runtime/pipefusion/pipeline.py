@@ -3,7 +3,7 @@
 Roles on the "pp" dimension of the mesh (each stage may itself be a group of sp ranks, and the
 whole pipeline exists once per cfg rank):
 
-- every stage runs its contiguous range of blocks (:mod:`.stages`, loaded by :mod:`.stage_loading`), with a stale-KV
+- every stage runs its contiguous range of blocks (:mod:`..parallel.stages`, loaded by :mod:`.stage_loading`), with a stale-KV
   buffer per attention layer (:mod:`.stale_kv`);
 - stage 0 embeds each item (the whole image during warmup, else one patch = row band);
 - the last stage applies the output layer, CFG and the sampler step. It holds one sampler

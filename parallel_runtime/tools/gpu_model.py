@@ -26,8 +26,8 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
+from ..parallel.stages import plan_stages
 from ..pipefusion.schedule import default_patches
-from ..pipefusion.stages import plan_stages
 
 LINKS: dict[str, float] = {"nvlink": 450e9, "pcie4_x16": 25e9}  # bytes per second per GPU and direction
 LINK_NAMES = {"nvlink": "NVLink (H100, 450 GB/s)", "pcie4_x16": "PCIe 4.0 x16 (~25 GB/s)"}
