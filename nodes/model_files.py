@@ -23,10 +23,27 @@ SINGLE_FILE_SUFFIXES: tuple[str, ...] = (".safetensors", ".sft")
 VAE_FROM_MODEL = "(the model's own)"
 
 
+def _walk(root: str):
+    """``os.walk(root, followlinks=True)`` visiting each real folder once: symbolic links are followed
+    (models are often linked in from elsewhere) but a link cycle (``a/up -> ..``) is not re-entered."""
+    seen: set[tuple[int, int]] = set()
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
+        try:
+            st = os.stat(dirpath)
+        except OSError:
+            dirnames.clear()
+            continue
+        if (st.st_dev, st.st_ino) in seen:
+            dirnames.clear()
+            continue
+        seen.add((st.st_dev, st.st_ino))
+        yield dirpath, dirnames, filenames
+
+
 def diffusers_folders(bridge: Bridge) -> list[str]:
     found: list[str] = []
     for root in bridge.folder_paths("diffusers"):
-        for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
+        for dirpath, dirnames, filenames in _walk(root):
             if "model_index.json" in filenames:
                 found.append(Path(os.path.relpath(dirpath, root)).as_posix())
                 dirnames.clear()  # a pipeline's sub-folders are its components, not more models
@@ -37,7 +54,7 @@ def _files_under(bridge: Bridge, kind: str) -> list[str]:
     """Safetensors files in ComfyUI's ``kind`` folders, as paths relative to their folder."""
     found: list[str] = []
     for root in bridge.folder_paths(kind):
-        for dirpath, _, filenames in os.walk(root, followlinks=True):
+        for dirpath, _, filenames in _walk(root):
             for name in filenames:
                 if name.endswith(SINGLE_FILE_SUFFIXES):
                     found.append(Path(os.path.relpath(os.path.join(dirpath, name), root)).as_posix())

@@ -11,6 +11,7 @@ from __future__ import annotations
 import inspect
 import sys
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -491,6 +492,21 @@ def test_model_choices_list_folders_and_files(tmp_path):
         "tiny-flux2",
     ]
     assert resolve_model("flux1-dev.safetensors", bridge) == str(tmp_path / "unet" / "flux1-dev.safetensors")
+
+
+def test_model_choices_survive_symlink_cycles(tmp_path):
+    """Two links back up the tree used to make the listing walk for ever (2^depth paths)."""
+    from dit_parallel_pack.nodes.model_files import model_choices
+
+    model = tmp_path / "diffusers" / "linked" / "FLUX.1-dev"
+    model.mkdir(parents=True)
+    (model / "model_index.json").write_text("{}")
+    (tmp_path / "diffusers" / "linked" / "up").symlink_to("..")
+    (tmp_path / "diffusers" / "linked" / "again").symlink_to("..")
+    bridge = RecordingBridge(folders={"diffusers": [str(tmp_path / "diffusers")]})
+    t0 = time.monotonic()
+    assert model_choices(bridge)[0] == "linked/FLUX.1-dev"
+    assert time.monotonic() - t0 < 2.0
 
 
 def test_vae_choices_and_resolution(tmp_path):
