@@ -254,11 +254,11 @@ def manual_layout(
 
 
 def _local_path(target: str) -> str:
-    """A tiny model name -> its local folder (built once); paths unchanged."""
+    """A tiny model name -> its local folder (shipped, or built once); paths unchanged."""
     if target in TINY_MODELS:
-        from parallel_runtime.models.tiny import ensure_tiny_model
+        from parallel_runtime.models.tiny import builtin_model_path
 
-        return str(ensure_tiny_model(target))
+        return str(builtin_model_path(target))
     return target
 
 

@@ -3,8 +3,9 @@
 - diffusers folders (with model_index.json) under ``models/diffusers``: offered by their path
   relative to that folder, e.g. ``FLUX.1-dev``;
 - single ``.safetensors`` transformer files under ``models/diffusion_models`` (and ``unet``);
-- the embedded ``tiny-flux`` / ``tiny-sd3`` / ``tiny-pixart`` (random weights, built once
-  locally) for trying the pack without downloads;
+- the embedded ``tiny-flux-shapes`` (trained: draws the coloured shapes its prompt names, e.g. "a red
+  circle on a blue background") and ``tiny-flux`` / ``tiny-sd3`` / ``tiny-pixart`` (random weights, built
+  once locally) for trying the pack without downloads;
 - VAE ``.safetensors`` files under ``models/vae``, for decoding with another VAE than the model's
   own (or at all, for a transformer-only file).
 """
@@ -18,7 +19,14 @@ from parallel_runtime.errors import ConfigError
 
 from .bridge import Bridge
 
-TINY_MODELS: tuple[str, ...] = ("tiny-flux", "tiny-sd3", "tiny-pixart", "tiny-qwen-image", "tiny-flux2")
+TINY_MODELS: tuple[str, ...] = (
+    "tiny-flux-shapes",
+    "tiny-flux",
+    "tiny-sd3",
+    "tiny-pixart",
+    "tiny-qwen-image",
+    "tiny-flux2",
+)  # models.tiny.BUILTIN_MODELS
 SINGLE_FILE_SUFFIXES: tuple[str, ...] = (".safetensors", ".sft")
 VAE_FROM_MODEL = "(the model's own)"
 

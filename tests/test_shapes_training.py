@@ -59,7 +59,7 @@ def test_caption_parser_reads_the_grammar():
 
 def test_tokenizers_hold_every_word_of_the_grammar():
     words = data.vocabulary()
-    clip_tok, t5_tok = parts.build_clip_tokenizer(words), parts.build_t5_tokenizer(words)
+    clip_tok, t5_tok = parts.build_tokenizers(words)
     for word in words:
         assert clip_tok.tokenize(word) == [word + "</w>"]
         assert t5_tok.tokenize(word) == ["▁" + word]
@@ -79,7 +79,7 @@ def test_short_text_form_equals_the_full_512_token_run():
     """Training feeds ~25 text tokens with a multiplicity bias; the transformer's output must equal the
     one it gives the 512 T5 tokens that FluxPipeline and our engine feed it."""
     words = data.vocabulary()
-    clip_tok, t5_tok = parts.build_clip_tokenizer(words), parts.build_t5_tokenizer(words)
+    clip_tok, t5_tok = parts.build_tokenizers(words)
     clip, t5 = parts.build_text_encoders(clip_tok, t5_tok, seed=1)
     for p in t5.parameters():  # a non-trivial T5 (random bias per bucket), far buckets at zero as trained
         p.add_(torch.randn_like(p) * 0.2)

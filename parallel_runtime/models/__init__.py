@@ -24,6 +24,13 @@ __all__, __getattr__ = lazy_exports(
         "text_encoding": ("encode_prompt", "encode_prompts"),
         "files": ("detect_family", "model_info_from_path", "read_safetensors_header"),
         "weights": ("TensorSource", "folder_tensor_source", "load_tensors", "meta_model", "parameters_on_meta"),
-        "tiny": ("TINY_MODELS", "build_tiny_pipeline", "ensure_tiny_model"),
+        "tiny": (
+            "BUILTIN_MODELS",
+            "TINY_MODELS",
+            "TRAINED_MODELS",
+            "build_tiny_pipeline",
+            "builtin_model_path",
+            "ensure_tiny_model",
+        ),
     },
 )

@@ -1,4 +1,5 @@
-"""Tiny random-weight diffusers pipelines (Flux, SD3, PixArt) for tests and benchmarks.
+"""Tiny diffusers pipelines built into the package: random-weight Flux, SD3 and PixArt for tests and
+benchmarks, and the trained ``tiny-flux-shapes`` (shipped as files; see ``tools/train_tiny_flux_shapes.py``).
 
 Each is a complete diffusers folder (model_index.json, safetensors weights, real tokenizer files)
 that ``FluxPipeline.from_pretrained`` etc. load, built from configs with a fixed seed so that
@@ -25,6 +26,9 @@ from ..errors import ConfigError
 
 TINY_VERSION = "v1"  # bump whenever the built folders change: caches are keyed by it
 TINY_MODELS: tuple[str, ...] = ("tiny-flux", "tiny-sd3", "tiny-pixart", "tiny-qwen-image", "tiny-flux2")
+TRAINED_MODELS: tuple[str, ...] = ("tiny-flux-shapes",)  # draws the coloured shapes its prompt names
+BUILTIN_MODELS: tuple[str, ...] = (*TRAINED_MODELS, *TINY_MODELS)
+TRAINED_ROOT = Path(__file__).resolve().parent / "trained"
 CACHE_ENV = "DIT_PARALLEL_TINY_ROOT"
 SEED = 0
 
@@ -57,14 +61,14 @@ def _bytes_to_unicode() -> dict[int, str]:
     return {b: chr(c) for b, c in zip(bs, cs)}
 
 
-def _clip_vocab(num_merges: int = 200) -> tuple[dict[str, int], list[tuple[str, str]]]:
-    """A CLIP-style byte-level BPE vocabulary: 256 bytes, 256 end-of-word bytes, learned merges,
-    then <|startoftext|> and <|endoftext|> (as in openai/clip-vit-large-patch14's vocab.json)."""
+def _clip_vocab(corpus: str, num_merges: int = 200) -> tuple[dict[str, int], list[tuple[str, str]]]:
+    """A CLIP-style byte-level BPE vocabulary: 256 bytes, 256 end-of-word bytes, merges learned from
+    ``corpus``, then <|startoftext|> and <|endoftext|> (as in openai/clip-vit-large-patch14's vocab.json)."""
     table = _bytes_to_unicode()
     base = list(table.values())
     vocab = base + [c + "</w>" for c in base]
     words: collections.Counter[tuple[str, ...]] = collections.Counter()
-    for word in re.findall(r"[a-z]+|[0-9]|[^\sa-z0-9]+", _CORPUS.lower()):
+    for word in re.findall(r"[a-z]+|[0-9]|[^\sa-z0-9]+", corpus.lower()):
         symbols = [table[b] for b in word.encode("utf-8")]
         symbols[-1] += "</w>"
         words[tuple(symbols)] += 1
@@ -96,20 +100,20 @@ def _clip_vocab(num_merges: int = 200) -> tuple[dict[str, int], list[tuple[str, 
     return {tok: i for i, tok in enumerate(vocab)}, merges
 
 
-def build_clip_tokenizer(pad_token: str = "<|endoftext|>"):
-    """A real ``CLIPTokenizer`` (byte-level BPE, 77 tokens) over a tiny learned vocabulary.
+def build_clip_tokenizer(pad_token: str = "<|endoftext|>", corpus: str = _CORPUS):
+    """A real ``CLIPTokenizer`` (byte-level BPE, 77 tokens) over a tiny vocabulary learned from ``corpus``.
 
     ``pad_token="!"`` mimics SD3's second CLIP tokenizer, which pads with "!" (id 0)."""
     from transformers import CLIPTokenizer
 
-    vocab, merges = _clip_vocab()
+    vocab, merges = _clip_vocab(corpus)
     return CLIPTokenizer(vocab=vocab, merges=merges, pad_token=pad_token, model_max_length=77)
 
 
-def _t5_pieces() -> list[tuple[str, float]]:
-    """Unigram pieces: T5's specials (<pad>=0, </s>=1, <unk>=2), corpus words, single characters."""
+def _t5_pieces(corpus: str) -> list[tuple[str, float]]:
+    """Unigram pieces: T5's specials (<pad>=0, </s>=1, <unk>=2), the words of ``corpus``, single characters."""
     pieces: dict[str, float] = {"<pad>": 0.0, "</s>": 0.0, "<unk>": 0.0, "▁": -3.0}
-    counts = collections.Counter(re.findall(r"\w+|[^\w\s]", _CORPUS))
+    counts = collections.Counter(re.findall(r"\w+|[^\w\s]", corpus))
     for rank, (word, _) in enumerate(counts.most_common()):
         pieces.setdefault("▁" + word, -4.0 - 0.01 * rank)
         pieces.setdefault(word, -6.0 - 0.01 * rank)
@@ -119,11 +123,12 @@ def _t5_pieces() -> list[tuple[str, float]]:
     return list(pieces.items())
 
 
-def build_t5_tokenizer(model_max_length: int = 512):
-    """A real T5 tokenizer (SentencePiece-style Unigram, appends </s>, pads with <pad>=0)."""
+def build_t5_tokenizer(model_max_length: int = 512, corpus: str = _CORPUS):
+    """A real T5 tokenizer (SentencePiece-style Unigram over the words of ``corpus``, appends </s>, pads
+    with <pad>=0)."""
     from transformers import T5TokenizerFast
 
-    return T5TokenizerFast(vocab=_t5_pieces(), extra_ids=0, model_max_length=model_max_length)
+    return T5TokenizerFast(vocab=_t5_pieces(corpus), extra_ids=0, model_max_length=model_max_length)
 
 
 # -- text encoders, VAE, schedulers --------------------------------------------------------------
@@ -386,3 +391,18 @@ def ensure_tiny_model(name: str, root: str | os.PathLike | None = None) -> Path:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return final
+
+
+def builtin_model_path(name: str) -> Path:
+    """Folder of the built-in model ``name``: a trained one shipped in the package, or a random-weight
+    one built once (:func:`ensure_tiny_model`)."""
+    if name not in TRAINED_MODELS:
+        return ensure_tiny_model(name)
+    path = TRAINED_ROOT / name
+    if not (path / "model_index.json").is_file():
+        raise ConfigError(
+            f"the built-in model {name!r} is missing from {path}",
+            "its weights are package data of parallel_runtime.models (trained/...), installed with the package",
+            "reinstall the package (pip install .), or use a random-weight one: " + ", ".join(TINY_MODELS),
+        )
+    return path

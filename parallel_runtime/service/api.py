@@ -17,6 +17,7 @@ from ..denoise.settings import SamplingSettings
 from ..errors import ConfigError
 from ..models.base import Conditioning
 from ..parallel.config import ParallelConfig, parse_devices
+from ..models.tiny import BUILTIN_MODELS, builtin_model_path
 from ..runtime.futures import EventCallback
 from ..runtime.jobs import Job
 from ..runtime.pool import WorkerPool
@@ -25,14 +26,13 @@ from ..sampling import SAMPLER_NAMES, SCHEDULER_NAMES
 from .load_job import load_model
 from .model_jobs import decode, encode_text, generate
 
-TINY_MODELS = ("tiny-flux", "tiny-sd3", "tiny-pixart", "tiny-qwen-image", "tiny-flux2")
 
 
 @dataclasses.dataclass(frozen=True)
 class LoadRequest:
     """What to load and how to split it."""
 
-    model: str  # "tiny-flux" | a diffusers folder (with model_index.json) | a single .safetensors transformer
+    model: str  # a built-in ("tiny-flux-shapes", "tiny-flux", ...) | a diffusers folder | a single .safetensors file
     devices: str = "cpu:2"
     layout: ParallelConfig | None = None  # None: Ulysses over every device (the planner picks otherwise)
     dtype: str = "fp32"
@@ -60,18 +60,16 @@ class LoadRequest:
 
 
 def resolve_model_path(model: str) -> Path:
-    """A diffusers folder or a single transformer file for ``model`` (building the embedded tiny
-    models on first use)."""
-    if model in TINY_MODELS:
-        from ..models.tiny import ensure_tiny_model
-
-        return ensure_tiny_model(model)
+    """A diffusers folder or a single transformer file for ``model`` (the shipped trained tiny model, or
+    a random-weight one built on first use)."""
+    if model in BUILTIN_MODELS:
+        return builtin_model_path(model)
     path = Path(model).expanduser()
     if not path.exists():
         raise ConfigError(
             f"model {model!r} not found",
             "the loader reads diffusers folders (with model_index.json) from disk; nothing is downloaded",
-            f"pass an existing folder, or one of the built-in test models {', '.join(TINY_MODELS)}",
+            f"pass an existing folder, or one of the built-in tiny models {', '.join(BUILTIN_MODELS)}",
         )
     if path.is_file():
         from ..models.single_file import existing_model_file

@@ -68,14 +68,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("generate", help="generate one image with a parallel layout")
     p.add_argument(
-        "--model", default="tiny-flux", help="tiny-flux | tiny-sd3 | tiny-pixart | path to a diffusers folder"
+        "--model",
+        default="tiny-flux-shapes",
+        help="tiny-flux-shapes (trained on coloured shapes) | tiny-flux | tiny-sd3 | tiny-pixart (random weights) "
+        "| path to a diffusers folder or a .safetensors transformer",
     )
     p.add_argument("--devices", default="cpu:2", help='e.g. "cuda:0,cuda:1" or "cpu:2"')
     for dim in ("ulysses", "ring", "cfg", "pp"):
         p.add_argument(f"--{dim}", type=int, default=None, help=f"{dim} parallel degree (default: automatic layout)")
     p.add_argument("--patches", type=int, default=None, help="PipeFusion patches (row bands)")
     p.add_argument("--warmup", type=int, default=1, help="PipeFusion synchronous warmup steps")
-    p.add_argument("--prompt", default="a watercolor fox in a misty forest")
+    p.add_argument("--prompt", default="a red circle on a blue background")
     p.add_argument("--negative", default="")
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--cfg-scale", type=float, default=None, help="classifier-free guidance scale (default per family)")

@@ -15,10 +15,11 @@ instead of 512: training computes exactly the function used at inference, many t
 
 from __future__ import annotations
 
-import collections
 import math
 
 import torch
+
+from ..models.tiny import build_clip_tokenizer, build_t5_tokenizer
 
 CLIP_WIDTH = 32
 T5_WIDTH = 32
@@ -61,75 +62,10 @@ SCHEDULER = dict(  # FLUX.1-schnell's scheduler settings: shift 1, no resolution
 
 
 # -- tokenizers ------------------------------------------------------------------------------------
-def _byte_table() -> dict[int, str]:
-    """GPT-2/CLIP reversible byte -> printable character map, in CLIP's vocabulary order."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    others = [b for b in range(256) if b not in printable]
-    return {**{b: chr(b) for b in printable}, **{b: chr(256 + i) for i, b in enumerate(others)}}
-
-
-def _learn_merges(words: list[str], table: dict[int, str]) -> list[tuple[str, str]]:
-    """Greedy byte-pair merges until every word is one symbol (ties broken by the pair itself)."""
-    counts: collections.Counter[tuple[str, ...]] = collections.Counter()
-    for word in words:
-        symbols = [table[b] for b in word.encode()]
-        symbols[-1] += "</w>"
-        counts[tuple(symbols)] += 1
-    merges: list[tuple[str, str]] = []
-    while True:
-        pairs: collections.Counter[tuple[str, str]] = collections.Counter()
-        for word, freq in counts.items():
-            for pair in zip(word, word[1:]):
-                pairs[pair] += freq
-        if not pairs:
-            return merges
-        best = max(pairs.items(), key=lambda kv: (kv[1], kv[0]))[0]
-        merges.append(best)
-        merged: collections.Counter[tuple[str, ...]] = collections.Counter()
-        for word, freq in counts.items():
-            out, i = [], 0
-            while i < len(word):
-                if i + 1 < len(word) and (word[i], word[i + 1]) == best:
-                    out.append(word[i] + word[i + 1])
-                    i += 2
-                else:
-                    out.append(word[i])
-                    i += 1
-            merged[tuple(out)] += freq
-        counts = merged
-
-
-def build_clip_tokenizer(words: list[str]):
-    """A real ``CLIPTokenizer`` (byte-level BPE, 77 tokens) in which each of ``words`` is one token."""
-    from transformers import CLIPTokenizer
-
-    table = _byte_table()
-    merges = _learn_merges(words, table)
-    vocab = list(table.values()) + [c + "</w>" for c in table.values()]
-    vocab += [a + b for a, b in merges if a + b not in vocab]
-    vocab += ["<|startoftext|>", "<|endoftext|>"]
-    return CLIPTokenizer(
-        vocab={tok: i for i, tok in enumerate(vocab)},
-        merges=merges,
-        pad_token="<|endoftext|>",
-        model_max_length=77,
-    )
-
-
-def build_t5_tokenizer(words: list[str]):
-    """A real T5 tokenizer (Unigram; <pad>=0, </s>=1, <unk>=2) with one piece per word of ``words``
-    and single characters for anything else."""
-    import string
-
-    from transformers import T5TokenizerFast
-
-    pieces: dict[str, float] = {"<pad>": 0.0, "</s>": 0.0, "<unk>": 0.0, "▁": -3.0}
-    for word in words:
-        pieces["▁" + word] = -2.0
-    for ch in string.ascii_letters + string.digits + string.punctuation:
-        pieces.setdefault(ch, -10.0)
-        pieces.setdefault("▁" + ch, -11.0)
-    return T5TokenizerFast(vocab=list(pieces.items()), extra_ids=0, model_max_length=T5_LENGTH)
+def build_tokenizers(words: list[str]):
+    """(CLIP tokenizer, T5 tokenizer) that keep each of ``words`` as one token."""
+    corpus = " ".join(words)
+    return build_clip_tokenizer(corpus=corpus), build_t5_tokenizer(T5_LENGTH, corpus=corpus)
 
 
 # -- models ----------------------------------------------------------------------------------------

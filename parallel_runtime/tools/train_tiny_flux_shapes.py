@@ -3,12 +3,12 @@
     nice -n 19 python parallel_runtime/tools/train_tiny_flux_shapes.py --out DIR
 
 1. Build the tokenizers (grammar vocabulary) and every part from seeds (``shapes_model``).
-2. Train the VAE on crops of rendered scenes: L1 + MSE reconstruction + a small KL term.
+2. Train the VAE on whole 64 px scenes: MSE + L1 reconstruction + a small KL term.
 3. Measure the latent mean/std (-> the VAE's ``shift_factor`` / ``scaling_factor``) and encode a fixed
    set of scenes at 64, 128, 192 and 256 px.
 4. Train the transformer and both text encoders with Flux's rectified-flow objective:
-   x_t = (1 - t) x0 + t noise, predict noise - x0, t logit-normal(0, 1) mixed with uniform, and the
-   caption dropped 10% of the time (so classifier-free guidance with an empty negative prompt works).
+   x_t = (1 - t) x0 + t noise, predict noise - x0, t logit-normal(0, 1) mixed with uniform and shifted
+   towards high noise (shift 3, as SD3 trains), and the caption dropped 10% of the time (so classifier-free guidance with an empty negative prompt works).
    Sampling uses shift 1.0 (FLUX.1-schnell's setting; the model has no guidance input).
 5. Save an exponential moving average of the weights in fp16 with ``training.json`` (command, times, losses).
 
@@ -38,18 +38,18 @@ class Recipe:
     """Every number that decides the weights."""
 
     seed: int = 0
-    vae_steps: int = 1200
-    vae_batch: int = 16  # at 64 px; a quarter of it at 128 px
-    vae_scenes: tuple[tuple[int, int], ...] = ((64, 2048), (128, 512))
-    vae_share_128: float = 0.25
+    vae_steps: int = 800
+    vae_batch: int = 16
+    vae_scenes: int = 2048  # 64 px scenes the VAE learns from
     vae_lr: float = 3e-3
     vae_kl: float = 1e-4
-    scenes: tuple[tuple[int, int], ...] = ((64, 2500), (128, 5000), (192, 1200), (256, 800))  # (px, count)
-    bucket_weights: tuple[float, ...] = (0.2, 0.55, 0.15, 0.1)
-    flux_steps: int = 4000
+    scenes: tuple[tuple[int, int], ...] = ((64, 1500), (128, 3000), (256, 300))  # (px, count)
+    bucket_weights: tuple[float, ...] = (0.25, 0.65, 0.1)
+    flux_steps: int = 1200
     flux_tokens: int = 2800  # text + image tokens per batch (batch size per resolution follows)
     flux_lr: float = 1e-3
-    text_lr: float = 3e-4
+    text_lr: float = 1e-3
+    t_shift: float = 3.0  # training noise levels lean to high noise, where the caption decides the layout
     caption_dropout: float = 0.1
     ema: float = 0.998
 
@@ -58,8 +58,8 @@ class Recipe:
         """A few minutes: checks the pipeline end to end (pictures are not yet right)."""
         return cls(
             vae_steps=60,
-            vae_scenes=((64, 64), (128, 16)),
-            scenes=((64, 64), (128, 64), (192, 16), (256, 16)),
+            vae_scenes=64,
+            scenes=((64, 64), (128, 64), (256, 16)),
             flux_steps=60,
             ema=0.9,
         )
@@ -70,28 +70,17 @@ def log(msg: str) -> None:
 
 
 def _lr(step: int, steps: int, peak: float, warmup: int = 100) -> float:
-    """Linear warmup, then cosine decay to 5% of the peak."""
-    if step < warmup:
-        return peak * (step + 1) / warmup
-    progress = (step - warmup) / max(1, steps - warmup)
-    return peak * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * progress)))
+    """Linear warmup times a cosine decay to 5% of the peak."""
+    return peak * min(1.0, (step + 1) / warmup) * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * step / steps)))
 
 
 # -- VAE --------------------------------------------------------------------------------------------
-def _vae_pool(recipe: Recipe) -> dict[int, torch.Tensor]:
-    """Rendered scenes for the VAE (a seed stream apart from the transformer's data)."""
-    return {
-        size: torch.from_numpy(data.make_batch(recipe.seed + 1000, size * 1_000_000, count, size)[0])
-        for size, count in recipe.vae_scenes
-    }
-
-
 def train_vae(vae, recipe: Recipe) -> list[float]:
-    """Reconstruction (L1 + MSE, images in -1..1) + ``vae_kl`` x KL on whole scenes; returns losses.
+    """MSE + L1 reconstruction (images in -1..1) + ``vae_kl`` x KL on whole 64 px scenes; returns losses.
 
     Whole pictures rather than crops: GroupNorm statistics then match what the VAE sees in use (scenes
-    scale with the picture, so 64 and 128 px statistics agree with 256 px ones)."""
-    pool = _vae_pool(recipe)
+    scale with the picture, so their statistics hardly change with the size)."""
+    pool = torch.from_numpy(data.make_batch(recipe.seed + 1, 0, recipe.vae_scenes, 64)[0])
     gen = torch.Generator().manual_seed(recipe.seed)
     with torch.no_grad():  # start with small posterior noise; the KL term then lets it grow as it can
         vae.encoder.conv_out.bias[vae.config.latent_channels :] = -8.0
@@ -101,14 +90,12 @@ def train_vae(vae, recipe: Recipe) -> list[float]:
     for step in range(recipe.vae_steps):
         for group in opt.param_groups:
             group["lr"] = _lr(step, recipe.vae_steps, recipe.vae_lr)
-        size = 128 if torch.rand(1, generator=gen).item() < recipe.vae_share_128 else 64
-        batch = recipe.vae_batch if size == 64 else recipe.vae_batch // 4
-        x = pool[size][torch.randint(len(pool[size]), (batch,), generator=gen)]
+        x = pool[torch.randint(len(pool), (recipe.vae_batch,), generator=gen)]
         posterior = vae.encode(x).latent_dist
         recon = vae.decode(posterior.sample(generator=gen)).sample
         kl = 0.5 * (posterior.mean.pow(2) + posterior.var - 1 - posterior.logvar).mean()
-        loss = (recon - x).abs().mean() + (recon - x).pow(2).mean() + recipe.vae_kl * kl
-        opt.zero_grad(set_to_none=True)
+        loss = (recon - x).pow(2).mean() + (recon - x).abs().mean() + recipe.vae_kl * kl
+        opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(vae.parameters(), 1.0)
         opt.step()
@@ -157,17 +144,19 @@ class TextStack:
         return tokens, bias, pooled
 
 
-def sample_t(n: int, gen: torch.Generator) -> torch.Tensor:
-    """Noise levels: logit-normal(0, 1) (SD3/Flux) for 80%, uniform for 20% (covers both ends)."""
+def sample_t(n: int, gen: torch.Generator, shift: float) -> torch.Tensor:
+    """Noise levels: logit-normal(0, 1) (SD3/Flux) for 80%, uniform for 20% (covers both ends), then
+    time-shifted by ``shift`` (t -> shift t / (1 + (shift - 1) t)) towards high noise."""
     logit_normal = torch.sigmoid(torch.randn(n, generator=gen))
     uniform = torch.rand(n, generator=gen)
-    return torch.where(torch.rand(n, generator=gen) < 0.8, logit_normal, uniform).clamp(1e-4, 1 - 1e-4)
+    t = torch.where(torch.rand(n, generator=gen) < 0.8, logit_normal, uniform)
+    return (shift * t / (1 + (shift - 1) * t)).clamp(1e-4, 1 - 1e-4)
 
 
-def flow_loss(transformer, text: TextStack, x0: torch.Tensor, captions: list[str], gen: torch.Generator):
+def flow_loss(transformer, text: TextStack, x0: torch.Tensor, captions: list[str], gen: torch.Generator, shift: float):
     """Rectified-flow loss on model-space latents ``x0`` [B,16,H,W]: || v(x_t, t) - (noise - x0) ||^2."""
     b, _, h, w = x0.shape
-    t = sample_t(b, gen)
+    t = sample_t(b, gen, shift)
     noise = torch.randn(x0.shape, generator=gen)
     tt = t.view(-1, 1, 1, 1)
     x_t = (1 - tt) * x0 + tt * noise
@@ -219,7 +208,7 @@ def train_flux(transformer, text: TextStack, latents, shift: float, scale: float
         drop = torch.rand(len(idx), generator=gen) < recipe.caption_dropout
         batch_captions = ["" if d else captions[i] for i, d in zip(idx.tolist(), drop.tolist())]
         x0 = (z[idx] - shift) * scale
-        loss = flow_loss(transformer, text, x0, batch_captions, gen)
+        loss = flow_loss(transformer, text, x0, batch_captions, gen, recipe.t_shift)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_([p for g in params for p in g["params"]], 1.0)
@@ -259,49 +248,51 @@ def save_pipeline(out: Path, vae, transformer, clip, t5, clip_tok, t5_tok, dtype
 
 
 def _vae_key(recipe: Recipe) -> str:
-    fields = ("seed", "vae_steps", "vae_batch", "vae_scenes", "vae_share_128", "vae_lr", "vae_kl", "scenes")
-    return json.dumps({f: getattr(recipe, f) for f in fields})
-
-
-def _save_vae_stage(cache: Path, recipe: Recipe, vae, latents, losses: list[float]) -> None:
-    cache.mkdir(parents=True, exist_ok=True)
-    torch.save(
-        {"key": _vae_key(recipe), "vae": vae.state_dict(), "latents": latents, "losses": losses}, cache / "vae_stage.pt"
+    return json.dumps(
+        {f: getattr(recipe, f) for f in ("seed", "vae_steps", "vae_batch", "vae_scenes", "vae_lr", "vae_kl")}
     )
 
 
-def _load_vae_stage(cache: Path, recipe: Recipe, vae):
-    """(latents, losses) of an earlier run with the same VAE recipe, loading its VAE weights; else None."""
-    file = cache / "vae_stage.pt"
-    if not file.is_file():
+def _cached(cache: Path | None, name: str, key: str):
+    file = cache / f"{name}.pt" if cache else None
+    if file is None or not file.is_file():
         return None
     saved = torch.load(file, weights_only=False)
-    if saved["key"] != _vae_key(recipe):
+    if saved["key"] != key:
         return None
-    vae.load_state_dict(saved["vae"])
-    log(f"VAE and latents from {file}")
-    return saved["latents"], saved["losses"]
+    log(f"{name} from {file}")
+    return saved["value"]
+
+
+def _store(cache: Path | None, name: str, key: str, value) -> None:
+    if cache:
+        cache.mkdir(parents=True, exist_ok=True)
+        torch.save({"key": key, "value": value}, cache / f"{name}.pt")
 
 
 def train(out: Path, recipe: Recipe, threads: int, dtype: torch.dtype, cache: Path | None = None) -> dict:
     torch.set_num_threads(threads)
     t_start = time.perf_counter()
     words = data.vocabulary()
-    clip_tok, t5_tok = parts.build_clip_tokenizer(words), parts.build_t5_tokenizer(words)
+    clip_tok, t5_tok = parts.build_tokenizers(words)
     clip, t5 = parts.build_text_encoders(clip_tok, t5_tok, recipe.seed)
     vae = parts.build_vae(recipe.seed)
     transformer = parts.build_transformer(recipe.seed)
 
-    cached = _load_vae_stage(cache, recipe, vae) if cache else None
-    if cached is None:
+    vae_key = _vae_key(recipe)
+    cached_vae = _cached(cache, "vae", vae_key)
+    if cached_vae is None:
         vae_losses = train_vae(vae, recipe)
-        t_vae = time.perf_counter()
-        latents = encode_scenes(vae, recipe)
-        if cache:
-            _save_vae_stage(cache, recipe, vae, latents, vae_losses)
+        _store(cache, "vae", vae_key, {"state": vae.state_dict(), "losses": vae_losses})
     else:
-        latents, vae_losses = cached
-        t_vae = time.perf_counter()
+        vae.load_state_dict(cached_vae["state"])
+        vae_losses = cached_vae["losses"]
+    t_vae = time.perf_counter()
+    scenes_key = json.dumps([vae_key, recipe.scenes])
+    latents = _cached(cache, "latents", scenes_key)
+    if latents is None:
+        latents = encode_scenes(vae, recipe)
+        _store(cache, "latents", scenes_key, latents)
     shift, scale = latent_normalisation(latents)
     vae.register_to_config(shift_factor=shift, scaling_factor=scale)
     log(f"latent shift {shift:.4f} scale {scale:.4f}")
@@ -323,7 +314,11 @@ def train(out: Path, recipe: Recipe, threads: int, dtype: torch.dtype, cache: Pa
             "flux": round(t_flux - t_encode, 1),
             "total": round(time.perf_counter() - t_start, 1),
         },
-        "final_loss": {"vae": float(np.mean(vae_losses[-100:])), "flux": float(np.mean(flux_losses[-200:]))},
+        "final_loss": {
+            "vae": float(np.mean(vae_losses[-100:])) if vae_losses else None,
+            "flux": float(np.mean(flux_losses[-200:])),
+        },
+        "stages_from_cache": [name for name, hit in (("vae", cached_vae is not None),) if hit],
         "latent": {"shift_factor": shift, "scaling_factor": scale},
         "params": {
             name: sum(p.numel() for p in m.parameters())
