@@ -16,8 +16,8 @@ import torch
 from ..denoise.settings import SamplingSettings
 from ..errors import ConfigError
 from ..models.base import Conditioning
-from ..parallel.config import ParallelConfig, parse_devices
 from ..models.tiny import BUILTIN_MODELS, builtin_model_path
+from ..parallel.config import ParallelConfig, parse_devices
 from ..runtime.futures import EventCallback
 from ..runtime.jobs import Job
 from ..runtime.pool import WorkerPool
@@ -25,7 +25,6 @@ from ..runtime.pools import PoolRegistry
 from ..sampling import SAMPLER_NAMES, SCHEDULER_NAMES
 from .load_job import load_model
 from .model_jobs import decode, encode_text, generate
-
 
 
 @dataclasses.dataclass(frozen=True)
