@@ -485,6 +485,7 @@ def test_model_choices_list_folders_and_files(tmp_path):
     assert model_choices(bridge) == [
         "FLUX.1-dev",
         "flux1-dev.safetensors",
+        "tiny-flux-shapes",
         "tiny-flux",
         "tiny-sd3",
         "tiny-pixart",
