@@ -76,3 +76,4 @@ def test_model_option_only_for_benches_that_take_it(capsys):
     assert "takes no --model" in capsys.readouterr().err
     names = [m for _, m in bench_pipefusion.ERROR_MODELS]
     assert "tiny-flux" in names  # the random-weight figure every run reports
+    assert "tiny-flux-shapes" in names  # ... beside the trained model's

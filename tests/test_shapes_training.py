@@ -103,3 +103,16 @@ def test_short_text_form_equals_the_full_512_token_run():
         **common,
     ).sample
     assert (ours - ref).abs().max().item() < 1e-4 * ref.abs().max().item()
+
+
+def test_focused_scenes_are_one_shape_of_six_colours_never_held_out_and_detected():
+    a, caps = data.make_batch(5, 0, 40, 128, focused=True)
+    b, _ = data.make_batch(5, 0, 40, 128, focused=True)
+    assert np.array_equal(a, b)
+    held = set(data.focused_held_out_prompts())
+    assert held and held <= set(data.held_out_prompts())
+    for image, caption in zip(a, caps):
+        request = parse_caption(caption)
+        assert len(request.shapes) == 1 and caption not in held
+        assert {request.shapes[0][0], request.background} <= set(data.FOCUSED_COLOURS)
+        assert judge((image.transpose(1, 2, 0) + 1) / 2, caption).ok, caption

@@ -196,7 +196,10 @@ def timing(quick: bool, repeats: int) -> dict[str, Any]:
 
 # Models whose stale-K/V error is reported: (name in the results, model as `generate --model` takes it).
 # Add a trained model here (or pass ``--model``) to see the error on real features beside random weights.
-ERROR_MODELS: tuple[tuple[str, str], ...] = (("tiny-flux (random weights)", "tiny-flux"),)
+ERROR_MODELS: tuple[tuple[str, str], ...] = (
+    ("tiny-flux (random weights)", "tiny-flux"),
+    ("tiny-flux-shapes (trained)", "tiny-flux-shapes"),
+)
 
 
 def stale_kv_error(pools: dict[str, WorkerPool], model: str, quick: bool) -> dict[str, Any]:

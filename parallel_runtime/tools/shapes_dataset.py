@@ -121,6 +121,27 @@ def sample_scene(rng: np.random.Generator) -> Scene:
         return Scene(items, background, bool(rng.random() < 0.8))
 
 
+FOCUSED_COLOURS: tuple[str, ...] = ("red", "green", "blue", "yellow", "white", "black")
+
+
+def sample_focused_scene(rng: np.random.Generator) -> Scene:
+    """A scene of the focused grammar (stage 2 of training): one larger shape in one of six colours on a
+    named background, never a held-out combination: 6 x 3 x 5 = 90 captions, every word seen often."""
+    while True:
+        colour, shape = str(rng.choice(FOCUSED_COLOURS)), str(rng.choice(SHAPES))
+        background = str(rng.choice([c for c in FOCUSED_COLOURS if c != colour]))
+        if is_held_out(colour, shape, background):
+            continue
+        half = float(rng.uniform(0.22, 0.32))
+        cx, cy = (float(v) for v in rng.uniform(half + 0.04, 0.96 - half, size=2))
+        return Scene((Shape(shape, colour, cx, cy, half),), background, True)
+
+
+def focused_held_out_prompts() -> list[str]:
+    """The held-out prompts that the focused grammar can say."""
+    return [p for p in held_out_prompts() if not {"purple", "orange"} & set(p.split())]
+
+
 def _place(rng: np.random.Generator, count: int) -> list[tuple[float, float, float]] | None:
     """Centres and half-extents (fractions of the side) that keep shapes inside and apart."""
     lo, hi = (0.16, 0.3) if count == 1 else (0.11, 0.19)
@@ -180,12 +201,13 @@ def render(scene: Scene, size: int, rng: np.random.Generator | None = None) -> n
     return image
 
 
-def make_batch(seed: int, start: int, count: int, size: int) -> tuple[np.ndarray, list[str]]:
-    """Images [count, 3, size, size] in -1..1 and captions of scenes ``start .. start+count-1``."""
+def make_batch(seed: int, start: int, count: int, size: int, focused: bool = False) -> tuple[np.ndarray, list[str]]:
+    """Images [count, 3, size, size] in -1..1 and captions of scenes ``start .. start+count-1`` (of the
+    focused grammar when ``focused``)."""
     images, captions = [], []
     for index in range(start, start + count):
         rng = np.random.default_rng([seed, index])
-        scene = sample_scene(rng)
+        scene = sample_focused_scene(rng) if focused else sample_scene(rng)
         images.append(render(scene, size, rng).transpose(2, 0, 1) * 2 - 1)
         captions.append(scene.caption)
     return np.stack(images).astype(np.float32), captions

@@ -2,6 +2,9 @@
 judge each picture with the shapes detector.
 
     python -m parallel_runtime.tools.shapes_eval DIR [--size 128] [--steps 12] [--seeds 3] [--grid out.png]
+        [--grammar full|focused]
+
+``--grammar focused`` keeps the prompts that the focused grammar of stage 2 can say (one shape, six colours).
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .shapes_dataset import held_out_prompts
+from .shapes_dataset import focused_held_out_prompts, held_out_prompts
 from .shapes_detector import judge
 
 TRAINING_PROMPTS = (
@@ -21,6 +24,12 @@ TRAINING_PROMPTS = (
     "two yellow squares",
     "a green triangle and a white circle on a black background",
     "a purple square on an orange background",
+)
+FOCUSED_TRAINING_PROMPTS = (
+    "a red circle on a blue background",
+    "a yellow square on a black background",
+    "a green triangle on a white background",
+    "a white circle on a red background",
 )
 
 
@@ -40,14 +49,20 @@ def draw(pipe, prompts: list[str], size: int, steps: int, seed: int, cfg: float 
     return np.asarray(out, dtype=np.float32)
 
 
-def evaluate(folder: Path, size: int, steps: int, seeds: int, cfg: float, grid: Path | None) -> dict:
+def evaluate(
+    folder: Path, size: int, steps: int, seeds: int, cfg: float, grid: Path | None, grammar: str = "full"
+) -> dict:
     from diffusers import FluxPipeline
 
     pipe = FluxPipeline.from_pretrained(folder, torch_dtype=torch.float32)
     pipe.set_progress_bar_config(disable=True)
-    report: dict = {"size": size, "steps": steps, "seeds": seeds, "cfg": cfg}
+    report: dict = {"size": size, "steps": steps, "seeds": seeds, "cfg": cfg, "grammar": grammar}
     rows = []
-    for name, prompts in (("held_out", held_out_prompts()), ("training", list(TRAINING_PROMPTS))):
+    sets = {
+        "full": (("held_out", held_out_prompts()), ("training", list(TRAINING_PROMPTS))),
+        "focused": (("held_out", focused_held_out_prompts()), ("training", list(FOCUSED_TRAINING_PROMPTS))),
+    }[grammar]
+    for name, prompts in sets:
         verdicts = []
         for seed in range(seeds):
             images = draw(pipe, prompts, size, steps, seed, cfg)
@@ -81,9 +96,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cfg", type=float, default=1.0, help="true CFG scale with an empty negative prompt")
     parser.add_argument("--grid", type=Path, help="write every picture into one PNG (a row per seed and set)")
     parser.add_argument("--json", type=Path, help="write the report here")
+    parser.add_argument("--grammar", choices=("full", "focused"), default="full", help="which prompts to draw")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    report = evaluate(args.folder, args.size, args.steps, args.seeds, args.cfg, args.grid)
+    report = evaluate(args.folder, args.size, args.steps, args.seeds, args.cfg, args.grid, args.grammar)
     text = json.dumps(report, indent=2)
     print(text)
     if args.json:
