@@ -21,6 +21,10 @@ log = logging.getLogger("dit_parallel.bridge")
 STATUS_EVENT = "dit_parallel.status"
 """Name of the PromptServer event that feeds the web status panel."""
 
+SHIPPED_TOKENIZERS = "comfy_text_encoders"
+"""A ``folder_paths`` kind of our own: the folder where ComfyUI ships its tokenizers
+(``comfy/text_encoders``, e.g. ``qwen25_tokenizer``)."""
+
 
 class ProgressBar(Protocol):
     def update_absolute(self, value: int, total: int | None = None, preview: Any = None) -> None: ...
@@ -101,8 +105,12 @@ class ComfyBridge:
 
     # -- model folders -----------------------------------------------------------------------------
     def folder_paths(self, kind: str) -> list[str]:
-        """ComfyUI's search folders for ``kind`` ("diffusers", "diffusion_models"); without
-        ComfyUI: $DIT_PARALLEL_MODELS/<kind> when that variable is set."""
+        """ComfyUI's search folders for ``kind`` ("diffusers", "diffusion_models"; SHIPPED_TOKENIZERS:
+        ComfyUI's tokenizer folder); without ComfyUI: $DIT_PARALLEL_MODELS/<kind> when that variable is set."""
+        if kind == SHIPPED_TOKENIZERS:
+            comfy = self._module("comfy", "ComfyUI's own tokenizers")
+            roots = [os.path.join(p, "text_encoders") for p in getattr(comfy, "__path__", [])]
+            return [p for p in roots if os.path.isdir(p)]
         fp = self._module("folder_paths", "model folder lookup")
         if fp is not None:
             try:

@@ -7,7 +7,8 @@
   circle on a blue background") and ``tiny-flux`` / ``tiny-sd3`` / ``tiny-pixart`` (random weights, built
   once locally) for trying the pack without downloads;
 - VAE ``.safetensors`` files under ``models/vae``, for decoding with another VAE than the model's
-  own (or at all, for a transformer-only file).
+  own (or at all, for a transformer-only file);
+- text-encoder files under ``models/text_encoders`` (Qwen-Image's Qwen2.5-VL), for Parallel Text Encode.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pathlib import Path
 
 from parallel_runtime.errors import ConfigError
 
-from .bridge import Bridge
+from .bridge import SHIPPED_TOKENIZERS, Bridge
 
 TINY_MODELS: tuple[str, ...] = (
     "tiny-flux-shapes",
@@ -123,3 +124,40 @@ def resolve_model(name: str, bridge: Bridge) -> str:
         f"in models/diffusion_models (searched: {', '.join(searched) or 'no model folder is configured'})",
         "put the model there and refresh the page (R), pick another model, or try one of " + ", ".join(TINY_MODELS),
     )
+
+
+TEXT_ENCODER_OWN = "(the model's own)"
+TOKENIZER_DIRS = {"qwen": "qwen25_tokenizer"}  # ComfyUI's bundled tokenizers (comfy/text_encoders/<name>)
+
+
+def text_encoder_choices(bridge: Bridge) -> list[str]:
+    """Parallel Text Encode's encoder list: the model's own, then the files in models/text_encoders."""
+    return [TEXT_ENCODER_OWN, *_files_under(bridge, "text_encoders")]
+
+
+def resolve_text_encoder(name: str, bridge: Bridge) -> tuple[str, str] | None:
+    """None for the model's own encoders, else (the file, its tokenizer folder): a folder next to the file
+    named ``<file stem>_tokenizer`` or ``tokenizer``, else the one ComfyUI ships for that encoder."""
+    name = (name or TEXT_ENCODER_OWN).strip()
+    if name == TEXT_ENCODER_OWN:
+        return None
+    file = next((Path(r) / name for r in bridge.folder_paths("text_encoders") if (Path(r) / name).is_file()), None)
+    if file is None and os.path.isabs(name) and os.path.isfile(name):
+        file = Path(name)
+    if file is None:
+        raise ConfigError(
+            f"text encoder {name!r} was not found",
+            "Parallel Text Encode reads text-encoder files from models/text_encoders",
+            f"put the file there and refresh the page (R), or choose {TEXT_ENCODER_OWN!r}",
+        )
+    candidates = [file.parent / f"{file.stem}_tokenizer", file.parent / "tokenizer"]
+    for root in bridge.folder_paths(SHIPPED_TOKENIZERS):
+        candidates += [Path(root) / d for key, d in TOKENIZER_DIRS.items() if key in file.name.lower()]
+    tokenizer = next((c for c in candidates if c.is_dir()), None)
+    if tokenizer is None:
+        raise ConfigError(
+            f"no tokenizer found for {file.name}",
+            "a text encoder needs its tokenizer (ComfyUI ships Qwen2.5-VL's in comfy/text_encoders/qwen25_tokenizer)",
+            f"put the tokenizer files in a folder {file.stem}_tokenizer next to the encoder file",
+        )
+    return str(file), str(tokenizer)

@@ -203,3 +203,49 @@ def test_flux2_file_with_its_vae_file_decodes_like_the_folder(cpu_pool, tmp_path
     got = pool.submit(generate, pos, None, latent, settings, 96, 64).result(300)
     assert (got - expected).abs().max().item() <= 1e-5
     torch.testing.assert_close(pool.submit(decode, got).result(300), expected_image, rtol=0, atol=1e-5)
+
+
+def _comfy_qwen_text_file(tmp_path, fp8: bool = False) -> tuple[Path, Path]:
+    """The tiny Qwen2.5-VL of tiny-qwen-image saved as ComfyUI stores qwen_2.5_vl_7b*.safetensors, with its
+    tokenizer in a ``<stem>_tokenizer`` folder next to it."""
+    comps = load_pipeline_components(ensure_tiny_model("tiny-qwen-image"), "cpu", torch.float32, parts=("text",))
+    comfy = {}
+    for key, value in comps.text_encoders["text_encoder"].state_dict().items():
+        if key.startswith("model.language_model."):
+            comfy["model." + key[len("model.language_model.") :]] = value
+        elif key.startswith("model.visual."):
+            comfy["visual." + key[len("model.visual.") :]] = value
+    stem = "qwen_2.5_vl_7b_fp8_scaled" if fp8 else "qwen_2.5_vl_7b"
+    path = save(to_fp8(comfy, "scaled") if fp8 else comfy, tmp_path / f"{stem}.safetensors")
+    comps.tokenizers["tokenizer"].save_pretrained(tmp_path / f"{stem}_tokenizer")
+    return path, tmp_path / f"{stem}_tokenizer"
+
+
+TINY_QWEN_TEXT = {"head_dim": 12, "rms_norm_eps": 1e-5}  # what the tiny encoder's weights cannot show
+
+
+def test_qwen_text_encoder_files_encode_like_the_folder(cpu_pool, tmp_path):
+    """ComfyUI's Qwen2.5-VL file (bf16; fp8 scaled) on the workers encodes as the diffusers folder's encoder
+    (bf16: exactly; fp8: as its own weights upcast at load)."""
+    from parallel_runtime.models.text_big import encode_qwen_image
+    from parallel_runtime.models.text_encoding import encode_prompt
+    from parallel_runtime.models.text_files import load_qwen25_text_file
+    from parallel_runtime.parallel.config import ParallelConfig
+    from parallel_runtime.service.load_job import load_model
+    from parallel_runtime.service.model_jobs import encode_text_file
+
+    folder = ensure_tiny_model("tiny-qwen-image")
+    comps = load_pipeline_components(folder, "cpu", torch.float32, parts=("text",))
+    pool = cpu_pool(ParallelConfig(ulysses=2))
+    pool.submit(load_model, str(FILES["bf16"]), "fp32", "sdpa").result(300)  # a transformer file: no encoders
+    prompts = ["a red fox in the snow", "a lighthouse at dusk"]
+    bf16, tokenizer = _comfy_qwen_text_file(tmp_path)
+    got = pool.submit(encode_text_file, str(bf16), str(tokenizer), prompts, None, TINY_QWEN_TEXT).result(300)
+    for prompt, cond in zip(prompts, got):
+        assert torch.equal(cond.prompt_embeds, encode_prompt(comps, "qwen-image", prompt).prompt_embeds)
+    fp8, fp8_tokenizer = _comfy_qwen_text_file(tmp_path, fp8=True)
+    got = pool.submit(encode_text_file, str(fp8), str(fp8_tokenizer), prompts[:1], None, TINY_QWEN_TEXT).result(300)
+    upcast = load_qwen25_text_file(fp8, "cpu", torch.float32, storage="compute", overrides=TINY_QWEN_TEXT)
+    expected = encode_qwen_image(upcast, comps.tokenizers["tokenizer"], prompts[:1]).prompt_embeds
+    assert torch.equal(got[0].prompt_embeds, expected)
+    assert not torch.equal(expected, encode_prompt(comps, "qwen-image", prompts[0]).prompt_embeds)  # fp8 is not bf16

@@ -78,3 +78,38 @@ def test_graph_runs_and_decodes_like_the_pipeline(ctx, model, degrees, cfg, layo
     flat = samples[:, :, 0] if samples.ndim == 5 else samples
     expected = _pipeline_decode(model, flat.unsqueeze(2) if samples.ndim == 5 else flat)
     assert (image - expected).abs().max().item() <= 1e-4
+
+
+def test_text_encoder_files_and_their_tokenizers_are_found(tmp_path):
+    """Parallel Text Encode's encoder list is models/text_encoders; a file's tokenizer is the folder next to it,
+    else the one ComfyUI ships for that encoder; what is missing is a ConfigError saying where to put it."""
+    from dit_parallel_pack.nodes.bridge import SHIPPED_TOKENIZERS
+    from dit_parallel_pack.nodes.model_files import TEXT_ENCODER_OWN, resolve_text_encoder, text_encoder_choices
+
+    from parallel_runtime.errors import ConfigError
+
+    encoders, shipped = tmp_path / "text_encoders", tmp_path / "comfy_text_encoders"
+    (encoders / "sub").mkdir(parents=True)
+    (shipped / "qwen25_tokenizer").mkdir(parents=True)
+    for name in ("qwen_2.5_vl_7b.safetensors", "sub/qwen_2.5_vl_7b_fp8_scaled.safetensors", "t5xxl.safetensors"):
+        (encoders / name).write_bytes(b"")
+    (encoders / "qwen_2.5_vl_7b_tokenizer").mkdir()
+    bridge = RecordingBridge(folders={"text_encoders": [str(encoders)], SHIPPED_TOKENIZERS: [str(shipped)]})
+    assert text_encoder_choices(bridge) == [
+        TEXT_ENCODER_OWN,
+        "qwen_2.5_vl_7b.safetensors",
+        "sub/qwen_2.5_vl_7b_fp8_scaled.safetensors",
+        "t5xxl.safetensors",
+    ]
+    assert resolve_text_encoder(TEXT_ENCODER_OWN, bridge) is None
+    assert resolve_text_encoder("qwen_2.5_vl_7b.safetensors", bridge) == (
+        str(encoders / "qwen_2.5_vl_7b.safetensors"),
+        str(encoders / "qwen_2.5_vl_7b_tokenizer"),
+    )
+    assert resolve_text_encoder("sub/qwen_2.5_vl_7b_fp8_scaled.safetensors", bridge)[1] == str(
+        shipped / "qwen25_tokenizer"
+    )
+    with pytest.raises(ConfigError, match="no tokenizer found for t5xxl"):
+        resolve_text_encoder("t5xxl.safetensors", bridge)
+    with pytest.raises(ConfigError, match="was not found"):
+        resolve_text_encoder("missing.safetensors", bridge)

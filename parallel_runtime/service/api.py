@@ -24,7 +24,7 @@ from ..runtime.pool import WorkerPool
 from ..runtime.pools import PoolRegistry
 from ..sampling import SAMPLER_NAMES, SCHEDULER_NAMES
 from .load_job import load_model
-from .model_jobs import decode, encode_text, generate
+from .model_jobs import decode, encode_text, encode_text_file, generate
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,8 +141,18 @@ class ParallelModel:
             ).wait()
             self.info.update(info, _pool_start=self.pool.starts)
 
-    def encode_text(self, prompt: str | list[str]) -> Conditioning:
+    def encode_text(self, prompt: str | list[str], text_encoder: tuple[str, str] | None = None) -> Conditioning:
+        """Conditioning of ``prompt`` with the model's own text encoders, or with ``text_encoder`` = (a
+        text-encoder file from ComfyUI's models/text_encoders, its tokenizer folder)."""
         prompts = [prompt] if isinstance(prompt, str) else list(prompt)
+        if text_encoder is not None:
+            if self.family != "qwen-image":
+                raise ConfigError(
+                    f"a text-encoder file ({Path(text_encoder[0]).name}) for a {self.family} model",
+                    "Parallel Text Encode reads only Qwen-Image's Qwen2.5-VL from models/text_encoders so far",
+                    "choose \"(the model's own)\" with a diffusers folder, or ComfyUI's own text-encode nodes",
+                )
+            return _stack(self._run(encode_text_file, text_encoder[0], text_encoder[1], prompts))
         conds = self._run(encode_text, prompts)
         return _stack(conds)
 

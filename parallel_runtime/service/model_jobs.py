@@ -7,6 +7,7 @@ rank; collectives inside happen in the same order everywhere.
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -14,6 +15,7 @@ import torch.nn.functional as F
 
 from ..denoise.loop import denoise_latent
 from ..denoise.settings import SamplingSettings, model_sampling_for
+from ..errors import ConfigError
 from ..models.base import Conditioning, ModelAdapter
 from ..runtime.jobs import JobContext
 from .load_job import TEXT_RANK, LoadedModel, loaded_model
@@ -48,6 +50,48 @@ def encode_text(
             cond = encode_prompt(model.components, model.adapter.plan.family, prompt, max_sequence_length)
             out.append(cond.to("cpu", torch.float32))
     return out
+
+
+def encode_text_file(
+    ctx: JobContext,
+    encoder_path: str,
+    tokenizer_dir: str,
+    prompts: list[str],
+    max_sequence_length: int | None = None,
+    overrides: dict[str, Any] | None = None,
+) -> list[Conditioning] | None:
+    """Encode each prompt with a text-encoder FILE (ComfyUI's models/text_encoders; Qwen-Image's Qwen2.5-VL,
+    bf16 or fp8) on TEXT_RANK, in the model's dtype. The encoder stays loaded for the next prompts."""
+    from transformers import AutoTokenizer
+
+    from ..models.text_big import QWEN_DEFAULT_LENGTH, encode_qwen_image
+    from ..models.text_files import load_qwen25_text_file
+
+    model = loaded_model(ctx)
+    family = model.adapter.plan.family
+    if family != "qwen-image":
+        raise ConfigError(
+            f"a text-encoder file for a {family} model",
+            "Parallel Text Encode reads Qwen2.5-VL files (Qwen-Image's) from models/text_encoders",
+            "encode with ComfyUI's CLIPLoader + CLIPTextEncode, or load the model's diffusers folder",
+        )
+    if ctx.rank != TEXT_RANK:
+        return None
+    key = (encoder_path, tokenizer_dir, str(overrides), model.adapter.dtype)
+    cached = ctx.state.get("text_file")
+    if cached is None or cached[0] != key:
+        ctx.state.pop("text_file", None)
+        encoder = load_qwen25_text_file(encoder_path, ctx.device, model.adapter.dtype, overrides=overrides)
+        cached = (key, encoder, AutoTokenizer.from_pretrained(tokenizer_dir, local_files_only=True))
+        ctx.state["text_file"] = cached
+    _, encoder, tokenizer = cached
+    with torch.no_grad():
+        return [
+            encode_qwen_image(encoder, tokenizer, [p], max_sequence_length or QWEN_DEFAULT_LENGTH).to(
+                "cpu", torch.float32
+            )
+            for p in prompts
+        ]
 
 
 def generate(

@@ -1,0 +1,113 @@
+"""Text encoders from ONE file, as ComfyUI keeps them in ``models/text_encoders``.
+
+Qwen-Image's Qwen2.5-VL 7B (``qwen_2.5_vl_7b.safetensors``, ``qwen_2.5_vl_7b_fp8_scaled.safetensors``):
+ComfyUI stores Hugging Face's Qwen2 names under ``model.`` (``model.layers.N.self_attn.q_proj.weight``,
+``model.embed_tokens.weight``, ``model.norm.weight``) next to the vision tower (``visual.*``). Only the text
+model is built (transformers' ``Qwen2_5_VLTextModel``, which gives the same hidden states as the whole
+model for text-only prompts): its sizes come from the header, the rest from Qwen2.5-VL-7B's config; the
+vision tower is never read. fp8 files keep their Linear layers in fp8 as transformers do (``fp8.Fp8Linear``).
+The tokenizer is a folder (ComfyUI's own ``comfy/text_encoders/qwen25_tokenizer``, or a diffusers one).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..errors import ConfigError
+from .weights import TensorSource, load_tensors, parameters_on_meta
+
+QWEN25_VL_7B: Mapping[str, Any] = {  # Qwen/Qwen2.5-VL-7B-Instruct's text config: what the weights do not show
+    "head_dim": 128,
+    "rope_theta": 1000000.0,
+    "rms_norm_eps": 1e-06,
+    "max_position_embeddings": 128000,
+    "hidden_act": "silu",
+    "mrope_section": [16, 24, 24],
+}
+TEXT_PREFIX = "model."
+
+
+def qwen25_text_config(shapes: Mapping[str, tuple[int, ...]], overrides: Mapping[str, Any] | None = None) -> dict:
+    """The text config of a ComfyUI Qwen2.5-VL file, from its header (``overrides``: e.g. a head width)."""
+    base = {**QWEN25_VL_7B, **(overrides or {})}
+    key = TEXT_PREFIX + "layers.0.self_attn.{}.weight"
+    if TEXT_PREFIX + "embed_tokens.weight" not in shapes or key.format("q_proj") not in shapes:
+        raise ConfigError(
+            "the file does not hold a Qwen2.5-VL text model (no model.embed_tokens / model.layers.0.self_attn)",
+            "Qwen-Image's text encoder is Qwen2.5-VL 7B, stored by ComfyUI under 'model.'",
+            "pick qwen_2.5_vl_7b*.safetensors from models/text_encoders",
+        )
+    vocab, hidden = shapes[TEXT_PREFIX + "embed_tokens.weight"]
+    head_dim = int(base["head_dim"])
+    layers = len({k.split(".")[2] for k in shapes if k.startswith(TEXT_PREFIX + "layers.")})
+    mrope = list(base["mrope_section"])
+    if sum(mrope) != head_dim // 2:  # other head widths: the same three-way split, scaled
+        side = head_dim // 2 // 3
+        mrope = [head_dim // 2 - 2 * side, side, side]
+    return {
+        "vocab_size": vocab,
+        "hidden_size": hidden,
+        "intermediate_size": shapes[TEXT_PREFIX + "layers.0.mlp.gate_proj.weight"][0],
+        "num_hidden_layers": layers,
+        "num_attention_heads": shapes[key.format("q_proj")][0] // head_dim,
+        "num_key_value_heads": shapes[key.format("k_proj")][0] // head_dim,
+        "head_dim": head_dim,
+        "rms_norm_eps": base["rms_norm_eps"],
+        "max_position_embeddings": base["max_position_embeddings"],
+        "hidden_act": base["hidden_act"],
+        "rope_parameters": {"rope_type": "default", "rope_theta": base["rope_theta"], "mrope_section": mrope},
+    }
+
+
+def load_qwen25_text_file(
+    path: str | os.PathLike,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.bfloat16,
+    storage: str = "auto",
+    overrides: Mapping[str, Any] | None = None,
+) -> nn.Module:
+    """The Qwen2.5-VL text model in ComfyUI's ``path`` (see the module doc), on ``device``."""
+    from transformers import Qwen2_5_VLTextConfig, Qwen2_5_VLTextModel
+
+    from .fp8 import detect_quantisation
+    from .tensor_files import SafetensorsFile
+
+    file = SafetensorsFile(Path(path).expanduser())
+    with file:
+        quant = detect_quantisation(file.header, file.read)
+        scale_of = {w: file.read(s).to(torch.float32).reshape(()) for w, s in quant.scales.items()}
+    shapes = {k: e.shape for k, e in file.entries.items()}
+    config = Qwen2_5_VLTextConfig(**qwen25_text_config(shapes, overrides))
+    with parameters_on_meta():
+        model = Qwen2_5_VLTextModel(config)
+    names = {k[len(TEXT_PREFIX) :]: k for k in shapes if k.startswith(TEXT_PREFIX) and k not in quant.extra_keys}
+
+    def read(wanted: list[str]) -> Iterator[tuple[str, torch.Tensor]]:
+        with file:
+            for name in wanted:
+                yield name, file.read(names[name])
+
+    source = TensorSource(
+        file.path.name,
+        {n: _numel(shapes[k]) for n, k in names.items()},
+        read,
+        fp8={n: quant.fp8_weights[k] for n, k in names.items() if k in quant.fp8_weights},
+        scales={n: scale_of[k] for n, k in names.items() if k in scale_of},
+        owned=True,
+        shapes={n: tuple(shapes[k]) for n, k in names.items()},
+    )
+    load_tensors(model, source, lambda name: "all", device, dtype, what="of the text model", storage=storage)
+    return model.eval().requires_grad_(False)
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
