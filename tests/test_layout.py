@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import struct
 
@@ -105,6 +106,13 @@ def test_cpu_only():
     assert "CPU" in plan.reason
     single = plan_layout(MachineInfo.cpu(1), PIXART)
     assert single.config == ParallelConfig() and "single-device" in single.reason
+    # A busy host (1 GiB available, less than a GPU's reserve): CPU ranks keep no CUDA reserve, so a model that
+    # fits their share runs unsplit instead of being refused.
+    small = dataclasses.replace(PIXART, weight_bytes=GiB // 4)
+    busy = plan_layout(MachineInfo.cpu(2, memory_bytes=2 * GiB), small, LayoutRequest(cfg=1.0))
+    assert busy.config == ParallelConfig(ulysses=2)
+    split = plan_layout(MachineInfo.cpu(2, memory_bytes=2 * GiB), PIXART, LayoutRequest(cfg=1.0))
+    assert split.config == ParallelConfig(pp=2)  # larger than a rank's share (1.2 > 1 GiB): split into stages
 
 
 def test_detect_without_gpu_degrades_to_cpu():

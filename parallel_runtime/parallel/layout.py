@@ -86,7 +86,7 @@ class LayoutRequest:
     height: int | None = None
     cfg: float | None = None
     batch_size: int = 1
-    reserve_bytes: int = int(1.5 * GiB)  # left free per GPU for the CUDA context, VAE, fragmentation
+    reserve_bytes: int = int(1.5 * GiB)  # left free per GPU for the CUDA context, VAE, fragmentation (not CPU)
     text_tokens: int | None = None  # joint-attention text tokens; None: the family's usual count
 
     def cfg_for(self, family: str) -> float:
@@ -294,7 +294,9 @@ def _pipefusion_for_memory(
         if pp > model.num_layers:
             break
         sp = group // pp
-        act = activation_bytes(model, request, sp, branches) + request.reserve_bytes
+        # The reserve is for a GPU's CUDA context; CPU ranks' share of host memory keeps none (a busy host would
+        # otherwise refuse even a tiny model).
+        act = activation_bytes(model, request, sp, branches) + (0 if machine.is_cpu else request.reserve_bytes)
         # Stage s lives on the devices at pp-coordinate s of every cfg group (rank order cfg, pp, sp).
         capacity = []
         for s in range(pp):
