@@ -9,7 +9,8 @@ version when one moved. diffusers is imported lazily (on call), so importing thi
   "native" backend calls);
 - attention processor classes by name (the adapters recognise the processors that call it);
 - the single-file converters of ``diffusers.loaders.single_file_utils`` (Flux and SD3
-  transformers, LDM-layout VAEs).
+  transformers, LDM-layout VAEs);
+- the XLabs Flux LoRA renamer of ``diffusers.loaders.lora_conversion_utils``.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ NATIVE_BACKEND = "native"
 
 _DISPATCH = "diffusers.models.attention_dispatch"
 _SINGLE_FILE = "diffusers.loaders.single_file_utils"
+_LORA_CONVERSION = "diffusers.loaders.lora_conversion_utils"
 
 DIFFUSERS_INTERNALS: tuple[tuple[str, str, str], ...] = (
     # (module, name, what it is used for)
@@ -45,6 +47,7 @@ DIFFUSERS_INTERNALS: tuple[tuple[str, str, str], ...] = (
     (_SINGLE_FILE, "convert_flux_transformer_checkpoint_to_diffusers", "single-file Flux transformers"),
     (_SINGLE_FILE, "convert_sd3_transformer_checkpoint_to_diffusers", "single-file SD3 transformers"),
     (_SINGLE_FILE, "convert_ldm_vae_checkpoint", "VAE files in the original (LDM) layout"),
+    (_LORA_CONVERSION, "_convert_xlabs_flux_lora_to_diffusers", "XLabs Flux LoRA files (*.processor.*)"),
 )
 """Every diffusers name outside its public API that this module uses."""
 
@@ -98,3 +101,10 @@ def convert_ldm_vae(state: dict[str, torch.Tensor], config: Mapping[str, Any]) -
     from diffusers.loaders.single_file_utils import convert_ldm_vae_checkpoint
 
     return convert_ldm_vae_checkpoint(state, dict(config))
+
+
+def convert_xlabs_flux_lora(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """diffusers' renamer of an XLabs Flux LoRA (``double_blocks.N.processor.qkv_lora1...``) to PEFT names."""
+    from diffusers.loaders.lora_conversion_utils import _convert_xlabs_flux_lora_to_diffusers
+
+    return _convert_xlabs_flux_lora_to_diffusers(state)
