@@ -16,6 +16,7 @@ __all__, __getattr__ = lazy_exports(
             "resolve_model_path",
         ),
         "load_job": ("LoadedModel", "load_model", "loaded_model", "unload"),
+        "lora": ("LoraSpec", "inspect_lora", "stack_entries"),
         "model_jobs": ("decode", "encode_text", "generate"),
     },
 )

@@ -5,6 +5,7 @@ This is what the ComfyUI nodes and the CLI call; it knows nothing about ComfyUI.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import threading
 from collections.abc import Callable
@@ -16,6 +17,7 @@ import torch
 from ..denoise.settings import SamplingSettings
 from ..errors import ConfigError
 from ..models.base import Conditioning
+from ..models.lora.keymap import ModelKeys
 from ..models.tiny import BUILTIN_MODELS, builtin_model_path
 from ..parallel.config import ParallelConfig, parse_devices
 from ..runtime.futures import EventCallback
@@ -24,6 +26,7 @@ from ..runtime.pool import WorkerPool
 from ..runtime.pools import PoolRegistry
 from ..sampling import SAMPLER_NAMES, SCHEDULER_NAMES
 from .load_job import load_model
+from .lora import LoraSpec, stack_entries
 from .model_jobs import decode, encode_text, encode_text_file, generate
 
 
@@ -90,6 +93,19 @@ class ParallelModel:
         self.request, self.path, self.pool, self.info = request, path, pool, info
         self.layout_reason = reason
         self._lock = threading.Lock()  # one job at a time per model
+        self.loras: tuple[LoraSpec, ...] = ()  # the LoRA stack this view's jobs carry
+
+    def with_loras(self, *specs: LoraSpec) -> ParallelModel:
+        """This model with ``specs`` added to its LoRA stack: a view on the same warm pool (same lock);
+        its jobs bring the workers' weights to the stack first (patching in place, never reloading)."""
+        view = copy.copy(self)
+        view.loras = self.loras + tuple(specs)
+        return view
+
+    @property
+    def lora_keys(self) -> ModelKeys:
+        """What a LoRA can patch in this model (tensor names and shapes, from the workers)."""
+        return self.info["lora_keys"]
 
     # -- properties the nodes show/check -----------------------------------------------------------
     @property
@@ -153,7 +169,7 @@ class ParallelModel:
                     "choose \"(the model's own)\" with a diffusers folder, or ComfyUI's own text-encode nodes",
                 )
             return _stack(self._run(encode_text_file, text_encoder[0], text_encoder[1], prompts))
-        conds = self._run(encode_text, prompts)
+        conds = self._run(encode_text, prompts, loras=stack_entries(self.loras))
         return _stack(conds)
 
     def sample(
@@ -200,6 +216,7 @@ class ParallelModel:
             height,
             on_event=on_event,
             should_cancel=should_cancel,
+            loras=stack_entries(self.loras),
             **self._pipefusion_kwargs(),
         )
 
@@ -216,7 +233,8 @@ class ParallelModel:
         self.pool.close()
 
     def __repr__(self) -> str:
-        return f"ParallelModel({self.describe()})"
+        loras = f", LoRAs {', '.join(s.describe() for s in self.loras)}" if self.loras else ""
+        return f"ParallelModel({self.describe()}{loras})"
 
 
 def _stack(conds: list[Conditioning]) -> Conditioning:

@@ -15,6 +15,7 @@ from ..errors import ConfigError
 from ..models.base import ModelAdapter
 from ..models.loading import PipelineComponents, load_pipeline_components
 from ..runtime.jobs import JobContext
+from .lora_state import lora_keys
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 TEXT_RANK = 0  # the rank that holds the text encoders
@@ -28,6 +29,7 @@ class LoadedModel:
     attention: str
     stages: Any = None  # PipeFusion StagePlan when the mesh has pp > 1 (this rank holds one stage)
     stage_weights: Any = None  # what this rank's stage loaded (pipefusion.stage_loading.StageWeights)
+    lora: Any = None  # models.lora.patcher.LoraPatcher once a LoRA touched this model (service.lora_state)
 
 
 def torch_dtype(name: str) -> torch.dtype:
@@ -135,6 +137,7 @@ def load_model(
         "pooled_dim": cfg.get("pooled_projection_dim"),
         "transformer_bytes": weight_bytes,
         "memory": ctx.report_memory(),
+        "lora_keys": lora_keys(model) if ctx.rank == 0 else None,  # what a LoRA may patch (names and shapes)
     }
 
 

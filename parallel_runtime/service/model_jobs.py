@@ -17,8 +17,10 @@ from ..denoise.loop import denoise_latent
 from ..denoise.settings import SamplingSettings, model_sampling_for
 from ..errors import ConfigError
 from ..models.base import Conditioning, ModelAdapter
+from ..models.lora.patcher import StackEntry
 from ..runtime.jobs import JobContext
 from .load_job import TEXT_RANK, LoadedModel, loaded_model
+from .lora_state import bring_to_stack
 
 PREVIEW_MAX_SIDE = 64
 MEMORY_EVERY_S = 1.0
@@ -35,15 +37,17 @@ def _require_part(model: LoadedModel, part: str) -> None:
 
 
 def encode_text(
-    ctx: JobContext, prompts: list[str], max_sequence_length: int | None = None
+    ctx: JobContext, prompts: list[str], max_sequence_length: int | None = None, loras: tuple[StackEntry, ...] = ()
 ) -> list[Conditioning] | None:
-    """Encode each prompt (on TEXT_RANK) into a Conditioning on the CPU."""
+    """Encode each prompt (on TEXT_RANK) into a Conditioning on the CPU, with the text encoders patched
+    by the LoRA stack ``loras`` (their strength_clip)."""
     from ..models.text_encoding import encode_prompt
 
     model = loaded_model(ctx)
     _require_part(model, "text")
     if ctx.rank != TEXT_RANK:
         return None
+    bring_to_stack(model, loras, "text")
     out = []
     with torch.no_grad():
         for prompt in prompts:
@@ -105,14 +109,17 @@ def generate(
     preview: bool = True,
     patches: int | None = None,
     warmup: int = 1,
+    loras: tuple[StackEntry, ...] = (),
 ) -> torch.Tensor:
     """Denoise ``latent`` (raw VAE latent, [B,C,H,W]) with KSampler semantics; returns the raw latent
     (CPU). Every rank emits its own progress each step (with pp > 1: after each patch, with the steps
     that rank has finished) and its memory now and then; the preview comes from rank 0 (with pp > 1:
     the last stage), just before that rank's progress for the same step. Cancel is checked each step
     (with pp > 1 agreed once per step). With pp > 1 it runs PipeFusion (``patches`` row bands,
-    ``warmup`` whole-image steps)."""
+    ``warmup`` whole-image steps). The transformer is first brought to the LoRA stack ``loras`` (each
+    rank patches what it holds; nothing is reloaded)."""
     model = loaded_model(ctx)
+    bring_to_stack(model, loras, "transformer")
     memory = _MemoryReports(ctx)
     adapter = model.adapter
     ms = model_sampling_for(adapter, model.components.scheduler_config, width, height)

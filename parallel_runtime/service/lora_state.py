@@ -1,0 +1,65 @@
+"""LoRA on the workers: each rank keeps its loaded model's weights at the stack the current job asks for.
+
+The patcher belongs to the loaded model (``LoadedModel.lora``): a model loaded anew starts pristine.
+``generate`` brings the transformer to the job's stack (strength_model), ``encode_text`` the text encoders
+(strength_clip, on the rank that holds them). Every rank patches only what it holds; USP / CFG replicas
+compute the same patches with the same operations, so they stay identical.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ..models.lora.keymap import TRANSFORMER, ModelKeys
+from ..models.lora.model_keys import model_keys
+from ..models.lora.patcher import LoraPatcher, StackEntry
+
+
+def original_layout(components: Any) -> dict[str, tuple[int, ...]] | None:
+    """The original-layout tensors of a single-file model, from its header (None for a folder: the
+    key table then computes them from the config)."""
+    path = Path(components.path)
+    if not path.is_file() or not path.name.endswith((".safetensors", ".sft")):
+        return None
+    from ..models.files import read_safetensors_header
+    from ..models.single_file import inspect_single_file
+
+    info = inspect_single_file(path)
+    n = len(info.prefix)
+    header = read_safetensors_header(path)
+    return {k[n:]: tuple(v.get("shape", ())) for k, v in header.items() if k.startswith(info.prefix)}
+
+
+def lora_keys(model: Any) -> ModelKeys:
+    """The LoRA key table of a worker's loaded model (names and shapes; its own stage's and the rest)."""
+    return _patcher(model).keys
+
+
+def _keys(model: Any) -> ModelKeys:
+    comps = model.components
+    return model_keys(
+        comps.family,
+        comps.transformer,
+        comps.transformer_config,
+        original=original_layout(comps),
+        encoders=comps.text_encoders,
+    )
+
+
+def _patcher(model: Any) -> LoraPatcher:
+    """The model's patcher, made on first use (it lives and dies with the loaded model)."""
+    if model.lora is None:
+        spaces = {TRANSFORMER: model.components.transformer, **model.components.text_encoders}
+        model.lora = LoraPatcher(_keys(model), spaces)
+    return model.lora
+
+
+def bring_to_stack(model: Any, stack: Sequence[StackEntry], part: str) -> dict[str, int]:
+    """Patch (or unpatch) ``part`` ("transformer" or "text") of the loaded ``model`` to ``stack``."""
+    if not stack and model.lora is None:
+        return {"recomputed": 0, "restored": 0}  # never patched: nothing to do
+    patcher = _patcher(model)
+    spaces = [TRANSFORMER] if part == "transformer" else list(model.components.text_encoders)
+    return patcher.apply(tuple(stack), spaces)
