@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from .latent import ParallelEmptyLatent
 from .loader import ParallelModelLoader
+from .lora import ParallelLoraLoader
 from .sampler import ParallelSampler
 from .text_encode import ParallelTextEncode
 from .unload import ParallelRuntimeUnload
@@ -15,6 +16,7 @@ from .vae_decode import ParallelVAEDecode
 
 NODE_CLASS_MAPPINGS = {
     "DiTParallelModelLoader": ParallelModelLoader,
+    "DiTParallelLoraLoader": ParallelLoraLoader,
     "DiTParallelTextEncode": ParallelTextEncode,
     "DiTParallelEmptyLatent": ParallelEmptyLatent,
     "DiTParallelSampler": ParallelSampler,
@@ -24,6 +26,7 @@ NODE_CLASS_MAPPINGS = {
 
 NODE_DISPLAY_NAME_MAPPINGS = {
     "DiTParallelModelLoader": "Parallel Model Loader",
+    "DiTParallelLoraLoader": "Parallel LoRA Loader",
     "DiTParallelTextEncode": "Parallel Text Encode",
     "DiTParallelEmptyLatent": "Parallel Empty Latent",
     "DiTParallelSampler": "Parallel Sampler",

@@ -4,13 +4,18 @@ ComfyUI caches node outputs, so the loader may not run again after the workers w
 (Unload node, "Free memory" button). The handle therefore keeps the load request and asks the
 runtime for the model every time it is used: the same request returns the same warm pool, and
 a closed one is started again.
+
+A node that changes how the model is used without reloading it (Parallel Model Sampling, as ComfyUI's
+ModelSampling* nodes patch a MODEL) returns ``handle.derive(modifier)``: the same request and pool,
+plus a modifier (a frozen dataclass with ``apply(model) -> model`` and ``describe()``) that
+``model()`` folds in, in order, onto the warm model.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from parallel_runtime.service.api import LoadRequest, ParallelModel
@@ -18,6 +23,14 @@ if TYPE_CHECKING:
     from .context import NodeContext
 
 PARALLEL_MODEL = "PARALLEL_MODEL"
+
+
+class ModelModifier(Protocol):
+    """A change to how a loaded model is used (no reload): e.g. the model sampling in force."""
+
+    def apply(self, model: ParallelModel) -> ParallelModel: ...
+
+    def describe(self) -> str: ...
 
 
 @dataclasses.dataclass(eq=False)
@@ -31,6 +44,7 @@ class ParallelModelHandle:
     devices: tuple[str, ...]
     layout: str  # e.g. "cfg=2 x ulysses=2"
     reason: str
+    modifiers: tuple[ModelModifier, ...] = ()  # applied in order to the warm model by model()
     _last: Any = dataclasses.field(default=None, repr=False)  # the model returned last time
 
     @property
@@ -52,7 +66,13 @@ class ParallelModelHandle:
         memory = getattr(model, "info", {}).get("memory")
         if isinstance(memory, dict):  # rank 0's memory after loading (ranks report more while sampling)
             self.context.status.memory(self.pool_id, 0, memory)
+        for modifier in self.modifiers:
+            model = modifier.apply(model)
         return model
+
+    def derive(self, modifier: ModelModifier) -> ParallelModelHandle:
+        """A new handle on the same request and pool with ``modifier`` applied after the existing ones."""
+        return dataclasses.replace(self, modifiers=(*self.modifiers, modifier), _last=None)
 
     def unload(self) -> None:
         """Stop this model's workers (a later use starts them again)."""

@@ -8,7 +8,8 @@
   once locally) for trying the pack without downloads;
 - VAE ``.safetensors`` files under ``models/vae``, for decoding with another VAE than the model's
   own (or at all, for a transformer-only file);
-- text-encoder files under ``models/text_encoders`` (Qwen-Image's Qwen2.5-VL), for Parallel Text Encode.
+- text-encoder files under ``models/text_encoders`` (Qwen-Image's Qwen2.5-VL), for Parallel Text Encode;
+- LoRA ``.safetensors`` files under ``models/loras`` (the Parallel LoRA Loader's list).
 """
 
 from __future__ import annotations
@@ -77,6 +78,29 @@ def single_files(bridge: Bridge) -> list[str]:
 def vae_choices(bridge: Bridge) -> list[str]:
     """The loader's VAE list: the model's own, then the files in models/vae."""
     return [VAE_FROM_MODEL, *_files_under(bridge, "vae")]
+
+
+def lora_choices(bridge: Bridge) -> list[str]:
+    """The LoRA loader's list: the .safetensors files in ComfyUI's models/loras folders."""
+    return _files_under(bridge, "loras")
+
+
+def resolve_lora(name: str, bridge: Bridge) -> str:
+    """The absolute path of the LoRA file ``name`` (relative to a models/loras folder, or absolute)."""
+    name = (name or "").strip()
+    for root in bridge.folder_paths("loras"):
+        candidate = Path(root) / name
+        if name and candidate.is_file():
+            return str(candidate)
+    if os.path.isabs(name) and os.path.isfile(name):
+        return name
+    raise ConfigError(
+        f"LoRA {name!r} was not found",
+        "the LoRA loader looks for .safetensors files in models/loras (searched: "
+        + (", ".join(bridge.folder_paths("loras")) or "no loras folder is configured")
+        + ")",
+        "put the file there and refresh the page (R), or pick another LoRA",
+    )
 
 
 def resolve_vae(name: str, bridge: Bridge) -> str | None:
