@@ -23,13 +23,24 @@ def original_layout(components: Any) -> dict[str, tuple[int, ...]] | None:
     path = Path(components.path)
     if not path.is_file() or not path.name.endswith((".safetensors", ".sft")):
         return None
+    return file_layout(path)
+
+
+def file_layout(path: Path) -> dict[str, tuple[int, ...]]:
+    """Name -> shape of the transformer tensors a single file stores (fp8 scales and markers left out)."""
     from ..models.files import read_safetensors_header
+    from ..models.fp8 import detect_quantisation
     from ..models.single_file import inspect_single_file
 
     info = inspect_single_file(path)
     n = len(info.prefix)
     header = read_safetensors_header(path)
-    return {k[n:]: tuple(v.get("shape", ())) for k, v in header.items() if k.startswith(info.prefix)}
+    extra = detect_quantisation(header).extra_keys
+    return {
+        k[n:]: tuple(v.get("shape", ()))
+        for k, v in header.items()
+        if k.startswith(info.prefix) and k != "__metadata__" and k not in extra
+    }
 
 
 def lora_keys(model: Any) -> ModelKeys:

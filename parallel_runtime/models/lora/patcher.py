@@ -2,7 +2,7 @@
 
 The unit of patching is a GROUP: one tensor of the original layout (a fused q/k/v projection is one group
 of three diffusers tensors) or one tensor of a model without an original layout. For every group the
-stack touches, the patcher keeps the loaded ("pristine") values on the host the first time it changes
+stack touches, the patcher keeps the loaded ("pristine") values in host memory the first time it changes
 them, like ComfyUI's backup. A group is always recomputed FROM THE PRISTINE VALUES with every patch of
 the stack in order, in fp32, and rounded once to the model's dtype (ComfyUI's ``calculate_weight``:
 original-layout patches act on the whole tensor, diffusers-named ones on their rows). When every patch
@@ -27,6 +27,7 @@ from .files import LoraFileId, read_lora
 from .keymap import TRANSFORMER, ModelKeys, Target
 from .patch_math import apply_patch, apply_patch_rows, row_separable
 from .resolve import Resolution, ResolvedPatch, resolve
+from .rounding import rounding_for
 from .routing import Piece, Route
 
 MAX_CACHED_FILES = 4  # LoRA files whose tensors a worker keeps between jobs
@@ -66,7 +67,9 @@ class LoraPatcher:
     def __init__(self, keys: ModelKeys, spaces: Mapping[str, nn.Module]):
         self.keys = keys
         self.spaces = dict(spaces)
-        self._params = {space: dict(module.named_parameters()) for space, module in self.spaces.items()}
+        self._params = {
+            space: dict(module.named_parameters()) for space, module in self.spaces.items()
+        }  # shapes, devices
         self._files: collections.OrderedDict[LoraFileId, _Loaded] = collections.OrderedDict()
         self._pristine: dict[tuple[str, str], torch.Tensor] = {}
         self._applied: dict[tuple[str, str], tuple] = {}
@@ -153,15 +156,33 @@ class LoraPatcher:
         return all(p.param in params and params[p.param].device.type != "meta" for p in route.pieces)
 
     def _param(self, space: str, name: str) -> nn.Parameter:
-        return self._params[space][name]
+        return self.spaces[space].get_parameter(name)  # looked up anew: an fp8 layer replaces its weight
+
+    def _fp8_layer(self, space: str, name: str) -> nn.Module | None:
+        """The layer owning ``name`` when it stores fp8 weights with a scale and keeps its own original
+        (models/fp8.py's Fp8Linear: dequantised / requantise_ / restore)."""
+        owner, _, leaf = name.rpartition(".")
+        module = self.spaces[space].get_submodule(owner) if leaf == "weight" and owner else None
+        return module if all(hasattr(module, m) for m in ("dequantised", "requantise_", "restore")) else None
 
     def _pristine_of(self, space: str, name: str) -> torch.Tensor:
+        layer = self._fp8_layer(space, name)
+        if layer is not None:
+            return layer.dequantised()  # fp32 with its scale; the layer keeps the loaded fp8 values
         key = (space, name)
         if key not in self._pristine:
-            param = self._param(space, name)
-            copy = param.detach().to("cpu", copy=True)
-            self._pristine[key] = copy.pin_memory() if param.device.type == "cuda" else copy
+            # host memory, not pinned: pinning many GB of a big model's weights can fail or stall the host
+            self._pristine[key] = self._param(space, name).detach().to("cpu", copy=True)
         return self._pristine[key]
+
+    def _store(self, space: str, name: str, value: torch.Tensor) -> None:
+        """Put the patched fp32 ``value`` into the model, rounded once to the tensor's storage."""
+        layer = self._fp8_layer(space, name)
+        if layer is not None:
+            layer.requantise_(value, round_fn=rounding_for(f"{space}.{name}"))
+        else:
+            param = self._param(space, name)
+            param.data.copy_(value.to(param.dtype))
 
     def _recompute(self, group: tuple[str, str], uses: list[_Use]) -> None:
         space, original = group
@@ -187,8 +208,7 @@ class LoraPatcher:
             if len(piece.segments) > 1:  # a gathered copy: put the patched rows back
                 _put_rows(fused, piece, rows)
         for piece in route.pieces:
-            param = self._param(space, piece.param)
-            param.data.copy_(_get_rows(fused, piece).to(param.dtype))
+            self._store(space, piece.param, _get_rows(fused, piece))
 
     def _recompute_piece(self, space: str, piece: Piece, uses: list[_Use]) -> None:
         """One tensor of a group whose patches are all row-separable, patched on its own rows: an fp32
@@ -231,7 +251,7 @@ class LoraPatcher:
             else:
                 apply_patch(acc, use.patch.patch, tensors, use.patch.scale, use.strength)
         if acc is not param.data:
-            param.data.copy_(acc.to(param.dtype))
+            self._store(space, piece.param, acc)
 
     def _tensors(self, use: _Use, device: torch.device) -> dict[str, torch.Tensor]:
         stored = self._files[use.file].tensors
@@ -240,6 +260,10 @@ class LoraPatcher:
     def _restore(self, group: tuple[str, str]) -> None:
         space, original = group
         for piece in self._route_of(space, original).pieces:
+            layer = self._fp8_layer(space, piece.param)
+            if layer is not None:
+                layer.restore()
+                continue
             pristine = self._pristine.pop((space, piece.param), None)
             if pristine is not None:
                 self._param(space, piece.param).data.copy_(pristine)
