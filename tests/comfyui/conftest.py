@@ -41,6 +41,12 @@ TINY_STAND_INS: dict[str, tuple[str, str]] = {
     "text_encoders/t5xxl_fp16.safetensors": ("tiny-flux", "text_encoder_2/model.safetensors"),
 }
 
+# The LoRA files the shipped workflows name, stood in by the tiny LoRA test files (tests/data/lora).
+LORA_STAND_INS: dict[str, str] = {
+    "loras/flux_style_lora.safetensors": "flux_kohya.safetensors",
+    "loras/flux_character_lora.safetensors": "flux_peft.safetensors",
+}
+
 
 def _ensure_tiny_model(name: str) -> Path:
     from parallel_runtime.models.tiny import ensure_tiny_model
@@ -75,6 +81,10 @@ def _lay_out_models(models: Path) -> None:
         link = models / rel
         link.parent.mkdir(parents=True, exist_ok=True)
         link.symlink_to(target, target_is_directory=target.is_dir())
+    for rel, name in LORA_STAND_INS.items():
+        link = models / rel
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(REPO / "tests" / "data" / "lora" / name)
 
 
 @pytest.fixture(scope="session")
