@@ -17,7 +17,7 @@ tomllib = pytest.importorskip("tomllib")  # Python 3.11+ (CI's)
 FLOORED = ("torch", "diffusers")
 SMOKE_TESTS = (
     "tests/test_parallel_generate.py::test_parallel_equals_single_device",
-    "tests/test_pipefusion.py::test_warmup_covering_all_steps_equals_single_device",
+    "tests/test_pipefusion.py::test_layout_equals_single_device_after_full_warmup_and_stays_close_with_stale_kv[pp2-tiny-flux]",
 )
 
 
