@@ -41,6 +41,7 @@ class Denoiser:
         self.guidance = embedded_guidance(adapter, guidance)
         self.attention = SequenceParallelAttention(mesh, attention_backend)
         self.cfg_parallel = self.use_uncond and mesh.size("cfg") == 2
+        self.denoise_mask: torch.Tensor | None = None  # a LATENT's noise mask (the model may read it)
         self.evaluations = 0
 
     def _forward(self, x: torch.Tensor, sigma: torch.Tensor, cond: Conditioning) -> torch.Tensor:
@@ -50,6 +51,9 @@ class Denoiser:
         per_sample = sigma_b.reshape(-1, *([1] * (x.ndim - 1)))  # broadcasts over [B, C, (T,) H, W]
         x_in = ms.calculate_input(per_sample, x)
         timestep = ms.timestep(sigma_b)
+        if self.denoise_mask is not None:
+            mask = self.denoise_mask.repeat(x.shape[0] // self.denoise_mask.shape[0], *([1] * (x.ndim - 1)))
+            timestep = adapter.process_timestep(timestep, mask)
         self.attention.begin_forward((tuple(x.shape), tuple(cond.prompt_embeds.shape)))
         out = adapter.forward(x_in, timestep, cond, self.mesh, self.attention, guidance=self.guidance)
         self.evaluations += 1
@@ -77,11 +81,11 @@ class Denoiser:
 
 
 def can_batch(a: Conditioning, b: Conditioning) -> bool:
-    """Whether two conditionings can run as one batch (same text shapes and optional parts)."""
-    same = a.prompt_embeds.shape[1:] == b.prompt_embeds.shape[1:]
-    same &= (a.pooled is None) == (b.pooled is None)
-    same &= (a.attention_mask is None) == (b.attention_mask is None)
-    return bool(same)
+    """Whether two conditionings can run as one batch: the same optional parts, of the same shapes."""
+    for x, y in zip(a.tensors().values(), b.tensors().values()):
+        if (x is None) != (y is None) or (x is not None and x.shape[1:] != y.shape[1:]):
+            return False
+    return True
 
 
 def concat_conditioning(a: Conditioning, b: Conditioning) -> Conditioning:
@@ -90,23 +94,22 @@ def concat_conditioning(a: Conditioning, b: Conditioning) -> Conditioning:
     def cat(x, y):
         return None if x is None else torch.cat([x, y.to(x.dtype)])
 
-    return Conditioning(
-        cat(a.prompt_embeds, b.prompt_embeds), cat(a.pooled, b.pooled), cat(a.attention_mask, b.attention_mask)
-    )
+    return Conditioning(**{name: cat(x, y) for (name, x), y in zip(a.tensors().items(), b.tensors().values())})
 
 
 def expand_conditioning(cond: Conditioning | None, batch: int) -> Conditioning | None:
     """Repeat a single conditioning over the latent batch (ComfyUI does the same)."""
-    if cond is None or cond.batch_size == batch:
+    if cond is None or all(t is None or t.shape[0] == batch for t in cond.tensors().values()):
         return cond
-    if cond.batch_size != 1:
+    if any(t is not None and t.shape[0] not in (1, batch) for t in cond.tensors().values()):
+        sizes = {name: t.shape[0] for name, t in cond.tensors().items() if t is not None}
         raise ConfigError(
-            f"conditioning has batch {cond.batch_size} but the latent has batch {batch}",
+            f"conditioning has batch sizes {sizes} but the latent has batch {batch}",
             "each latent in the batch needs one conditioning (or one shared by all)",
             "encode one prompt, or as many prompts as latents",
         )
 
     def rep(t):
-        return None if t is None else t.expand(batch, *t.shape[1:]).contiguous()
+        return None if t is None or t.shape[0] == batch else t.expand(batch, *t.shape[1:]).contiguous()
 
-    return Conditioning(rep(cond.prompt_embeds), rep(cond.pooled), rep(cond.attention_mask))
+    return Conditioning(**{name: rep(t) for name, t in cond.tensors().items()})

@@ -21,12 +21,81 @@ StepCallback = Callable[[int, int, torch.Tensor, torch.Tensor], None]  # (step, 
 
 
 def schedule(model_sampling: ModelSampling, settings: SamplingSettings) -> torch.Tensor:
-    """The sigma schedule KSampler would use (or the explicit one)."""
+    """The sigma schedule KSampler would use (or the explicit one), cut to the steps of a
+    KSamplerAdvanced pass. Fewer than two sigmas: nothing to sample (the input comes back)."""
     if settings.sigmas is not None:
-        return torch.as_tensor(settings.sigmas, dtype=torch.float32).flatten()
-    return sigmas_for_denoise(
-        model_sampling, settings.scheduler, settings.steps, settings.denoise, sampler=settings.sampler
-    )
+        sigmas = torch.as_tensor(settings.sigmas, dtype=torch.float32).flatten()
+    else:
+        sigmas = sigmas_for_denoise(
+            model_sampling, settings.scheduler, settings.steps, settings.denoise, sampler=settings.sampler
+        )
+    return step_window(sigmas, settings)
+
+
+def step_window(sigmas: torch.Tensor, settings: SamplingSettings) -> torch.Tensor:
+    """ComfyUI's ``KSampler.sample`` cut: up to ``end_at_step`` (its last sigma set to 0 unless the
+    leftover noise is returned), then from ``start_at_step`` (a start at or past the end leaves one sigma:
+    the input latent comes back unchanged)."""
+    end, start = settings.end_at_step, settings.start_at_step
+    if end < sigmas.numel() - 1:
+        sigmas = sigmas[: end + 1].clone()
+        if not settings.return_with_leftover_noise:
+            sigmas[-1] = 0.0
+    if start > 0:
+        sigmas = sigmas[start:] if start < sigmas.numel() - 1 else sigmas[-1:]
+    return sigmas
+
+
+def prepare_denoise_mask(mask: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+    """A LATENT's ``noise_mask`` at the latent's shape, as ComfyUI prepares it (``comfy.utils.reshape_mask``:
+    interpolated to the latent's size, repeated over channels and batch). 1 = denoise, 0 = keep."""
+    dims = len(shape) - 2
+    mask = mask.float()
+    if dims == 3 and mask.ndim < 5:
+        mask = mask.reshape(1, 1, -1, *mask.shape[-2:])
+    elif dims == 2:
+        mask = mask.reshape(-1, 1, *mask.shape[-2:])
+    mask = torch.nn.functional.interpolate(mask, size=tuple(shape[2:]), mode="trilinear" if dims == 3 else "bilinear")
+    if mask.shape[1] < shape[1]:
+        mask = mask.repeat(1, shape[1], *([1] * dims))[:, : shape[1]]
+    reps = -(-shape[0] // mask.shape[0])
+    return mask.repeat(reps, *([1] * (mask.ndim - 1)))[: shape[0]]
+
+
+class Inpainting:
+    """ComfyUI's ``KSamplerX0Inpaint``: before each model call the kept region (mask 0) is set to the
+    input latent (re-noised to the current sigma, or clean for families that keep it clean, ComfyUI's
+    WAN22), and the prediction there is the input latent."""
+
+    def __init__(
+        self,
+        denoiser: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+        mask: torch.Tensor,
+        latent: torch.Tensor,
+        noise: torch.Tensor,
+        model_sampling: ModelSampling,
+        clean: bool,
+    ):
+        self.denoiser, self.mask, self.latent, self.noise, self.ms, self.clean = (
+            denoiser, mask, latent, noise, model_sampling, clean
+        )  # fmt: skip
+
+    def __call__(self, x: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
+        keep = 1.0 - self.mask
+        fill = self.latent if self.clean else self.ms.noise_scaling(sigma, self.noise, self.latent)
+        out = self.denoiser(x * self.mask + fill * keep, sigma)
+        return out * self.mask + self.latent * keep
+
+
+class Experts:
+    """Two experts switched by noise level (Wan 2.2 A14B): the first for sigma >= ``boundary``, the
+    second below, as diffusers' Wan pipelines switch at ``boundary_ratio``."""
+
+    def __init__(self, high: Callable, low: Callable, boundary: float):
+        self.high, self.low, self.boundary = high, low, boundary
+
+    def __call__(self, x: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
+        return (self.high if float(sigma) >= self.boundary else self.low)(x, sigma)
 
 
 def denoise_latent(
@@ -41,9 +110,13 @@ def denoise_latent(
     attention_backend: str = "auto",
     on_step: StepCallback | None = None,
     start_model_space: torch.Tensor | None = None,
+    noise_mask: torch.Tensor | None = None,
+    expert_2: tuple[ModelAdapter, float] | None = None,
 ) -> torch.Tensor:
-    """KSampler on a raw VAE latent (ComfyUI's LATENT convention): returns the raw latent.
+    """KSampler / KSamplerAdvanced on a raw VAE latent (ComfyUI's LATENT convention): returns the raw latent.
 
+    ``noise_mask``: the LATENT's noise mask (inpainting; Wan22ImageToVideoLatent keeps the first frame).
+    ``expert_2``: (second expert, boundary sigma): it denoises below the boundary (Wan 2.2 A14B).
     ``start_model_space`` replaces the noised start (for oracle tests that supply their own)."""
     fmt = adapter.plan.latent_format
     batch = latent_raw.shape[0]
@@ -53,14 +126,21 @@ def denoise_latent(
     latent = fmt.to_model(latent_raw.float())
     if sigmas.numel() < 2:
         return latent_raw.clone()
-    if start_model_space is None:
-        noise = initial_noise(settings.seed, latent_raw.shape)
-        x = noise_latent(model_sampling, sigmas, noise, latent)
-    else:
-        x = start_model_space.float()
-    denoiser = Denoiser(
-        adapter, mesh, model_sampling, positive, negative, settings.cfg, settings.guidance, attention_backend
-    )
+    noise = initial_noise(settings.seed, latent_raw.shape) if settings.add_noise else torch.zeros(latent_raw.shape)
+    noise = noise.to(latent.device)
+    x = noise_latent(model_sampling, sigmas, noise, latent) if start_model_space is None else start_model_space.float()
+    mask = None if noise_mask is None else prepare_denoise_mask(noise_mask, tuple(latent.shape)).to(latent.device)
+
+    def make(expert: ModelAdapter) -> Callable:
+        inner = Denoiser(
+            expert, mesh, model_sampling, positive, negative, settings.cfg, settings.guidance, attention_backend
+        )
+        inner.denoise_mask = mask
+        if mask is None:
+            return inner
+        return Inpainting(inner, mask, latent, noise, model_sampling, expert.plan.inpaint_with_clean_latent)
+
+    denoiser = make(adapter) if expert_2 is None else Experts(make(adapter), make(expert_2[0]), expert_2[1])
     noise_sampler = default_noise(settings.sampler, tuple(x.shape), sigmas, settings.seed)
     total = sigmas.numel() - 1
 

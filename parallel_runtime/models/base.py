@@ -63,27 +63,38 @@ class ModelPlan:
     vae_temporal_factor: int = 1  # video frames per latent frame (Wan: 4, the first latent frame is 1 frame)
     image_fields: tuple[str, ...] = ("img", "img_rope")  # Activations fields with one entry per image token
     latent_frame_axis: bool = False  # ComfyUI's LATENT is [B, C, 1, H, W] for this image family (Qwen-Image's Wan VAE)
+    inpaint_with_clean_latent: bool = False  # a noise mask keeps the unnoised latent (ComfyUI WAN22), else re-noised
 
 
 @dataclasses.dataclass(frozen=True)
 class Conditioning:
-    """Text conditioning for one branch (positive or negative), batch first."""
+    """Conditioning for one branch (positive or negative). Every tensor is batch first; the optional ones
+    are None when absent, and the helpers that batch branches (denoise.denoiser) treat them all alike."""
 
     prompt_embeds: torch.Tensor  # [B, T, D]
     pooled: torch.Tensor | None = None  # [B, Dp] (Flux, SD3)
     attention_mask: torch.Tensor | None = None  # [B, T], 1 = keep (PixArt)
+    image_embeds: torch.Tensor | None = None  # [B, N, Di] CLIP-vision penultimate states (Wan 2.1 I2V)
+    concat_image: torch.Tensor | None = None  # [B, C, T, H, W] raw start-image latent (ComfyUI concat_latent_image)
+    concat_mask: torch.Tensor | None = None  # [B, 1, T, H, W], 0 where the start image is kept (concat_mask)
 
     @property
     def batch_size(self) -> int:
         return self.prompt_embeds.shape[0]
 
+    def tensors(self) -> dict[str, torch.Tensor | None]:
+        """Every field by name (None for the absent ones)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
     def to(self, device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> Conditioning:
-        """Move embeddings to ``device``/``dtype``; the mask keeps its integer dtype."""
+        """Move the tensors to ``device``, the floating ones to ``dtype`` (masks keep integer dtypes)."""
 
-        def move(t: torch.Tensor | None, float_dtype: torch.dtype | None) -> torch.Tensor | None:
-            return None if t is None else t.to(device=device, dtype=float_dtype)
+        def move(t: torch.Tensor | None) -> torch.Tensor | None:
+            if t is None:
+                return None
+            return t.to(device=device, dtype=dtype if t.is_floating_point() else None)
 
-        return Conditioning(move(self.prompt_embeds, dtype), move(self.pooled, dtype), move(self.attention_mask, None))
+        return Conditioning(**{name: move(t) for name, t in self.tensors().items()})
 
 
 Rope = tuple[torch.Tensor, ...]  # (cos, sin) tables, or one real view of a complex table (Qwen-Image)
@@ -94,6 +105,7 @@ JOINT_TEXT_ORDER: Mapping[str, Literal["first", "last"]] = MappingProxyType(
         compat.FLUX_ATTN_PROCESSOR: "first",  # [text, image]
         compat.JOINT_ATTN_PROCESSOR: "last",  # [image, text] (SD3)
         compat.ATTN_PROCESSOR: "last",  # self-attention over image tokens only (PixArt attn1)
+        compat.WAN_ATTN_PROCESSOR: "last",  # self-attention over image tokens only (Wan attn1)
     }
 )
 """Where a diffusers attention processor puts the text tokens of joint attention."""
@@ -308,6 +320,11 @@ class ModelAdapter(abc.ABC):
             "per-token fields are cut to a band and split over sequence-parallel ranks along their token dim",
             f"declare Split({field!r}, <token dim>) in the plan's splits, or drop it from image_fields",
         )
+
+    def process_timestep(self, timestep: torch.Tensor, denoise_mask: torch.Tensor | None) -> torch.Tensor:
+        """The timestep the model is given when sampling with a noise mask (ComfyUI's
+        ``process_timestep``); unchanged by default."""
+        return timestep
 
     def joint_text_order(self, module: nn.Module) -> Literal["first", "last"]:
         """Where a self/joint attention module puts the text tokens in the sequence it hands to

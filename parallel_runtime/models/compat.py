@@ -8,9 +8,10 @@ version when one moved. diffusers is imported lazily (on call), so importing thi
   (sequence parallelism intercepts only torch's ``scaled_dot_product_attention``, which only the
   "native" backend calls);
 - attention processor classes by name (the adapters recognise the processors that call it);
-- the single-file converters of ``diffusers.loaders.single_file_utils`` (Flux and SD3
-  transformers, LDM-layout VAEs);
-- the XLabs Flux LoRA renamer of ``diffusers.loaders.lora_conversion_utils``.
+- the single-file converters of ``diffusers.loaders.single_file_utils`` (Flux, SD3 and Wan
+  transformers, LDM-layout VAEs, Wan 2.1 VAEs);
+- the XLabs Flux LoRA renamer of ``diffusers.loaders.lora_conversion_utils``;
+- the Wan VAE's layer classes (the parallel video decode swaps their forward for band versions).
 """
 
 from __future__ import annotations
@@ -26,11 +27,13 @@ ATTN_PROCESSOR = "AttnProcessor2_0"
 QWEN_ATTN_PROCESSOR = "QwenDoubleStreamAttnProcessor2_0"
 FLUX2_ATTN_PROCESSOR = "Flux2AttnProcessor"
 FLUX2_SINGLE_ATTN_PROCESSOR = "Flux2ParallelSelfAttnProcessor"
+WAN_ATTN_PROCESSOR = "WanAttnProcessor"
 NATIVE_BACKEND = "native"
 
 _DISPATCH = "diffusers.models.attention_dispatch"
 _SINGLE_FILE = "diffusers.loaders.single_file_utils"
 _LORA_CONVERSION = "diffusers.loaders.lora_conversion_utils"
+_WAN_VAE = "diffusers.models.autoencoders.autoencoder_kl_wan"
 
 DIFFUSERS_INTERNALS: tuple[tuple[str, str, str], ...] = (
     # (module, name, what it is used for)
@@ -48,6 +51,11 @@ DIFFUSERS_INTERNALS: tuple[tuple[str, str, str], ...] = (
     (_SINGLE_FILE, "convert_sd3_transformer_checkpoint_to_diffusers", "single-file SD3 transformers"),
     (_SINGLE_FILE, "convert_ldm_vae_checkpoint", "VAE files in the original (LDM) layout"),
     (_LORA_CONVERSION, "_convert_xlabs_flux_lora_to_diffusers", "XLabs Flux LoRA files (*.processor.*)"),
+    ("diffusers.models.transformers.transformer_wan", WAN_ATTN_PROCESSOR, "Wan's attention processor"),
+    (_SINGLE_FILE, "convert_wan_transformer_to_diffusers", "single-file Wan transformers"),
+    (_SINGLE_FILE, "convert_wan_vae_to_diffusers", "Wan 2.1 VAE files"),
+    (_WAN_VAE, "WanCausalConv3d", "the Wan VAE's causal 3-D convs (band versions in the parallel decode)"),
+    (_WAN_VAE, "WanAttentionBlock", "the Wan VAE's mid-block attention (band version in the parallel decode)"),
 )
 """Every diffusers name outside its public API that this module uses."""
 
@@ -108,3 +116,24 @@ def convert_xlabs_flux_lora(state: dict[str, torch.Tensor]) -> dict[str, torch.T
     from diffusers.loaders.lora_conversion_utils import _convert_xlabs_flux_lora_to_diffusers
 
     return _convert_xlabs_flux_lora_to_diffusers(state)
+
+
+def convert_wan_transformer(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """diffusers' converter of an original Wan (ComfyUI layout) transformer state dict to diffusers names."""
+    from diffusers.loaders.single_file_utils import convert_wan_transformer_to_diffusers
+
+    return convert_wan_transformer_to_diffusers(state)
+
+
+def convert_wan_vae(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """diffusers' converter of an original Wan 2.1 VAE state dict to AutoencoderKLWan names."""
+    from diffusers.loaders.single_file_utils import convert_wan_vae_to_diffusers
+
+    return convert_wan_vae_to_diffusers(state)
+
+
+def wan_vae_layer_classes() -> tuple[type, type]:
+    """(WanCausalConv3d, WanAttentionBlock) of diffusers' AutoencoderKLWan."""
+    from diffusers.models.autoencoders.autoencoder_kl_wan import WanAttentionBlock, WanCausalConv3d
+
+    return WanCausalConv3d, WanAttentionBlock

@@ -19,6 +19,7 @@ _HEAD_DIM = {
     "pixart": 72,
     "qwen-image": 128,
     "flux2": 128,
+    "wan": 128,
 }  # typical head dim per family (heads of a single file)
 
 
@@ -128,6 +129,7 @@ _FAMILY_MARKERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("flux", ("double_blocks.", "single_transformer_blocks.", "single_blocks.")),
     ("sd3", ("joint_blocks.", "context_embedder.weight", "transformer_blocks.0.ff_context")),
     ("pixart", ("adaln_single.", "t_block.", "y_embedder.", "caption_projection.")),
+    ("wan", ("head.modulation", "condition_embedder.time_proj.")),
 )
 
 
@@ -154,7 +156,7 @@ def _from_single_file(path: Path, family: str | None, run_bytes: int) -> ModelIn
     found = detect_family(keys)
     if found is None:
         raise ConfigError(
-            f"{path.name} does not look like a Flux, FLUX.2, Qwen-Image, SD3 or PixArt transformer",
+            f"{path.name} does not look like a Flux, FLUX.2, Qwen-Image, SD3, PixArt or Wan transformer",
             "its tensor names match none of the supported families (is it a full checkpoint, a LoRA or a VAE?)",
             "use a transformer-only file (models/diffusion_models) of a supported family, or a diffusers folder",
         )
@@ -184,6 +186,12 @@ def _from_single_file(path: Path, family: str | None, run_bytes: int) -> ModelIn
 def _hidden_size(header: Mapping[str, dict], family: str) -> int:
     for key, value in header.items():
         k = key.removeprefix("model.diffusion_model.")
-        if k in ("img_in.weight", "x_embedder.proj.weight", "pos_embed.proj.weight", "x_embedder.weight"):
+        if k in (
+            "img_in.weight",
+            "x_embedder.proj.weight",
+            "pos_embed.proj.weight",
+            "x_embedder.weight",
+            "patch_embedding.weight",
+        ):
             return int(value["shape"][0])
     return _HEAD_DIM[family] * 24

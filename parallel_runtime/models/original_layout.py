@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from ..errors import ConfigError
-from . import compat
+from . import compat, wan_layout
 
 Shapes = Mapping[str, tuple[int, ...]]
 StateDict = dict[str, torch.Tensor]
@@ -33,6 +33,7 @@ ANCHOR_KEYS: Mapping[str, str] = MappingProxyType(
         "pixart": "x_embedder.proj.weight",
         "qwen-image": "txt_norm.weight",  # Qwen-Image's own names are diffusers' (the identity conversion)
         "flux2": "img_in.weight",
+        "wan": wan_layout.ANCHOR,
     }
 )
 
@@ -187,6 +188,7 @@ CONFIG_FROM_WEIGHTS: Mapping[str, Callable[[Shapes, Mapping[str, Any]], dict[str
         "pixart": pixart_config,
         "qwen-image": qwen_image_config,
         "flux2": flux2_config,
+        "wan": wan_layout.wan_config,
     }
 )
 
@@ -206,6 +208,8 @@ def detect_variant(family: str, shapes: Shapes) -> str:
         if "joint_blocks.0.x_block.attn.ln_q.weight" in shapes or block_count(shapes, "joint_blocks.") >= 38:
             return "sd3.5-large"
         return "sd3-medium"
+    if family == "wan":
+        return wan_layout.wan_variant(shapes)
     return "pixart-sigma-1024"
 
 
@@ -320,6 +324,7 @@ _CONVERTERS: Mapping[str, Callable[[StateDict, Mapping[str, Any]], StateDict]] =
         "pixart": _pixart_to_diffusers,
         "qwen-image": _same_names,
         "flux2": _flux2_to_diffusers,
+        "wan": wan_layout.wan_to_diffusers,
     }
 )
 

@@ -16,6 +16,7 @@ def adapter_classes() -> dict[type, type[ModelAdapter]]:
         PixArtTransformer2DModel,
         QwenImageTransformer2DModel,
         SD3Transformer2DModel,
+        WanTransformer3DModel,
     )
 
     from .flux import FluxAdapter
@@ -23,6 +24,7 @@ def adapter_classes() -> dict[type, type[ModelAdapter]]:
     from .pixart import PixArtAdapter
     from .qwen_image import QwenImageAdapter
     from .sd3 import SD3Adapter
+    from .wan import WanAdapter
 
     return {
         FluxTransformer2DModel: FluxAdapter,
@@ -30,6 +32,7 @@ def adapter_classes() -> dict[type, type[ModelAdapter]]:
         PixArtTransformer2DModel: PixArtAdapter,
         QwenImageTransformer2DModel: QwenImageAdapter,
         Flux2Transformer2DModel: Flux2Adapter,
+        WanTransformer3DModel: WanAdapter,
     }
 
 

@@ -52,6 +52,11 @@ VARIANTS: Mapping[str, str] = MappingProxyType(
         "pixart-sigma-1024": "pixart",
         "qwen-image": "qwen-image",
         "flux2-dev": "flux2",
+        "wan2.1-t2v-1.3b": "wan",
+        "wan2.1-t2v-14b": "wan",  # also each expert of Wan 2.2 T2V A14B
+        "wan2.1-i2v-14b": "wan",
+        "wan2.2-i2v-a14b": "wan",
+        "wan2.2-ti2v-5b": "wan",
     }
 )
 PIPELINE_CLASSES: Mapping[str, str] = MappingProxyType(
@@ -61,6 +66,7 @@ PIPELINE_CLASSES: Mapping[str, str] = MappingProxyType(
         "pixart": "PixArtSigmaPipeline",
         "qwen-image": "QwenImagePipeline",
         "flux2": "Flux2Pipeline",
+        "wan": "WanPipeline",
     }
 )
 _SCALED_FP8_MARKERS = ("scaled_fp8", ".scale_weight", ".scale_input")
@@ -163,7 +169,7 @@ def inspect_single_file(
     found = detect_family(shapes)
     if found is None:
         raise ConfigError(
-            f"{p.name} does not look like a Flux, SD3 or PixArt transformer",
+            f"{p.name} does not look like a Flux, FLUX.2, Qwen-Image, SD3, PixArt or Wan transformer",
             "its tensor names match none of the supported families (is it a VAE, a text encoder or a LoRA?)",
             "use a transformer file (models/diffusion_models) of a supported family, or a diffusers folder",
         )

@@ -7,12 +7,16 @@ Per family (defaults as the diffusers pipelines use them):
 - pixart: prompt lower-cased and stripped (encode_prompt's clean_caption=False path); T5 with its
           attention mask (120 tokens for alpha, 300 for sigma) -> tokens + mask.
 - qwen-image, flux2: Qwen2.5-VL / Mistral-Small-3.1 through their chat templates (``text_big``).
+- wan:    prompt cleaned as the Wan pipelines do (ftfy when installed, HTML entities, whitespace); UMT5
+          with its attention mask (512 tokens), states past the prompt's tokens zeroed -> tokens.
 Each encoder runs on the device its weights are on; results are moved to ``device``.
 """
 
 from __future__ import annotations
 
+import html
 import logging
+import re
 from collections.abc import Sequence
 
 import torch
@@ -24,7 +28,7 @@ from .loading import PipelineComponents
 
 log = logging.getLogger(__name__)
 
-T5_LENGTH = {"flux": 512, "sd3": 256, "pixart": 120, "qwen-image": 512, "flux2": 512}  # tokens per family
+T5_LENGTH = {"flux": 512, "sd3": 256, "pixart": 120, "qwen-image": 512, "flux2": 512, "wan": 512}  # tokens per family
 PIXART_SIGMA_LENGTH = 300
 
 
@@ -125,12 +129,33 @@ def _encode_flux2(comps: PipelineComponents, prompts: list[str], length: int, de
     return encode_flux2(encoder, tokenizer, prompts, length).to(device)
 
 
+def clean_wan_prompt(text: str) -> str:
+    """The Wan pipelines' prompt_clean: ftfy's fix_text (when installed), HTML entities unescaped twice,
+    runs of whitespace as one space, stripped."""
+    try:
+        import ftfy
+    except ImportError:  # diffusers skips it too when it is missing
+        ftfy = None
+    if ftfy is not None:
+        text = ftfy.fix_text(text)
+    text = html.unescape(html.unescape(text)).strip()
+    return re.sub(r"\s+", " ", text).strip()
+
+
+def _encode_wan(comps: PipelineComponents, prompts: list[str], t5_length: int, device: torch.device) -> Conditioning:
+    prompts = [clean_wan_prompt(p) for p in prompts]
+    tokens, mask = _t5(comps, "", prompts, t5_length, "wan", masked=True)
+    keep = mask.to(tokens.device).gt(0).unsqueeze(-1)  # the states past each prompt's tokens are zeros
+    return Conditioning(torch.where(keep, tokens, torch.zeros_like(tokens)).to(device))
+
+
 _FAMILIES = {
     "flux": _encode_flux,
     "sd3": _encode_sd3,
     "pixart": _encode_pixart,
     "qwen-image": _encode_qwen_image,
     "flux2": _encode_flux2,
+    "wan": _encode_wan,
 }
 
 

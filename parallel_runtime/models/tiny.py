@@ -325,6 +325,7 @@ def _pixart(overrides: dict[str, Any]) -> dict[str, Any]:
 
 def _builders() -> dict[str, Callable[[dict[str, Any]], dict[str, Any]]]:
     from . import tiny_big
+    from .tiny_video import BUILDERS
 
     return {
         "tiny-flux": _flux,
@@ -332,15 +333,18 @@ def _builders() -> dict[str, Callable[[dict[str, Any]], dict[str, Any]]]:
         "tiny-pixart": _pixart,
         "tiny-qwen-image": tiny_big.qwen_image,
         "tiny-flux2": tiny_big.flux2,
+        **BUILDERS,
     }
 
 
 def _check_name(name: str) -> None:
-    if name not in TINY_MODELS:
+    from .tiny_video import TINY_VIDEO_MODELS
+
+    if name not in (*TINY_MODELS, *TINY_VIDEO_MODELS):
         raise ConfigError(
             f"unknown tiny model {name!r}",
-            "tiny models are built from configs shipped in parallel_runtime.models.tiny",
-            f"use one of: {', '.join(TINY_MODELS)}",
+            "tiny models are built from configs shipped in parallel_runtime.models.tiny and .tiny_video",
+            f"use one of: {', '.join((*TINY_MODELS, *TINY_VIDEO_MODELS))}",
         )
 
 

@@ -1,0 +1,196 @@
+"""Wan 2.1 / 2.2 (WanTransformer3DModel): video tokens, 3-axis RoPE, cross-attention to UMT5 text.
+
+A latent [B, C, T, H, W] becomes one token per frame and 2x2 pixels (diffusers' ``patch_embedding``),
+row-major over (T, H/2, W/2); the image tokens and their RoPE rows are split over "sp", the projected text
+(and Wan 2.1 I2V's CLIP-vision tokens in front of it) stays replicated: it is the K/V of the
+cross-attention ``attn2``, which runs outside the sequence-parallel intercept.
+
+Variants, as ComfyUI tells them apart (``comfy.model_detection`` / ``model_base.WAN21`` / ``WAN22``):
+- text-to-video (in = out = 16 channels): Wan 2.1 1.3B / 14B, Wan 2.2 A14B high- and low-noise experts;
+- image-to-video (36 = 16 + 4 mask + 16 image-latent channels): Wan 2.1 I2V 14B (with CLIP-vision
+  ``image_embeds``) and Wan 2.2 I2V A14B (without). The extra channels are built here from the
+  conditioning exactly as ComfyUI's ``WAN21.concat_cond`` builds them from ``WanImageToVideo``'s
+  ``concat_latent_image`` / ``concat_mask``;
+- Wan 2.2 TI2V-5B (48 channels, 16x VAE): timesteps may differ per frame (``Wan22ImageToVideoLatent`` keeps
+  the first frame): the time embedding is computed per frame and expanded to a per-token modulation, which
+  is split over "sp" with the tokens (diffusers' 4-D ``temb`` path).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..errors import ConfigError
+from . import compat
+from .base import Activations, Conditioning, LatentFormat, ModelAdapter, ModelPlan, Split
+from .latent_formats import WAN21, WAN22
+
+TEXT_TOKENS_WITH_IMAGE = 512  # diffusers' WanAttnProcessor takes the last 512 context tokens as the text
+
+
+class WanAdapter(ModelAdapter):
+    family = "wan"
+    sdpa_processors = (compat.WAN_ATTN_PROCESSOR,)
+
+    @classmethod
+    def make_plan(cls, config: Any, latent_format: LatentFormat | None) -> ModelPlan:
+        pt, ph, pw = config.patch_size
+        if pt != 1 or ph != pw:
+            raise ConfigError(
+                f"Wan transformer with patch size {tuple(config.patch_size)}",
+                "every published Wan model patches 1 frame x 2x2 pixels; the token bands assume one frame per token",
+                "load a Wan 2.1 / 2.2 transformer",
+            )
+        channels = config.out_channels or config.in_channels
+        per_frame_time = channels == WAN22.channels  # TI2V-5B (ComfyUI's WAN22)
+        token_fields = ("img", "img_rope", "temb", "temb_out") if per_frame_time else ("img", "img_rope")
+        splits = [Split("img", 1), Split("img_rope", 1)]
+        if per_frame_time:
+            splits += [Split("temb", 1), Split("temb_out", 1)]
+        return ModelPlan(
+            family=cls.family,
+            block_lists=("blocks",),
+            patch_size=ph,
+            patch_layout="pqc",
+            latent_channels=channels,
+            out_channels=channels,
+            learned_sigma=False,
+            text_attention="cross",
+            guidance_embed=False,
+            timestep="sigma_x1000",
+            latent_format=latent_format or (WAN22 if per_frame_time else WAN21),
+            splits=tuple(splits),
+            vae_scale_factor=16 if per_frame_time else 8,
+            latent_dims=3,
+            vae_temporal_factor=4,
+            image_fields=token_fields,
+            inpaint_with_clean_latent=per_frame_time,  # ComfyUI WAN22.scale_latent_inpaint
+        )
+
+    @property
+    def per_frame_time(self) -> bool:
+        return self.plan.latent_channels == WAN22.channels
+
+    # -- inputs ------------------------------------------------------------------------------------
+    def condition_channels(self, x: torch.Tensor, cond: Conditioning) -> torch.Tensor:
+        """The I2V input channels after the latent ones (ComfyUI ``WAN21.concat_cond``): ``1 - mask``
+        (4 channels) then the start-image latent in model space; zeros when the conditioning has none."""
+        extra = self.transformer.config.in_channels - x.shape[1]
+        if extra == 0:
+            return x
+        image, mask = cond.concat_image, cond.concat_mask
+        if image is None:
+            return torch.cat([x, x.new_zeros(x.shape[0], extra, *x.shape[2:])], dim=1)
+        image = _fit(image, x, "concat_latent_image").to(x.dtype)
+        fmt = self.plan.latent_format
+        image = torch.cat([fmt.to_model(part) for part in image.split(fmt.channels, dim=1)], dim=1)
+        image = image[:, : extra - 4]
+        if mask is None:
+            mask = x.new_zeros(x.shape[0], 4, *x.shape[2:])
+        else:
+            mask = mask.to(x.device, x.dtype)
+            mask = 1.0 - (mask if mask.shape[1] == 4 else mask.mean(dim=1, keepdim=True))
+            if mask.shape[2] < x.shape[2]:
+                mask = nn.functional.pad(mask, (0, 0, 0, 0, 0, x.shape[2] - mask.shape[2]))
+            mask = _fit(mask.expand(-1, 4, -1, -1, -1) if mask.shape[1] == 1 else mask, x, "concat_mask")
+        return torch.cat([x, mask, image], dim=1)
+
+    def process_timestep(self, timestep: torch.Tensor, denoise_mask: torch.Tensor | None) -> torch.Tensor:
+        """TI2V: one timestep per frame, scaled by the frame's mean denoise mask (ComfyUI
+        ``WAN22.process_timestep``); [B] otherwise."""
+        if not self.per_frame_time or denoise_mask is None:
+            return timestep
+        return denoise_mask.mean(dim=(1, 3, 4)) * timestep.reshape(-1, 1)
+
+    # -- phases ------------------------------------------------------------------------------------
+    def embed_full(
+        self, x: torch.Tensor, timestep: torch.Tensor, cond: Conditioning, guidance: torch.Tensor | None = None
+    ) -> Activations:
+        t = self.transformer
+        x = self.condition_channels(x, cond)
+        frames, rows, cols = self.grid_of(x)
+        img = t.patch_embedding(x).flatten(2).transpose(1, 2).contiguous()
+        per_frame = timestep.reshape(x.shape[0], -1)  # [B, 1] or [B, frames]
+        if per_frame.shape[1] not in (1, frames):
+            raise ConfigError(
+                f"{per_frame.shape[1]} timesteps for a latent of {frames} frames",
+                "Wan takes one timestep per sample, or (TI2V) one per latent frame",
+                "pass a [batch] or [batch, frames] timestep",
+            )
+        image_states = cond.image_embeds
+        if image_states is not None and cond.prompt_embeds.shape[1] != TEXT_TOKENS_WITH_IMAGE:
+            raise ConfigError(
+                f"{cond.prompt_embeds.shape[1]} text tokens with a CLIP-vision image embedding (Wan 2.1 I2V)",
+                f"diffusers' Wan attention takes the last {TEXT_TOKENS_WITH_IMAGE} context tokens as the text "
+                "and the rest as the image; other lengths would be split in the wrong place",
+                "encode the prompt to 512 tokens (ComfyUI's Wan text encoder and Parallel Text Encode do this "
+                "for prompts up to 512 tokens): shorten the prompt",
+            )
+        temb, proj, txt, img_txt = t.condition_embedder(
+            per_frame.flatten(), cond.prompt_embeds, image_states, timestep_seq_len=per_frame.shape[1]
+        )
+        if img_txt is not None:
+            txt = torch.cat([img_txt, txt], dim=1)
+        proj = proj.unflatten(2, (6, -1))  # [B, 1 or frames, 6, D]
+        if self.per_frame_time:  # per token: [B, S, 6, D] and [B, S, D] (a view when every frame agrees)
+            per_token = rows * cols
+            proj, temb = (_per_token(v, frames, per_token) for v in (proj, temb))
+        else:
+            proj, temb = proj[:, 0], temb[:, 0]  # [B, 6, D] and [B, D]
+        return Activations(
+            img=img,
+            txt=txt,
+            temb=proj,
+            temb_out=temb,
+            grid=(frames, rows, cols),
+            txt_tokens=txt.shape[1],
+            img_rope=t.rope(x),
+        )
+
+    def call_block(self, list_name: str, block: nn.Module, acts: Activations) -> Activations:
+        return acts.replace(img=block(acts.img, acts.txt, acts.temb, acts.img_rope))
+
+    def self_attention_modules(self, list_name: str, block: nn.Module) -> list[nn.Module]:
+        return [block.attn1]  # attn2 is cross-attention to the replicated text: never intercepted
+
+    def project_out(self, acts: Activations) -> torch.Tensor:
+        t = self.transformer
+        table, temb = t.scale_shift_table, acts.temb_out
+        if temb.ndim == 3:  # per token
+            shift, scale = (table.unsqueeze(0) + temb.unsqueeze(2)).chunk(2, dim=2)
+            shift, scale = shift.squeeze(2), scale.squeeze(2)
+        else:
+            shift, scale = (table + temb.unsqueeze(1)).chunk(2, dim=1)
+        hidden = t.norm_out(acts.img.float()) * (1 + scale) + shift
+        return t.proj_out(hidden.type_as(acts.img))
+
+
+def _per_token(value: torch.Tensor, frames: int, per_frame_tokens: int) -> torch.Tensor:
+    """[B, 1 or frames, ...] per frame -> [B, frames * per_frame_tokens, ...] per token."""
+    if value.shape[1] == 1:
+        return value.expand(value.shape[0], frames * per_frame_tokens, *value.shape[2:])
+    return value.repeat_interleave(per_frame_tokens, dim=1)
+
+
+def _fit(t: torch.Tensor, x: torch.Tensor, what: str) -> torch.Tensor:
+    """``t`` on x's device with x's batch (a batch of 1 is repeated); its frames and size must be x's."""
+    if tuple(t.shape[2:]) != tuple(x.shape[2:]):
+        raise ConfigError(
+            f"the conditioning's {what} is {tuple(t.shape[2:])} (frames, height, width) but the latent is "
+            f"{tuple(x.shape[2:])}",
+            "Wan image-to-video concatenates the start-image latent and mask to the latent, position by position",
+            "give WanImageToVideo the same width, height and length as the latent you sample",
+        )
+    t = t.to(x.device)
+    if t.shape[0] == x.shape[0]:
+        return t
+    if x.shape[0] % t.shape[0] == 0:
+        return t.repeat(x.shape[0] // t.shape[0], *([1] * (t.ndim - 1)))
+    raise ConfigError(
+        f"the conditioning's {what} has batch {t.shape[0]} but the latent has batch {x.shape[0]}",
+        "each latent needs its start image (or one shared by all)",
+        "use one start image, or as many as latents",
+    )

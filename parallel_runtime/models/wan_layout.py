@@ -1,0 +1,63 @@
+"""Wan transformers in their original layout (the Wan code's names, which ComfyUI keeps).
+
+``blocks.N.self_attn.q``, ``cross_attn.k_img``, ``head.modulation``, ``img_emb.proj.1``... A file may sit
+inside a full checkpoint under ``model.diffusion_model.``. What the weights decide is read from the shapes
+the way ComfyUI's ``model_detection`` reads them (heads = width / 128, as ComfyUI assumes); the conversion
+to diffusers names is diffusers' own ``convert_wan_transformer_to_diffusers``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from . import compat
+
+HEAD_DIM = 128  # every Wan model; ComfyUI derives num_heads = dim // 128 the same way
+ANCHOR = "head.modulation"
+Shapes = Mapping[str, tuple[int, ...]]
+
+
+def _count(shapes: Shapes, prefix: str) -> int:
+    found = {k[len(prefix) :].split(".", 1)[0] for k in shapes if k.startswith(prefix)}
+    return max((int(i) for i in found if i.isdigit()), default=-1) + 1
+
+
+def wan_config(shapes: Shapes, base: Mapping[str, Any]) -> dict[str, Any]:
+    """The diffusers WanTransformer3DModel config entries these weights decide."""
+    dim = shapes[ANCHOR][-1]
+    patch = tuple(shapes["patch_embedding.weight"][2:])
+    image = "img_emb.proj.1.weight" in shapes  # Wan 2.1 I2V / FLF2V: CLIP-vision image K/V
+    return {
+        "patch_size": list(patch),
+        "num_attention_heads": dim // HEAD_DIM,
+        "attention_head_dim": HEAD_DIM,
+        "in_channels": shapes["patch_embedding.weight"][1],
+        "out_channels": shapes["head.head.weight"][0] // (patch[0] * patch[1] * patch[2]),
+        "text_dim": shapes["text_embedding.0.weight"][1],
+        "freq_dim": shapes["time_embedding.0.weight"][1],
+        "ffn_dim": shapes["blocks.0.ffn.0.weight"][0],
+        "num_layers": _count(shapes, "blocks."),
+        "cross_attn_norm": "blocks.0.norm3.weight" in shapes,
+        "qk_norm": "rms_norm_across_heads" if "blocks.0.self_attn.norm_q.weight" in shapes else None,
+        "image_dim": shapes["img_emb.proj.1.weight"][1] if image else None,
+        "added_kv_proj_dim": dim if "blocks.0.cross_attn.k_img.weight" in shapes else None,
+        "pos_embed_seq_len": shapes["img_emb.emb_pos"][1] if "img_emb.emb_pos" in shapes else None,
+    }
+
+
+def wan_variant(shapes: Shapes) -> str:
+    """Wan 2.2 TI2V-5B (48 output channels), Wan 2.1 I2V 14B (36 input channels + CLIP-vision image
+    embedding), Wan 2.2 I2V A14B (36 without), else text-to-video: Wan 2.1 1.3B or 14B (the Wan 2.2 A14B
+    experts have the 14B structure)."""
+    if shapes["head.head.weight"][0] // 4 == 48:
+        return "wan2.2-ti2v-5b"
+    if shapes["patch_embedding.weight"][1] == 36:
+        return "wan2.1-i2v-14b" if "img_emb.proj.1.weight" in shapes else "wan2.2-i2v-a14b"
+    return "wan2.1-t2v-1.3b" if shapes[ANCHOR][-1] <= 2048 else "wan2.1-t2v-14b"
+
+
+def wan_to_diffusers(state: dict[str, torch.Tensor], config: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+    return compat.convert_wan_transformer(state)
