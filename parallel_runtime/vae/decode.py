@@ -24,6 +24,7 @@ from ..parallel.collectives import all_gather_cat, gather_to, group_rank, group_
 from ..parallel.mesh import ParallelMesh
 from .bands import DEFAULT_MIN_BAND_ROWS, RowBands, plan_band_rows
 from .decoder import check_decoder, decode_band
+from .wan import check_wan_latent, decode_wan_latent_band, is_wan_vae
 
 ResultRank = int | Literal["all"]
 
@@ -95,13 +96,20 @@ def decode_latent_band(
     min_band_rows: int | None = None,
     upcast: bool | None = None,
 ) -> DecodedBand:
-    """Decode this rank's row band of ``z`` [B, C, h, w] and return it without gathering.
+    """Decode this rank's row band of ``z`` [B, C, h, w] (a Wan VAE: [B, C, T, h, w]) and return it
+    without gathering.
 
     Every rank of the group must call this with the same ``z``. The latent rows are split with
     :func:`~parallel_runtime.parallel.sharding.split_sizes` over as many ranks as can each take
     ``min_band_rows`` rows (default 2, never below what the convs' halos need); the other ranks
     get a 0-row band and only take part in the collectives."""
     group = _resolve_group(mesh, group_dim)
+    if is_wan_vae(vae):  # video latents [B, C, T, h, w]: diffusers' own frame loop per band (vae.wan)
+        min_rows = DEFAULT_MIN_BAND_ROWS if min_band_rows is None else min_band_rows
+        z = check_wan_latent(vae, z).to(next(vae.parameters()).device)
+        _agree_on_shape(z, min_rows, group, mesh)
+        sample, layout = decode_wan_latent_band(vae, z, group, mesh.stats, min_rows, compute_dtype(vae, upcast))
+        return DecodedBand(sample, layout)
     need = check_decoder(vae)
     _check_latent(vae, z)
     if min_band_rows is not None and min_band_rows < need:
@@ -158,12 +166,14 @@ def decode_latent(
     image, the others return None. ``"all"`` assembles it on every rank (costs memory)."""
     _check_result_rank(result_rank, mesh, group_dim)
     decoded = decode_latent_band(vae, z, mesh, group_dim, min_band_rows=min_band_rows, upcast=upcast)
-    return _assemble(decoded.sample, decoded.layout, 2, result_rank, "vae_gather")
+    return _assemble(decoded.sample, decoded.layout, decoded.sample.ndim - 2, result_rank, "vae_gather")
 
 
 def band_to_image(sample: torch.Tensor) -> torch.Tensor:
-    """A decoded [B, 3, rows, W] tensor in -1..1 as ComfyUI IMAGE rows [B, rows, W, 3] float32 in 0..1."""
-    return (sample.float() / 2 + 0.5).clamp(0, 1).permute(0, 2, 3, 1).contiguous()
+    """A decoded [B, 3, rows, W] tensor in -1..1 as ComfyUI IMAGE rows [B, rows, W, 3] float32 in 0..1; a
+    decoded video [B, 3, T, rows, W] as IMAGE frames [B*T, rows, W, 3] (ComfyUI's VAEDecode of a video)."""
+    image = (sample.float() / 2 + 0.5).clamp(0, 1).movedim(1, -1)
+    return image.flatten(0, image.ndim - 4).contiguous()
 
 
 def decode_to_image_tensor(
@@ -176,8 +186,8 @@ def decode_to_image_tensor(
     min_band_rows: int | None = None,
     upcast: bool | None = None,
 ) -> torch.Tensor | None:
-    """Like :func:`decode_latent` but returns ComfyUI's IMAGE: [B, H, W, 3] float32 in 0..1, on the
-    VAE's device, on ``result_rank`` only (None elsewhere). Each band is converted before the
+    """Like :func:`decode_latent` but returns ComfyUI's IMAGE: [B, H, W, 3] float32 in 0..1 ([B*T, H, W, 3]
+    frames for a video), on the VAE's device, on ``result_rank`` only (None elsewhere). Each band is converted before the
     gather, so the ranks send finished pixels."""
     _check_result_rank(result_rank, mesh, group_dim)
     decoded = decode_latent_band(vae, z, mesh, group_dim, min_band_rows=min_band_rows, upcast=upcast)

@@ -27,13 +27,15 @@ import contextlib
 from collections.abc import Iterator
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
 from ..errors import ConfigError
 from ..models import compat
-from ..parallel.collectives import all_gather_cat, exchange_halo
-from .bands import RowBands
+from ..parallel.collectives import all_gather_cat, exchange_halo, group_rank, group_size
+from ..parallel.mesh import CommStats
+from .bands import RowBands, plan_band_rows
 from .ops import band_conv2d
 
 _FIX = "decode this VAE on one device (vae.decode), or use a diffusers AutoencoderKLWan (Wan 2.1 or 2.2 VAE)"
@@ -214,6 +216,39 @@ def decode_wan_band(vae: nn.Module, z_band: torch.Tensor, layout: RowBands) -> t
         )
     with band_mode(vae, layout):
         return vae.decode(z_band).sample
+
+
+def check_wan_latent(vae: nn.Module, z: torch.Tensor) -> torch.Tensor:
+    """``z`` as [B, z_dim, T, h, w] (an image latent [B, z_dim, h, w] is one frame, as ComfyUI reads it)."""
+    check_wan_decoder(vae)
+    if z.dim() == 4:
+        z = z.unsqueeze(2)
+    channels = vae.config.z_dim
+    if z.dim() != 5 or z.shape[1] != channels or min(z.shape[2:]) < 1:
+        raise ConfigError(
+            f"latent of shape {tuple(z.shape)} does not fit this Wan VAE",
+            f"it decodes video latents [batch, {channels}, frames, height, width]",
+            f"pass the LATENT of a Wan model with {channels} channels (Wan 2.1: 16, Wan 2.2 TI2V-5B: 48)",
+        )
+    return z
+
+
+def decode_wan_latent_band(
+    vae: nn.Module,
+    z: torch.Tensor,
+    group: dist.ProcessGroup | None,
+    stats: CommStats,
+    min_rows: int,
+    dtype: torch.dtype,
+) -> tuple[torch.Tensor, RowBands]:
+    """This rank's band of the decoded video [B, 3, frames, rows, W] and every rank's rows at video
+    resolution. Every rank of ``group`` calls it with the same ``z`` [B, C, T, h, w]."""
+    rows = plan_band_rows(z.shape[3], group_size(group), max(1, min_rows))
+    layout = RowBands(rows=rows, rank=group_rank(group), group=group, stats=stats)
+    z_band = z.narrow(3, layout.offset, layout.local_rows).to(dtype)
+    with torch.no_grad():
+        sample = decode_wan_band(vae, z_band, layout)
+    return sample, layout.scaled(spatial_factor(vae))
 
 
 def output_frames(latent_frames: int) -> int:
