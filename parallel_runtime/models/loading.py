@@ -36,6 +36,8 @@ class PipelineComponents:
     transformer_config: dict[str, Any]
     scheduler_config: dict[str, Any]
     transformer: nn.Module | None = None
+    transformer_2: nn.Module | None = None  # Wan 2.2 A14B: the low-noise expert (below ``boundary_ratio``)
+    boundary_ratio: float | None = None  # noise level (sigma) where the second expert takes over
     vae: nn.Module | None = None
     text_encoders: dict[str, nn.Module] = dataclasses.field(default_factory=dict)  # "text_encoder", "..._2"
     tokenizers: dict[str, Any] = dataclasses.field(default_factory=dict)  # "tokenizer", "tokenizer_2", ...
@@ -56,6 +58,28 @@ class PipelineComponents:
         known = config is not None and ("scaling_factor" in config or "latents_mean" in config)
         fmt = LatentFormat.from_vae_config(config) if known else None
         return get_adapter(self.transformer, fmt)
+
+    def second_expert(self):
+        """(adapter of the low-noise expert, boundary sigma) of a two-expert pipeline, else None."""
+        if self.transformer_2 is None:
+            return None
+        from . import get_adapter
+
+        return get_adapter(self.transformer_2, self.adapter().plan.latent_format), float(self.boundary_ratio)
+
+
+def has_second_expert(index: Mapping[str, Any]) -> bool:
+    """Whether model_index.json names a second transformer with a switching boundary (Wan 2.2 A14B)."""
+    entry = index.get("transformer_2")
+    if not (isinstance(entry, list) and entry[0]):
+        return False
+    if index.get("boundary_ratio") is None:
+        raise ConfigError(
+            "the pipeline has a second transformer but no boundary_ratio",
+            "two experts take turns at a noise level; without it nothing says when",
+            "use the pipeline's model_index.json as published (Wan 2.2 A14B sets boundary_ratio)",
+        )
+    return True
 
 
 def read_model_index(path: str | os.PathLike) -> dict[str, Any]:
@@ -195,6 +219,9 @@ def load_pipeline_components(
 
     if "transformer" in parts:
         comps.transformer = load_model("transformer", "transformer")
+        if has_second_expert(index):  # both experts of a two-expert pipeline (Wan 2.2 A14B)
+            comps.transformer_2 = load_model("transformer_2", "transformer")
+            comps.boundary_ratio = float(index["boundary_ratio"])
     if "vae" in parts and isinstance(index.get("vae"), list) and index["vae"][0]:
         comps.vae = load_model("vae", "vae")
     for name, entry in sorted(index.items()):

@@ -31,7 +31,7 @@ class PatchSamplers:
     ):
         self.sched, self.send_latent = sched, send_latent
         ms = model_sampling
-        noise = initial_noise(settings.seed, latent.shape)
+        noise = initial_noise(settings.seed, latent.shape) if settings.add_noise else torch.zeros(latent.shape)
         x = noise_latent(ms, sigmas, noise, latent).to(device)
         full = default_noise(settings.sampler, tuple(x.shape), sigmas, settings.seed)
         shared = None if full is None else SharedNoise(full, tuple(x.shape))

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import time
 from collections.abc import Callable
 from typing import Any, Literal
@@ -37,6 +38,7 @@ from ..denoise.loop import schedule
 from ..denoise.settings import SamplingSettings, embedded_guidance
 from ..errors import ConfigError, JobCancelled
 from ..models.base import Activations, Conditioning, ModelAdapter
+from ..models.token_grid import stacked, unstacked
 from ..parallel.collectives import PendingP2P, recv_object, recv_start, send_object, send_start
 from ..parallel.mesh import ParallelMesh
 from ..parallel.stages import StagePlan
@@ -164,8 +166,13 @@ class Pipeline:
         self.branches = Branches(mesh, positive.to(self.device), neg, settings.cfg, self.batch)
         self.guidance = embedded_guidance(adapter, settings.guidance)
         self.sigmas = schedule(ms, settings)
-        self.latent = self.fmt.to_model(latent_raw.float())
-        self.rows, self.cols = adapter.grid_of(self.latent)  # raises for sizes that do not form patches
+        latent = self.fmt.to_model(latent_raw.float())
+        grid = adapter.grid_of(latent)  # raises for sizes that do not form patches
+        # A video latent runs as its stacked view [B, C, T*H, W]: a band of its token rows is a contiguous
+        # range of the token sequence, so patches, samplers and stale K/V work as for an image.
+        self.full_size = tuple(latent.shape[2:])
+        self.latent = stacked(latent)
+        self.rows, self.cols = math.prod(grid[:-1]), grid[-1]
         self.size = tuple(self.latent.shape[-2:])
         self.patches = options.patches or default_patches(self.pp, self.rows)
         self.sched: PipelineSchedule | None = None
@@ -415,7 +422,7 @@ class Pipeline:
             timestep = self.ms.timestep(sigma_b)
             out.append(
                 self.adapter.embed_rows(
-                    x_in, band.latent_rows(p), self.size, timestep, cond, self.mesh, guidance=self.guidance
+                    x_in, band.latent_rows(p), self.full_size, timestep, cond, self.mesh, guidance=self.guidance
                 )
             )
         return out
@@ -456,4 +463,4 @@ class Pipeline:
         buf = torch.empty(tuple(self.latent.shape), dtype=torch.float32, device=self.device)
         x = recv_start(buf, self.pp - 1, self.group, "pp_final", self.tags["final"]).wait(self.timeout)
         x = self.ms.inverse_noise_scaling(self.sigmas[-1], x)
-        return self.fmt.to_raw(x).cpu()
+        return unstacked(self.fmt.to_raw(x), self.full_size).cpu()

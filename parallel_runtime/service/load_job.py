@@ -13,7 +13,7 @@ import torch.distributed as dist
 
 from ..errors import ConfigError
 from ..models.base import ModelAdapter
-from ..models.loading import PipelineComponents, load_pipeline_components
+from ..models.loading import PipelineComponents, has_second_expert, load_pipeline_components, read_model_index
 from ..runtime.jobs import JobContext
 from .lora_state import lora_keys
 
@@ -30,6 +30,7 @@ class LoadedModel:
     stages: Any = None  # PipeFusion StagePlan when the mesh has pp > 1 (this rank holds one stage)
     stage_weights: Any = None  # what this rank's stage loaded (pipefusion.stage_loading.StageWeights)
     lora: Any = None  # models.lora.patcher.LoraPatcher once a LoRA touched this model (service.lora_state)
+    expert_2: tuple[ModelAdapter, float] | None = None  # second expert and its boundary sigma (Wan 2.2 A14B)
 
 
 def torch_dtype(name: str) -> torch.dtype:
@@ -94,6 +95,13 @@ def load_model(
         elif pp > 1 or storage != "auto":  # stages, or weights stored other than as the folder has them
             from ..pipefusion.stage_loading import load_pipeline_stage
 
+            if has_second_expert(read_model_index(path)):
+                raise ConfigError(
+                    f"{Path(path).name} has two experts (transformer and transformer_2) and the layout has PipeFusion",
+                    "PipeFusion stages load one transformer's blocks; a second expert would be left out",
+                    "use Ulysses / Ring / CFG parallelism for this model, or load each expert's file as its own "
+                    "model and chain two Parallel Sampler (Advanced) nodes (high noise, then low noise)",
+                )
             comps, stages, stage_weights = load_pipeline_stage(
                 path, pp, ctx.mesh.rank("pp"), ctx.device, torch_dtype(dtype), weights, ("vae", *text), storage
             )
@@ -112,7 +120,7 @@ def load_model(
         if ctx.rank == TEXT_RANK and Path(path).is_dir():
             placement = text_encoder_placement(_encoder_bytes(Path(path)), devices, free_gpu_bytes(devices))
             comps.text_encoders = load_pipeline_components(path, placement, torch_dtype(dtype), ("text",)).text_encoders
-        model = LoadedModel(key, comps, comps.adapter(), attention, stages, stage_weights)
+        model = LoadedModel(key, comps, comps.adapter(), attention, stages, stage_weights, comps.second_expert())
         ctx.state["model"] = model
     model.attention = attention
     adapter, cfg = model.adapter, model.components.transformer_config
@@ -129,6 +137,9 @@ def load_model(
         "latent_channels": adapter.plan.latent_channels,
         "spatial_factor": adapter.plan.vae_scale_factor,
         "latent_frame_axis": adapter.plan.latent_frame_axis,
+        "latent_dims": adapter.plan.latent_dims,
+        "temporal_factor": adapter.plan.vae_temporal_factor,
+        "experts": 1 if model.expert_2 is None else 2,
         "patch_size": adapter.plan.patch_size,
         "guidance_embed": adapter.plan.guidance_embed,
         "num_heads": cfg.get("num_attention_heads"),
@@ -149,16 +160,18 @@ def _vae_from_file(comps: PipelineComponents, file: str, device: torch.device, n
     fmt = comps.adapter().plan.latent_format
     vae = load_vae_file(file, device, torch.float32, norm_groups)
     patch = getattr(vae.config, "patch_size", None) if getattr(vae, "bn", None) is not None else None
-    channels = vae.config.latent_channels * (patch[0] * patch[1] if patch else 1)  # FLUX.2: the packed latent's
+    latent_channels = getattr(vae.config, "latent_channels", None) or vae.config.z_dim  # z_dim: AutoencoderKLWan
+    channels = latent_channels * (patch[0] * patch[1] if patch else 1)  # FLUX.2: the packed latent's
     if channels != fmt.channels:
         packed = f", {channels} packed {patch[0]}x{patch[1]}," if patch else ""
         raise ConfigError(
-            f"the VAE {Path(file).name} has {vae.config.latent_channels} latent channels{packed} but this "
+            f"the VAE {Path(file).name} has {latent_channels} latent channels{packed} but this "
             f"{comps.family} model makes {fmt.channels}",
             "a latent can only be decoded by the VAE family that made it",
             f"pick the {comps.family} VAE (ae.safetensors for Flux, flux2-vae.safetensors for FLUX.2), or the model's own",
         )
-    vae.register_to_config(scaling_factor=fmt.scale, shift_factor=fmt.shift or None)
+    if not fmt.per_channel:  # a per-channel (Wan) VAE file is loaded with its statistics already
+        vae.register_to_config(scaling_factor=fmt.scale, shift_factor=fmt.shift or None)
     return vae
 
 

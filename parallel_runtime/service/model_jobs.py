@@ -110,19 +110,27 @@ def generate(
     patches: int | None = None,
     warmup: int = 1,
     loras: tuple[StackEntry, ...] = (),
+    noise_mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Denoise ``latent`` (raw VAE latent, [B,C,H,W]) with KSampler semantics; returns the raw latent
-    (CPU). Every rank emits its own progress each step (with pp > 1: after each patch, with the steps
-    that rank has finished) and its memory now and then; the preview comes from rank 0 (with pp > 1:
-    the last stage), just before that rank's progress for the same step. Cancel is checked each step
-    (with pp > 1 agreed once per step). With pp > 1 it runs PipeFusion (``patches`` row bands,
-    ``warmup`` whole-image steps). The transformer is first brought to the LoRA stack ``loras`` (each
-    rank patches what it holds; nothing is reloaded)."""
+    """Denoise ``latent`` (raw VAE latent, [B,C,H,W] or video [B,C,T,H,W]) with KSampler /
+    KSamplerAdvanced semantics (``noise_mask``: the LATENT's); returns the raw latent (CPU). A two-expert
+    model switches experts at its boundary. Every rank emits its own progress each step (with pp > 1: after
+    each patch, with the steps that rank has finished) and its memory now and then; the preview comes from
+    rank 0 (with pp > 1: the last stage), just before that rank's progress for the same step. Cancel is
+    checked each step (with pp > 1 agreed once per step). With pp > 1 it runs PipeFusion (``patches``
+    row bands, ``warmup`` whole-image steps). The transformer is first brought to the LoRA stack ``loras``
+    (each rank patches what it holds; nothing is reloaded; a second expert is not patched)."""
     model = loaded_model(ctx)
     bring_to_stack(model, loras, "transformer")
     memory = _MemoryReports(ctx)
     adapter = model.adapter
     ms = model_sampling_for(adapter, model.components.scheduler_config, width, height)
+    if model.stages is not None and noise_mask is not None:
+        raise ConfigError(
+            "a LATENT with a noise mask (inpainting, Wan22ImageToVideoLatent) on a PipeFusion layout",
+            "PipeFusion's per-patch samplers do not apply a noise mask yet",
+            "use Ulysses / Ring / CFG parallelism for this graph (a layout without PipeFusion)",
+        )
     if model.stages is not None:
         from ..pipefusion.pipeline import PipeFusionSettings, run_pipefusion
 
@@ -174,6 +182,8 @@ def generate(
         settings,
         attention_backend=model.attention,
         on_step=on_step,
+        noise_mask=None if noise_mask is None else noise_mask.to(ctx.device),
+        expert_2=model.expert_2,
     )
     return out.cpu() if ctx.rank == 0 else None
 
@@ -196,6 +206,8 @@ class _MemoryReports:
 def _preview(adapter: ModelAdapter, denoised: torch.Tensor) -> torch.Tensor:
     """A small raw latent of the current x0 prediction (for live previews)."""
     raw = adapter.plan.latent_format.to_raw(denoised[:1].float())
+    if raw.ndim == 5:  # a video: its first frame (the one ComfyUI's previews show too)
+        raw = raw[:, :, 0]
     h, w = raw.shape[-2:]
     scale = PREVIEW_MAX_SIDE / max(h, w)
     if scale < 1:
