@@ -155,3 +155,40 @@ def test_reason_says_when_the_image_size_is_assumed():
     assert "4096 image tokens if the image is 1024x1024 (the loader cannot see" in guessed.reason
     known = plan_layout(machine, SD3, LayoutRequest(width=512, height=768, cfg=1.0))
     assert "1536 image tokens (512x768)" in known.reason  # (768/16) * (512/16)
+
+
+def test_video_models_plan_with_video_token_counts():
+    """Wan: tokens = latent frames x rows x cols (81 frames of 832x480 assumed before the sampler runs),
+    Ulysses only with a degree dividing the heads (12 for Wan 2.1 1.3B), cross-attention text (no joint tokens)."""
+    wan13 = ModelInfo("wan", 12, 30, 1536, int(2.8 * GiB), token_pixels=16, frames_per_latent=4)
+    request = LayoutRequest(cfg=1.0)
+    assert request.latent_frames(wan13) == 21 and request.tokens(wan13) == 21 * 30 * 52
+    assert request.token_rows(wan13) == 21 * 30
+    plan = plan_layout(MachineInfo.uniform(8, 80, p2p=True), wan13, request)
+    assert (plan.config.ulysses, plan.config.ring) == (4, 2)  # 12 heads: Ulysses 4, the rest on the ring
+    assert "32760 video tokens if the video is 832x480x81 frames" in plan.reason
+    known = LayoutRequest(width=1280, height=720, frames=121, cfg=5.0)
+    ti2v = ModelInfo("wan", 24, 30, 3072, 10 * GiB, token_pixels=32, frames_per_latent=4)
+    assert known.tokens(ti2v) == 31 * 22 * 40 and "27280 video tokens (1280x720x121 frames)" in known.describe_size(
+        ti2v
+    )
+    plan = plan_layout(MachineInfo.uniform(8, 80, p2p=True), ti2v, known)
+    assert (plan.config.cfg, plan.config.ulysses) == (2, 4)
+    assert LayoutRequest().tokens(SD3) == 4096  # image models unchanged
+
+
+@pytest.mark.parametrize(("out_dim", "pixels"), [(16, 16), (48, 32)])
+def test_wan_single_file_model_info(tmp_path, out_dim, pixels):
+    import sys
+    from pathlib import Path
+
+    from safetensors.torch import save_file
+
+    sys.path.insert(0, str(Path(__file__).parent / "data"))
+    from wan_tiny_weights import TinyWan, tiny_wan_state_dict
+
+    path = tmp_path / "wan.safetensors"
+    save_file(tiny_wan_state_dict(TinyWan(in_dim=out_dim, out_dim=out_dim), "info"), str(path))
+    info = model_info_from_path(path)
+    assert (info.family, info.num_heads, info.num_layers, info.hidden_size) == ("wan", 2, 2, 256)
+    assert (info.token_pixels, info.frames_per_latent) == (pixels, 4)

@@ -224,9 +224,20 @@ class ModelAdapter(abc.ABC):
 
     @property
     def dtype(self) -> torch.dtype:
-        """The compute dtype: the loader's record of it (fp8-stored weights compute in a wider type), else
-        the first loaded parameter's."""
-        return getattr(self.transformer, COMPUTE_DTYPE_ATTR, None) or self._first_parameter().dtype
+        """The compute dtype: the loader's record of it (fp8-stored weights compute in a wider type), else that
+        of most of a block's weights (small modules such as modulation tables may be kept in float32, as
+        diffusers keeps them)."""
+        recorded = getattr(self.transformer, COMPUTE_DTYPE_ATTR, None)
+        if recorded is not None:
+            return recorded
+        for _, blk in self._blocks:
+            sizes: dict[torch.dtype, int] = {}
+            for p in blk.parameters():
+                if p.device.type != "meta":
+                    sizes[p.dtype] = sizes.get(p.dtype, 0) + p.numel()
+            if sizes:
+                return max(sizes, key=sizes.__getitem__)
+        return self._first_parameter().dtype
 
     @property
     def device(self) -> torch.device:

@@ -62,17 +62,23 @@ def _from_diffusers_folder(path: Path, run_bytes: int) -> ModelInfo:
         "PixArtTransformer2DModel": "pixart",
         "QwenImageTransformer2DModel": "qwen-image",
         "Flux2Transformer2DModel": "flux2",
+        "WanTransformer3DModel": "wan",
     }.get(cls_name)
     if family is None:
         raise ConfigError(
             f"{path} holds a {cls_name or 'unknown'} transformer",
-            "only Flux, FLUX.2, Qwen-Image, SD3 and PixArt transformers have parallel adapters",
-            "use a FLUX.1, FLUX.2, Qwen-Image, SD3/3.5 or PixArt-alpha/sigma diffusers folder",
+            "only Flux, FLUX.2, Qwen-Image, SD3, PixArt and Wan transformers have parallel adapters",
+            "use a FLUX.1, FLUX.2, Qwen-Image, SD3/3.5, PixArt-alpha/sigma or Wan 2.1/2.2 diffusers folder",
         )
     heads = int(config["num_attention_heads"])
     layers = int(config.get("num_layers", 0)) + int(config.get("num_single_layers", 0))
     hidden = heads * int(config["attention_head_dim"])
     params = sum(_safetensors_params(f) for f in sorted((path / "transformer").glob("*.safetensors")))
+    if family == "wan":  # both experts of a two-expert pipeline are held
+        params += sum(_safetensors_params(f) for f in sorted((path / "transformer_2").glob("*.safetensors")))
+        return video_model_info(
+            family, heads, layers, hidden, params * run_bytes, int(config.get("out_channels") or 16)
+        )
     return ModelInfo(family, heads, layers, hidden, params * run_bytes)
 
 
@@ -85,6 +91,8 @@ def _with_budget(info: ModelInfo, path: Path, run_bytes: int, storage: str) -> M
 
     from .weight_budget import weight_budget
 
+    if path.is_dir() and (path / "transformer_2").is_dir():
+        return info  # two experts (Wan 2.2 A14B): weight_bytes counts both; a per-block budget would count one
     try:
         if path.is_dir():
             config = json.loads((path / "transformer" / "config.json").read_text(encoding="utf-8"))
@@ -108,6 +116,14 @@ def _with_budget(info: ModelInfo, path: Path, run_bytes: int, storage: str) -> M
         block_bytes=budget.blocks,
         embed_bytes=budget.embed,
         final_bytes=budget.final,
+    )
+
+
+def video_model_info(family: str, heads: int, layers: int, hidden: int, weight_bytes: int, channels: int) -> ModelInfo:
+    """A Wan model's planner facts: 4 frames per latent frame, 16 px per token (32 for the 48-channel
+    TI2V-5B, whose VAE compresses 16x)."""
+    return ModelInfo(
+        family, heads, layers, hidden, weight_bytes, token_pixels=32 if channels == 48 else 16, frames_per_latent=4
     )
 
 
@@ -180,6 +196,10 @@ def _from_single_file(path: Path, family: str | None, run_bytes: int) -> ModelIn
     hidden = _hidden_size(header, found)
     params = sum(math.prod(v.get("shape", [])) for v in header.values())
     heads = max(hidden // _HEAD_DIM[found], 1)
+    if found == "wan":
+        out = header.get("head.head.weight", header.get("model.diffusion_model.head.head.weight", {}))
+        channels = int(out.get("shape", [64])[0]) // 4
+        return video_model_info(found, heads, layers, hidden, params * run_bytes, channels)
     return ModelInfo(found, heads, layers, hidden, params * run_bytes)
 
 

@@ -34,7 +34,7 @@ from ..errors import ConfigError
 from .files import detect_family, read_safetensors_header
 from .loading import PipelineComponents
 from .original_layout import ANCHOR_KEYS, CONFIG_FROM_WEIGHTS, Shapes, StateDict, detect_variant, to_diffusers
-from .weights import FP8_STORAGE, TensorSource, load_tensors, meta_model, parameters_on_meta
+from .weights import FP8_STORAGE, TensorSource, cast_model, load_tensors, meta_model, parameters_on_meta
 
 log = logging.getLogger(__name__)
 
@@ -296,8 +296,8 @@ def load_single_file_transformer(
     with parameters_on_meta():
         model = cls.from_config(info.config)
     _assign(model, converted, info)
-    # torch's own .to: diffusers' override warns about fp32-kept modules, which none of these have
-    model = nn.Module.to(model, device=device, dtype=dtype).eval().requires_grad_(False)
+    # cast tensor by tensor: the modules diffusers keeps in float32 (Wan's rope, time embedder) stay in it
+    model = cast_model(model, device, dtype).eval().requires_grad_(False)
     return model, info.family, dict(info.scheduler_config)
 
 

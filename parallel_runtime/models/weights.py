@@ -257,6 +257,7 @@ def load_tensors(
     wanted = {n: role_of(n) for n in (*dict(model.named_parameters()), *dict(model.named_buffers()))}
     chosen = [n for n, r in wanted.items() if r and n in numels]
     keep = set() if storage == "compute" else set(linear_weights(model, [n for n in chosen if n in source.fp8]))
+    in_fp32 = kept_in_fp32(model, list(wanted))  # as diffusers' from_pretrained keeps them (Wan's rope, time)
     quantise = set()
     if storage == "fp8_e4m3fn":
         blocks = [n for n in chosen if wanted[n] == "block" and n not in keep]
@@ -286,8 +287,9 @@ def load_tensors(
         elif t.dtype in FP8_STORAGE and n not in keep:  # an fp8 tensor computed in the compute dtype
             scale = source.scales.get(n)
             t = t.to(torch.float32) * scale if scale is not None else t
-            t = t.to(dtype)
-        target = t.dtype if n in keep or n in quantise or not t.is_floating_point() else dtype
+            t = t.to(torch.float32 if n in in_fp32 else dtype)
+        float_dtype = torch.float32 if n in in_fp32 else dtype
+        target = t.dtype if n in keep or n in quantise or not t.is_floating_point() else float_dtype
         t = t.to(device=device, dtype=target, copy=t.device == device and t.dtype == target and not source.owned)
         _set_tensor(model, n, t, parameter=n in params)
         if n in params:
@@ -309,3 +311,30 @@ def load_tensors(
         setattr(model, COMPUTE_DTYPE_ATTR, dtype)
     buffer_bytes = sum(b.numel() * b.element_size() for b in model.buffers() if b.device.type != "meta")
     return LoadedTensors(loaded, buffer_bytes)
+
+
+def cast_model(model: nn.Module, device: torch.device, dtype: torch.dtype) -> nn.Module:
+    """``model`` on ``device`` in ``dtype``, except the modules its class keeps in float32
+    (``_keep_in_fp32_modules``, e.g. Wan's rope tables, time embedder and modulation tables), as diffusers'
+    ``from_pretrained`` keeps them. Tensors are cast one by one, so a kept table is never rounded first."""
+    names = [n for n, _ in model.named_parameters()] + [n for n, _ in model.named_buffers()]
+    in_fp32 = kept_in_fp32(model, names)
+    for owner_name, owner in model.named_modules():
+        for name, tensor in list(owner.named_parameters(recurse=False)) + list(owner.named_buffers(recurse=False)):
+            if tensor is None:
+                continue
+            full = f"{owner_name}.{name}" if owner_name else name
+            target = torch.float32 if full in in_fp32 else dtype
+            moved = tensor.to(device=device, dtype=target if tensor.is_floating_point() else None)
+            if isinstance(tensor, nn.Parameter):
+                setattr(owner, name, nn.Parameter(moved, requires_grad=False))
+            else:
+                owner.register_buffer(name, moved, persistent=name not in owner._non_persistent_buffers_set)
+    return model
+
+
+def kept_in_fp32(model: nn.Module, names: list[str]) -> set[str]:
+    """Those of ``names`` (parameter / buffer names) inside a module the model's class keeps in float32
+    (``_keep_in_fp32_modules``)."""
+    keep = tuple(getattr(model, "_keep_in_fp32_modules", None) or ())
+    return {n for n in names if any(k in n.split(".") for k in keep)}

@@ -29,10 +29,11 @@ from .machine import GiB, MachineInfo
 from .stages import balanced_counts, plan_stages
 
 ASSUMED_SIDE = 1024  # image side the planner assumes when the size is not known
-TOKEN_PIXELS = 16  # every supported family makes one token per 16x16 image pixels (VAE 8 x patch 2)
-# Per family: default CFG scale when unknown, joint-attention text tokens (PixArt: cross-attention).
-_DEFAULT_CFG = {"flux": 1.0, "sd3": 4.5, "pixart": 4.5, "qwen-image": 2.5, "flux2": 1.0}
-_TEXT_TOKENS = {"flux": 512, "sd3": 333, "pixart": 0, "qwen-image": 64, "flux2": 512}
+ASSUMED_VIDEO = (832, 480, 81)  # video width, height, frames assumed when not known (ComfyUI's Wan defaults)
+TOKEN_PIXELS = 16  # one token per 16x16 image pixels (VAE 8 x patch 2); Wan 2.2 TI2V-5B: 32 (VAE 16 x patch 2)
+# Per family: default CFG scale when unknown, joint-attention text tokens (PixArt, Wan: cross-attention).
+_DEFAULT_CFG = {"flux": 1.0, "sd3": 4.5, "pixart": 4.5, "qwen-image": 2.5, "flux2": 1.0, "wan": 5.0}
+_TEXT_TOKENS = {"flux": 512, "sd3": 333, "pixart": 0, "qwen-image": 64, "flux2": 512, "wan": 0}
 
 
 # -- model ----------------------------------------------------------------------------------------
@@ -49,6 +50,8 @@ class ModelInfo:
     block_bytes: tuple[int, ...] = ()  # per block in execution order (empty: weight_bytes spread evenly)
     embed_bytes: int = 0  # embedding layers (held by the first PipeFusion stage)
     final_bytes: int = 0  # output layers (held by the last stage)
+    token_pixels: int = TOKEN_PIXELS  # image pixels per token side (VAE factor x patch size)
+    frames_per_latent: int = 0  # video families: frames per latent frame (Wan: 4); 0 for image models
 
     def stage_counts(self, pp: int, capacities: Sequence[float] | None = None) -> tuple[int, ...]:
         """Blocks per stage: balancing the bytes held (per capacity) when the block sizes are known,
@@ -88,29 +91,45 @@ class LayoutRequest:
     batch_size: int = 1
     reserve_bytes: int = int(1.5 * GiB)  # left free per GPU for the CUDA context, VAE, fragmentation (not CPU)
     text_tokens: int | None = None  # joint-attention text tokens; None: the family's usual count
+    frames: int | None = None  # video frames (None: 81 for a video model, not known yet)
 
     def cfg_for(self, family: str) -> float:
         return _DEFAULT_CFG.get(family, 1.0) if self.cfg is None else float(self.cfg)
 
-    @property
-    def size(self) -> tuple[int, int]:
-        """(width, height) planned for: the given size, or 1024x1024 when it is not known."""
-        return (self.width or ASSUMED_SIDE, self.height or ASSUMED_SIDE)
+    def size(self, model: ModelInfo | None = None) -> tuple[int, int]:
+        """(width, height) planned for: the given size, or the assumed one (1024x1024, 832x480 for video)."""
+        video = model is not None and model.frames_per_latent > 0
+        side_w, side_h = ASSUMED_VIDEO[:2] if video else (ASSUMED_SIDE, ASSUMED_SIDE)
+        return (self.width or side_w, self.height or side_h)
 
-    @property
-    def tokens(self) -> int:
-        width, height = self.size
-        return (height // TOKEN_PIXELS) * (width // TOKEN_PIXELS)
+    def latent_frames(self, model: ModelInfo | None = None) -> int:
+        """Latent frames of the generation: 1 for images; 1 + (frames - 1) / 4 for Wan video."""
+        if model is None or model.frames_per_latent == 0:
+            return 1
+        frames = self.frames or ASSUMED_VIDEO[2]
+        return (frames - 1) // model.frames_per_latent + 1
 
-    @property
-    def token_rows(self) -> int:
-        return self.size[1] // TOKEN_PIXELS
+    def tokens(self, model: ModelInfo | None = None) -> int:
+        """Image (or video) tokens of one sample: frames x rows x cols."""
+        width, height = self.size(model)
+        pixels = TOKEN_PIXELS if model is None else model.token_pixels
+        return self.latent_frames(model) * (height // pixels) * (width // pixels)
 
-    def describe_size(self) -> str:
-        width, height = self.size
-        if self.width is None or self.height is None:
-            return f"{self.tokens} image tokens if the image is {width}x{height} (the loader cannot see the sampler's size)"
-        return f"{self.tokens} image tokens ({width}x{height})"
+    def token_rows(self, model: ModelInfo | None = None) -> int:
+        """Token rows PipeFusion can cut into patches (a video's frames stacked: frames x rows)."""
+        pixels = TOKEN_PIXELS if model is None else model.token_pixels
+        return self.latent_frames(model) * (self.size(model)[1] // pixels)
+
+    def describe_size(self, model: ModelInfo | None = None) -> str:
+        width, height = self.size(model)
+        frames = self.latent_frames(model)
+        what = f"{width}x{height}" if frames == 1 else f"{width}x{height}x{self.frames or ASSUMED_VIDEO[2]} frames"
+        kind = "image" if frames == 1 else "video"
+        if self.width is None or self.height is None or (frames > 1 and self.frames is None):
+            return (
+                f"{self.tokens(model)} {kind} tokens if the {kind} is {what} (the loader cannot see the sampler's size)"
+            )
+        return f"{self.tokens(model)} {kind} tokens ({what})"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,7 +158,7 @@ def activation_bytes(model: ModelInfo, request: LayoutRequest, share: int, branc
     """Rough peak activations of one block on one rank: a share of the tokens, ~24 hidden-size
     tensors (q, k, v, attention output, 4x MLP, norms), in 2-byte floats."""
     text = _TEXT_TOKENS.get(model.family, 0) if request.text_tokens is None else request.text_tokens
-    tokens = request.tokens + text
+    tokens = request.tokens(model) + text
     return int(request.batch_size * branches * math.ceil(tokens / share) * model.hidden_size * 2 * 24)
 
 
@@ -183,7 +202,7 @@ def plan_layout(machine: MachineInfo, model: ModelInfo, request: LayoutRequest |
         return LayoutPlan(ParallelConfig(), names, reason=reason, stage_weight_bytes=held)
 
     cfg_scale = request.cfg_for(model.family)
-    facts.append(request.describe_size())
+    facts.append(request.describe_size(model))
 
     # 1. CFG parallel first when there are two branches to run - unless each half cannot hold the model even
     # split into PipeFusion stages (CFG parallel holds the weights twice): memory comes first.
@@ -232,7 +251,7 @@ def plan_layout(machine: MachineInfo, model: ModelInfo, request: LayoutRequest |
     left = rest // ulysses
     if left > 1:
         p2p_rest = _blocks_are_cliques(machine, order, ulysses * left)
-        can_pp = model.num_layers >= pp * left and request.token_rows >= pp * left
+        can_pp = model.num_layers >= pp * left and request.token_rows(model) >= pp * left
         if p2p_rest or not can_pp:
             ring = left
             facts.append(
@@ -240,7 +259,7 @@ def plan_layout(machine: MachineInfo, model: ModelInfo, request: LayoutRequest |
                 + (
                     ""
                     if p2p_rest
-                    else f" (PipeFusion impossible: {model.num_layers} layers, {request.token_rows} token rows)"
+                    else f" (PipeFusion impossible: {model.num_layers} layers, {request.token_rows(model)} token rows)"
                 )
             )
         else:

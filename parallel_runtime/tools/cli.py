@@ -26,6 +26,7 @@ BENCHES: dict[str, tuple[str, str]] = {
     "gpu": ("bench_gpu", "one GPU, real-size Flux.1, and a model of N GPUs"),
     "bigmodels": ("bench_bigmodels", "big models: weights per rank, per-stage and fp8 loading"),
     "lora": ("bench_lora", "LoRA apply/swap on a warm pool vs reloading the model"),
+    "video": ("bench_video", "Wan video: sequence parallelism and the parallel video VAE"),
 }
 
 
