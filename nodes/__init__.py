@@ -10,6 +10,7 @@ from .latent import ParallelEmptyLatent
 from .loader import ParallelModelLoader
 from .lora import ParallelLoraLoader
 from .sampler import ParallelSampler
+from .sampler_advanced import ParallelSamplerAdvanced
 from .text_encode import ParallelTextEncode
 from .unload import ParallelRuntimeUnload
 from .vae_decode import ParallelVAEDecode
@@ -20,6 +21,7 @@ NODE_CLASS_MAPPINGS = {
     "DiTParallelTextEncode": ParallelTextEncode,
     "DiTParallelEmptyLatent": ParallelEmptyLatent,
     "DiTParallelSampler": ParallelSampler,
+    "DiTParallelSamplerAdvanced": ParallelSamplerAdvanced,
     "DiTParallelVAEDecode": ParallelVAEDecode,
     "DiTParallelUnload": ParallelRuntimeUnload,
 }
@@ -30,6 +32,7 @@ NODE_DISPLAY_NAME_MAPPINGS = {
     "DiTParallelTextEncode": "Parallel Text Encode",
     "DiTParallelEmptyLatent": "Parallel Empty Latent",
     "DiTParallelSampler": "Parallel Sampler",
+    "DiTParallelSamplerAdvanced": "Parallel Sampler (Advanced)",
     "DiTParallelVAEDecode": "Parallel VAE Decode",
     "DiTParallelUnload": "Parallel Runtime Unload",
 }

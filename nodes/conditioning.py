@@ -15,13 +15,21 @@ from parallel_runtime.errors import ConfigError
 if TYPE_CHECKING:
     from parallel_runtime.models.base import Conditioning
 
-FAMILY_LABEL = {"flux": "Flux", "sd3": "SD3", "pixart": "PixArt", "qwen-image": "Qwen-Image", "flux2": "FLUX.2"}
+FAMILY_LABEL = {
+    "flux": "Flux",
+    "sd3": "SD3",
+    "pixart": "PixArt",
+    "qwen-image": "Qwen-Image",
+    "flux2": "FLUX.2",
+    "wan": "Wan",
+}
 COMFY_ENCODER_HINT = {
     "flux": "DualCLIPLoader (clip_l + t5xxl, type flux) with CLIPTextEncode",
     "sd3": "TripleCLIPLoader (clip_l + clip_g + t5xxl) with CLIPTextEncode",
     "pixart": "CLIPLoader (t5xxl, type pixart) with CLIPTextEncode",
     "qwen-image": "CLIPLoader (qwen_2.5_vl_7b, type qwen_image) with CLIPTextEncode",
     "flux2": "CLIPLoader (the FLUX.2 Mistral text encoder, type flux2) with CLIPTextEncode",
+    "wan": "CLIPLoader (umt5_xxl, type wan) with CLIPTextEncode",
 }
 UNSUPPORTED_KEYS = {
     "area": "an area (Conditioning Set Area)",
@@ -31,8 +39,11 @@ UNSUPPORTED_KEYS = {
     "hooks": "conditioning hooks",
     "reference_latents": "reference latents (Kontext / edit models)",
     "concat_latent_image": "an inpainting image",
+    "concat_mask": "an inpainting mask",
+    "clip_vision_output": "a CLIP-vision image embedding",
     "unclip_conditioning": "unCLIP image conditioning",
 }
+VIDEO_IMAGE_KEYS = ("concat_latent_image", "concat_mask", "clip_vision_output")  # WanImageToVideo's, for Wan
 
 
 def guess_source(embed_dim: int, pooled_dim: int | None) -> str:
@@ -87,7 +98,10 @@ def to_runtime(
             "connect the output of a text encoder node",
         )
     embeds, options = entry[0], dict(entry[1] or {})
+    image_extras = _wan_image_inputs(options, expected, role) if family == "wan" else {}
     for key, what in UNSUPPORTED_KEYS.items():
+        if family == "wan" and key in VIDEO_IMAGE_KEYS:
+            continue
         if options.get(key) is not None:
             raise ConfigError(
                 f"the {role} conditioning carries {what} ({key!r})",
@@ -143,7 +157,37 @@ def to_runtime(
     if mask is not None and mask.shape[1] != embeds.shape[1]:
         mask = None  # a mask for other tokens (e.g. a padded encoder) cannot be applied: run unmasked
     extras = {k: options[k] for k in ("guidance",) if options.get(k) is not None}
-    return Conditioning(embeds.float().cpu(), pooled, mask), extras
+    return Conditioning(embeds.float().cpu(), pooled, mask, **image_extras), extras
+
+
+def _wan_image_inputs(options: Mapping[str, Any], expected: Mapping[str, int | None], role: str) -> dict[str, Any]:
+    """WanImageToVideo's additions as Conditioning fields: ``concat_latent_image`` / ``concat_mask`` (the
+    start-image latent and where it is kept) and ``clip_vision_output``'s penultimate hidden states (Wan 2.1
+    I2V). As in ComfyUI, a model without image input channels or image K/V does not use them."""
+    import torch
+
+    out: dict[str, Any] = {}
+    for key, field in (("concat_latent_image", "concat_image"), ("concat_mask", "concat_mask")):
+        value = options.get(key)
+        if value is not None:
+            if not isinstance(value, torch.Tensor) or value.ndim != 5:
+                raise ConfigError(
+                    f"the {role} conditioning's {key} has shape {tuple(getattr(value, 'shape', ()))}",
+                    "Wan image-to-video takes a video latent [batch, channels, frames, height, width] and its mask",
+                    "use WanImageToVideo with a Wan VAE",
+                )
+            out[field] = value.float().cpu()
+    clip = options.get("clip_vision_output")
+    if clip is not None and expected.get("image_dim"):
+        states = getattr(clip, "penultimate_hidden_states", None)
+        if not isinstance(states, torch.Tensor) or states.shape[-1] != expected["image_dim"]:
+            raise ConfigError(
+                f"the {role} conditioning's clip_vision_output has no {expected['image_dim']}-wide penultimate states",
+                f"Wan 2.1 image-to-video attends to CLIP ViT-H's penultimate hidden states ({expected['image_dim']} wide)",
+                "encode the start image with CLIPVisionLoader (clip_vision_h) and CLIPVisionEncode",
+            )
+        out["image_embeds"] = states.float().cpu()
+    return out
 
 
 def from_runtime(cond: Conditioning, **extras: Any) -> list[list[Any]]:

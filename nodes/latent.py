@@ -27,10 +27,12 @@ def check_size(width: int, height: int) -> None:
 
 
 class ParallelEmptyLatent:
-    """Zeros [batch, model latent channels, height/8, width/8]: the start of text-to-image."""
+    """Zeros [batch, model latent channels, height/8, width/8] (video models: [batch, channels,
+    (length-1)/4+1, height/f, width/f], as EmptyHunyuanLatentVideo / Wan22ImageToVideoLatent make them)."""
 
     DESCRIPTION = (
-        "Creates an empty latent with the channel count of the parallel model (16 for Flux/SD3, 4 for PixArt)."
+        "Creates an empty latent with the channel count of the parallel model (16 for Flux/SD3/Wan 2.1, 4 for "
+        "PixArt, 48 for Wan 2.2 TI2V-5B); for a video model, length frames."
     )
     CATEGORY = CATEGORY
     RETURN_TYPES = ("LATENT",)
@@ -46,7 +48,19 @@ class ParallelEmptyLatent:
                 "width": ("INT", {"default": 1024, **size, "tooltip": "Image width in pixels (multiple of 16)."}),
                 "height": ("INT", {"default": 1024, **size, "tooltip": "Image height in pixels (multiple of 16)."}),
                 "batch_size": ("INT", {"default": 1, "min": 1, "max": 64, "tooltip": "Images per run."}),
-            }
+            },
+            "optional": {
+                "length": (
+                    "INT",
+                    {
+                        "default": 1,
+                        "min": 1,
+                        "max": MAX_RESOLUTION,
+                        "step": 4,
+                        "tooltip": "Video frames (video models; 4k+1, e.g. 81 for Wan). Image models take 1.",
+                    },
+                ),
+            },
         }
 
     @classmethod
@@ -60,13 +74,31 @@ class ParallelEmptyLatent:
             return f"{width}x{height} is larger than {MAX_RESOLUTION} pixels on a side"
         return True
 
-    def generate(self, parallel_model: ParallelModelHandle, width: int, height: int, batch_size: int) -> tuple[dict]:
+    def generate(
+        self, parallel_model: ParallelModelHandle, width: int, height: int, batch_size: int, length: int = 1
+    ) -> tuple[dict]:
         import torch
 
         check_size(width, height)
         model = parallel_model.model()
-        f = getattr(model, "spatial_factor", 8)
-        samples = torch.zeros(batch_size, model.latent_channels, height // f, width // f)
+        channels, f = model.latent_channels, model.spatial_factor
+        step = model.patch_pixels
+        if width % step or height % step:
+            raise ConfigError(
+                f"{width}x{height} for a {model.family} model whose tokens are {step}x{step} pixels",
+                f"its VAE shrinks the image {f}x and the transformer packs 2x2 latent pixels into one token",
+                f"use multiples of {step}, e.g. {width // step * step or step}x{height // step * step or step}",
+            )
+        if model.latent_dims == 3:
+            frames = (int(length) - 1) // model.temporal_factor + 1
+            return ({"samples": torch.zeros(batch_size, channels, frames, height // f, width // f)},)
+        if length != 1:
+            raise ConfigError(
+                f"length {length} for the {model.family} image model",
+                "length counts video frames; an image model makes one image per batch item",
+                "set length to 1 (or load a video model such as Wan)",
+            )
+        samples = torch.zeros(batch_size, channels, height // f, width // f)
         if getattr(model, "latent_frame_axis", False):  # Qwen-Image's LATENT, as ComfyUI keeps it: [B, C, 1, H, W]
             samples = samples.unsqueeze(2)
         return ({"samples": samples},)

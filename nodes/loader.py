@@ -16,7 +16,7 @@ from .model_files import TINY_MODELS, VAE_FROM_MODEL, model_choices, resolve_mod
 log = logging.getLogger("dit_parallel.nodes")
 
 CATEGORY = "DiT Parallel"
-FAMILIES = ("auto", "flux", "sd3", "pixart", "qwen-image", "flux2")
+FAMILIES = ("auto", "flux", "sd3", "pixart", "qwen-image", "flux2", "wan")
 DTYPES = ("bf16", "fp16", "fp32")
 ATTENTION = ("auto", "sdpa", "flash")
 WEIGHTS = {"as file": "auto", "fp8_e4m3fn": "fp8_e4m3fn", "convert to dtype": "compute"}  # node choice -> storage
@@ -56,7 +56,7 @@ def _check_range(name: str, value: Any, low: int, high: int) -> str | None:
 
 
 class ParallelModelLoader(ContextNode):
-    """Loads a Flux / SD3 / PixArt pipeline onto worker processes, one per device."""
+    """Loads a Flux / SD3 / PixArt / Qwen-Image / FLUX.2 / Wan pipeline onto worker processes, one per device."""
 
     DESCRIPTION = (
         "Starts one worker process per device and loads the model split across them. The layout (how the work "

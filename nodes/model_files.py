@@ -28,6 +28,10 @@ TINY_MODELS: tuple[str, ...] = (
     "tiny-pixart",
     "tiny-qwen-image",
     "tiny-flux2",
+    "tiny-wan",
+    "tiny-wan-i2v",
+    "tiny-wan-a14b",
+    "tiny-wan-ti2v",
 )  # models.tiny.BUILTIN_MODELS
 SINGLE_FILE_SUFFIXES: tuple[str, ...] = (".safetensors", ".sft")
 VAE_FROM_MODEL = "(the model's own)"

@@ -24,12 +24,21 @@ def sampler_names() -> tuple[tuple[str, ...], tuple[str, ...]]:
     return tuple(SAMPLER_NAMES), tuple(SCHEDULER_NAMES)
 
 
-def prepare_latent(latent: Any, channels: int, family: str, spatial: int = 8, frame_axis: bool = False) -> Any:
-    """The LATENT's samples as float32 [B,C,H,W], checked against the model (``spatial`` image pixels per
-    latent pixel; ``frame_axis``: the family's LATENT may be [B,C,1,H,W], as ComfyUI keeps Qwen-Image's).
+def prepare_latent(
+    latent: Any,
+    channels: int,
+    family: str,
+    latent_dims: int = 2,
+    spatial_factor: int = 8,
+    patch_pixels: int = SIZE_STEP,
+    frame_axis: bool = False,
+) -> Any:
+    """The LATENT's samples as float32 [B,C,H,W] (video models: [B,C,T,H,W]), checked against the model
+    (``frame_axis``: an image family whose LATENT may be [B,C,1,H,W], as ComfyUI keeps Qwen-Image's).
 
-    An all-zero latent with another channel count (ComfyUI's EmptyLatentImage is 4-channel) is
-    replaced by zeros with the model's channels, as ComfyUI's own KSampler does."""
+    As ComfyUI's own KSampler does (``fix_empty_latent_channels``): an all-zero latent with another
+    channel count (EmptyLatentImage is 4-channel, EmptyHunyuanLatentVideo 16) becomes zeros with the
+    model's channels, and an image latent given to a video model is one frame."""
     import torch
 
     if not isinstance(latent, dict) or not isinstance(latent.get("samples"), torch.Tensor):
@@ -38,41 +47,121 @@ def prepare_latent(latent: Any, channels: int, family: str, spatial: int = 8, fr
             "a LATENT is a dict with a 'samples' tensor",
             "connect Parallel Empty Latent, EmptySD3LatentImage, VAEEncode or another LATENT output",
         )
-    if latent.get("noise_mask") is not None:
+    if latent.get("noise_mask") is not None and latent_dims != 3:
         raise ConfigError(
             "latent_image carries a noise mask (inpainting)",
-            "the parallel sampler denoises the whole latent; it would ignore the mask",
+            "the parallel sampler applies a noise mask only for video models (Wan22ImageToVideoLatent)",
             "remove Set Latent Noise Mask / VAE Encode (for Inpainting), or use ComfyUI's KSampler for inpainting",
         )
     samples = latent["samples"]
-    if frame_axis and samples.ndim == 5 and samples.shape[2] == 1:
+    if frame_axis and latent_dims == 2 and samples.ndim == 5 and samples.shape[2] == 1:
         samples = samples[:, :, 0]
-    if samples.ndim != 4:
+    if latent_dims == 3 and samples.ndim == 4:
+        samples = samples.unsqueeze(2)
+    if samples.ndim != 2 + latent_dims:
+        shape = "[batch, channels, frames, height, width]" if latent_dims == 3 else "[batch, channels, height, width]"
         raise ConfigError(
             f"latent_image has shape {tuple(samples.shape)}",
-            "image models take latents [batch, channels, height, width] (video latents are 5-D)",
-            "use an image latent",
+            f"this {family} model takes latents {shape}",
+            "use a video latent (EmptyHunyuanLatentVideo, WanImageToVideo, Parallel Empty Latent with length)"
+            if latent_dims == 3
+            else "use an image latent (video latents are 5-D)",
         )
-    b, c, h, w = samples.shape
-    if c != channels:
+    if samples.shape[1] != channels:
         if not torch.any(samples):
-            log.info("empty %d-channel latent replaced by an empty %d-channel latent for %s", c, channels, family)
-            samples = torch.zeros(b, channels, h, w)
+            log.info(
+                "empty %d-channel latent replaced by an empty %d-channel one for %s", samples.shape[1], channels, family
+            )
+            samples = torch.zeros(samples.shape[0], channels, *samples.shape[2:])
         else:
             raise ConfigError(
-                f"latent_image has {c} channels but this {family} model works with {channels}",
+                f"latent_image has {samples.shape[1]} channels but this {family} model works with {channels}",
                 "a latent is only meaningful to the VAE (and model) that made it",
-                "encode the image with this model's VAE (16 channels for Flux/SD3, 4 for PixArt)",
+                "encode the image with this model's VAE (16 channels for Flux/SD3/Wan 2.1, 4 for PixArt, "
+                "48 for Wan 2.2 TI2V-5B)",
             )
-    width, height = w * spatial, h * spatial
-    if width % SIZE_STEP or height % SIZE_STEP:
+    h, w = samples.shape[-2:]
+    width, height = w * spatial_factor, h * spatial_factor
+    if width % patch_pixels or height % patch_pixels:
         raise ConfigError(
-            f"the latent is {width}x{height} pixels; width and height must be multiples of {SIZE_STEP}",
-            "the transformer packs 2x2 latent pixels (16x16 image pixels) into one token",
-            f"resize to {width // SIZE_STEP * SIZE_STEP}x{height // SIZE_STEP * SIZE_STEP} "
+            f"the latent is {width}x{height} pixels; width and height must be multiples of {patch_pixels}",
+            f"the transformer packs 2x2 latent pixels ({patch_pixels}x{patch_pixels} image pixels) into one token",
+            f"resize to {width // patch_pixels * patch_pixels}x{height // patch_pixels * patch_pixels} "
             "(e.g. with Upscale Latent or ImageScale before VAE Encode)",
         )
     return samples.float().cpu()
+
+
+def prepare_noise_mask(latent: dict, samples: Any) -> Any:
+    """The LATENT's noise mask (Wan22ImageToVideoLatent: [B,1,T,H,W], 0 where the start frame is kept) as
+    float32, or None. The workers bring it to the latent's shape as ComfyUI does (``reshape_mask``)."""
+    import torch
+
+    mask = latent.get("noise_mask")
+    if mask is None:
+        return None
+    if not isinstance(mask, torch.Tensor) or mask.shape[-2:] != samples.shape[-2:]:
+        raise ConfigError(
+            f"the LATENT's noise_mask has shape {tuple(getattr(mask, 'shape', ()))}, the latent {tuple(samples.shape)}",
+            "the parallel sampler takes a noise mask at the latent's own size (as Wan22ImageToVideoLatent makes it)",
+            "make the latent and its mask with the same node",
+        )
+    return mask.float().cpu()
+
+
+def model_geometry(model: Any) -> dict[str, int]:
+    """What prepare_latent needs to know of a ParallelModel."""
+    return {
+        "latent_dims": model.latent_dims,
+        "spatial_factor": model.spatial_factor,
+        "patch_pixels": model.patch_pixels,
+        "frame_axis": getattr(model, "latent_frame_axis", False),
+    }
+
+
+def run_sampler(
+    ctx: Any, parallel_model: ParallelModelHandle, positive: Any, negative: Any, latent_image: dict, **settings: Any
+) -> tuple[dict]:
+    """Sample on the pool with progress, previews, cancel and status (shared by both sampler nodes).
+    ``settings``: ParallelModel.sample's keyword arguments (seed, steps, ..., advanced)."""
+    model = parallel_model.model()
+    family = model.family
+    geometry = model_geometry(model)
+    samples = prepare_latent(latent_image, model.latent_channels, family, **geometry)
+    noise_mask = prepare_noise_mask(latent_image, samples)
+    expected = model.expected_conditioning()
+    pos, pos_extra = to_runtime(positive, expected, family, "positive")
+    neg = to_runtime(negative, expected, family, "negative")[0] if negative is not None else None
+    guidance = settings.pop("guidance", None)
+    distilled = family in ("flux", "flux2")  # the families with an embedded (distilled) guidance input
+    flux_guidance = float(pos_extra.get("guidance", guidance)) if distilled else None
+    sigmas = settings.get("sigmas")
+    total = (len(sigmas) - 1) if sigmas is not None else settings["steps"]
+    monitor = JobMonitor(ctx.bridge, ctx.status, parallel_model.pool_id, family, total, len(parallel_model.devices))
+    h, w = samples.shape[-2:]
+    f = model.spatial_factor
+    kwargs = dict(width=w * f, height=h * f, batch_size=samples.shape[0], guidance=flux_guidance, **settings)
+    if noise_mask is not None:
+        kwargs["noise_mask"] = noise_mask
+
+    def job(on_event, should_cancel):
+        return model.sample(pos, neg, samples, on_event=on_event, should_cancel=should_cancel, **kwargs)
+
+    ctx.status.job(parallel_model.pool_id, "sample", "running")
+    try:
+        out = run_with_events(job, monitor.handle, ctx.bridge)
+    except JobCancelled as exc:
+        ctx.status.job(parallel_model.pool_id, "sample", "cancelled")
+        ctx.bridge.raise_interrupted(exc)
+        raise
+    except BaseException as exc:
+        state = "cancelled" if type(exc).__name__ == "InterruptProcessingException" else "error"
+        ctx.status.job(parallel_model.pool_id, "sample", state, str(exc))
+        raise
+    ctx.status.job(parallel_model.pool_id, "sample", "done")
+    result = dict(latent_image)  # KSampler's copy: a noise mask stays with the latent (a second pass reads it)
+    result["samples"] = out.unsqueeze(2) if geometry["frame_axis"] else out  # ComfyUI's layout for the family
+    return (result,)
 
 
 class ParallelSampler(ContextNode):
@@ -137,7 +226,7 @@ class ParallelSampler(ContextNode):
                         "min": 0.0,
                         "max": 100.0,
                         "step": 0.1,
-                        "tooltip": "Flux / FLUX.2 distilled guidance (a FluxGuidance node on positive overrides it). Ignored by SD3, PixArt and Qwen-Image.",
+                        "tooltip": "Flux / FLUX.2 distilled guidance (a FluxGuidance node on positive overrides it). Ignored by SD3, PixArt, Qwen-Image and Wan.",
                     },
                 ),
             },
@@ -168,53 +257,18 @@ class ParallelSampler(ContextNode):
         sigmas: Any = None,
         guidance: float = 3.5,
     ) -> tuple[dict]:
-        ctx = self.context
-        model = parallel_model.model()
-        family = model.family
-        frame_axis = getattr(model, "latent_frame_axis", False)
-        spatial = getattr(model, "spatial_factor", 8)
-        samples = prepare_latent(latent_image, model.latent_channels, family, spatial, frame_axis)
-        expected = model.expected_conditioning()
-        pos, pos_extra = to_runtime(positive, expected, family, "positive")
-        neg = to_runtime(negative, expected, family, "negative")[0] if negative is not None else None
-        distilled = family in ("flux", "flux2")  # the families with an embedded (distilled) guidance input
-        flux_guidance = float(pos_extra.get("guidance", guidance)) if distilled else None
-        batch, _, h, w = samples.shape
-        total = (len(sigmas) - 1) if sigmas is not None else steps
-        monitor = JobMonitor(ctx.bridge, ctx.status, parallel_model.pool_id, family, total, len(parallel_model.devices))
-
-        def job(on_event, should_cancel):
-            return model.sample(
-                pos,
-                neg,
-                samples,
-                width=w * spatial,
-                height=h * spatial,
-                batch_size=batch,
-                seed=int(seed),
-                steps=int(steps),
-                cfg=float(cfg),
-                sampler_name=sampler_name,
-                scheduler=scheduler,
-                denoise=float(denoise),
-                sigmas=sigmas,
-                guidance=flux_guidance,
-                on_event=on_event,
-                should_cancel=should_cancel,
-            )
-
-        ctx.status.job(parallel_model.pool_id, "sample", "running")
-        try:
-            out = run_with_events(job, monitor.handle, ctx.bridge)
-        except JobCancelled as exc:
-            ctx.status.job(parallel_model.pool_id, "sample", "cancelled")
-            ctx.bridge.raise_interrupted(exc)
-            raise
-        except BaseException as exc:
-            state = "cancelled" if type(exc).__name__ == "InterruptProcessingException" else "error"
-            ctx.status.job(parallel_model.pool_id, "sample", state, str(exc))
-            raise
-        ctx.status.job(parallel_model.pool_id, "sample", "done")
-        result = {k: v for k, v in latent_image.items() if k not in ("samples", "noise_mask")}
-        result["samples"] = out.unsqueeze(2) if frame_axis else out  # ComfyUI's own layout for the family
-        return (result,)
+        return run_sampler(
+            self.context,
+            parallel_model,
+            positive,
+            negative,
+            latent_image,
+            seed=int(seed),
+            steps=int(steps),
+            cfg=float(cfg),
+            sampler_name=sampler_name,
+            scheduler=scheduler,
+            denoise=float(denoise),
+            sigmas=sigmas,
+            guidance=guidance,
+        )

@@ -17,7 +17,10 @@ class ParallelVAEDecode(ContextNode):
     DESCRIPTION = "Decodes a LATENT with the parallel model's VAE, split across the workers (same result as one GPU)."
     CATEGORY = CATEGORY
     RETURN_TYPES = ("IMAGE",)
-    OUTPUT_TOOLTIPS = ("The decoded images [batch, height, width, 3], values 0..1.",)
+    OUTPUT_TOOLTIPS = (
+        "The decoded images [batch, height, width, 3], values 0..1; a video's frames one after another "
+        "(Wan: 4*T-3 frames per latent of T frames) for SaveAnimatedWEBP / CreateVideo.",
+    )
     FUNCTION = "decode"
 
     @classmethod
@@ -34,13 +37,17 @@ class ParallelVAEDecode(ContextNode):
 
         model = parallel_model.model()
         latent = samples.get("samples") if isinstance(samples, dict) else None
-        if isinstance(latent, torch.Tensor) and latent.ndim == 5 and latent.shape[2] == 1:
+        dims = getattr(model, "latent_dims", 2)
+        if dims == 2 and isinstance(latent, torch.Tensor) and latent.ndim == 5 and latent.shape[2] == 1:
             latent = latent[:, :, 0]  # an image family whose LATENT carries a frame axis (Qwen-Image)
-        if not isinstance(latent, torch.Tensor) or latent.ndim != 4:
+        if dims == 3 and isinstance(latent, torch.Tensor) and latent.ndim == 4:
+            latent = latent.unsqueeze(2)  # one frame (ComfyUI's video VAEs take image latents so too)
+        if not isinstance(latent, torch.Tensor) or latent.ndim != 2 + dims:
+            shape = "[batch, channels, frames, height, width]" if dims == 3 else "[batch, channels, height, width]"
             raise ConfigError(
-                "samples is not an image LATENT",
-                "the VAE decodes latents shaped [batch, channels, height, width]",
-                "connect a LATENT output (Parallel Sampler, VAE Encode, ...)",
+                f"samples is not a LATENT this {model.family} VAE decodes",
+                f"the VAE decodes latents shaped {shape}",
+                "connect a LATENT output of this model (Parallel Sampler, VAE Encode, ...)",
             )
         if latent.shape[1] != model.latent_channels:
             raise ConfigError(

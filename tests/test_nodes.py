@@ -99,6 +99,7 @@ class FakeModel:
 
     def __init__(self, family: str = "flux", channels: int = 16, embed_dim: int = 32, pooled_dim: int | None = 32):
         self.family, self.latent_channels, self.spatial_factor = family, channels, 8
+        self.latent_dims, self.temporal_factor, self.patch_pixels = 2, 1, 16
         self.embed_dim, self.pooled_dim = embed_dim, pooled_dim
         self.calls: list[dict] = []
         self.unloaded = False
@@ -482,16 +483,9 @@ def test_model_choices_list_folders_and_files(tmp_path):
     bridge = RecordingBridge(
         folders={"diffusers": [str(tmp_path / "diffusers")], "diffusion_models": [str(tmp_path / "unet")]}
     )
-    assert model_choices(bridge) == [
-        "FLUX.1-dev",
-        "flux1-dev.safetensors",
-        "tiny-flux-shapes",
-        "tiny-flux",
-        "tiny-sd3",
-        "tiny-pixart",
-        "tiny-qwen-image",
-        "tiny-flux2",
-    ]
+    tiny = ["tiny-flux-shapes", "tiny-flux", "tiny-sd3", "tiny-pixart", "tiny-qwen-image", "tiny-flux2"]
+    tiny += ["tiny-wan", "tiny-wan-i2v", "tiny-wan-a14b", "tiny-wan-ti2v"]
+    assert model_choices(bridge) == ["FLUX.1-dev", "flux1-dev.safetensors", *tiny]
     assert resolve_model("flux1-dev.safetensors", bridge) == str(tmp_path / "unet" / "flux1-dev.safetensors")
 
 

@@ -93,3 +93,21 @@ def test_tiny_smoke_workflow_runs(pool_registry):
     (image,) = outputs[sink["id"]]
     assert isinstance(image, torch.Tensor) and image.shape == (1, 64, 64, 3)
     assert 0.0 <= float(image.min()) <= float(image.max()) <= 1.0
+
+
+def test_tiny_wan_smoke_workflow_runs(pool_registry):
+    """The tiny Wan workflow file (Parallel Empty Latent with length 9 -> 5-D latent, UMT5 text encode on
+    the workers, Ulysses 2) decodes into 9 frames, and equals the same graph on one CPU worker."""
+    import torch
+
+    context = importlib.import_module(f"{load_pack().__name__}.nodes.context")
+    bridge = importlib.import_module(f"{load_pack().__name__}.nodes.bridge")
+    data = json.loads((ROOT / "workflows" / "tiny_wan_cpu_smoke.json").read_text(encoding="utf-8"))
+    ctx = context.NodeContext.create(registry=pool_registry, bridge=bridge.ComfyBridge())
+    sink = next(n for n in data["nodes"] if n["type"] == "PreviewImage")
+    frames = {}
+    for layout in ({}, {"devices": "cpu:1", "ulysses": 1}):
+        overrides = {"DiTParallelSampler": {"steps": 2}, "DiTParallelModelLoader": layout}
+        (frames[bool(layout)],) = run_ui_workflow(data, ctx, overrides)[sink["id"]]
+    assert frames[False].shape == (9, 48, 64, 3)  # 1 + 4 * (3 latent frames - 1), at 8x the latent size
+    torch.testing.assert_close(frames[False], frames[True], atol=2e-5, rtol=0)

@@ -23,11 +23,12 @@ from typing import Any
 import torch
 
 from ..errors import ConfigError
+from .tiny_video import TINY_VIDEO_MODELS
 
 TINY_VERSION = "v1"  # bump whenever the built folders change: caches are keyed by it
 TINY_MODELS: tuple[str, ...] = ("tiny-flux", "tiny-sd3", "tiny-pixart", "tiny-qwen-image", "tiny-flux2")
 TRAINED_MODELS: tuple[str, ...] = ("tiny-flux-shapes",)  # draws the coloured shapes its prompt names
-BUILTIN_MODELS: tuple[str, ...] = (*TRAINED_MODELS, *TINY_MODELS)
+BUILTIN_MODELS: tuple[str, ...] = (*TRAINED_MODELS, *TINY_MODELS, *TINY_VIDEO_MODELS)
 TRAINED_ROOT = Path(__file__).resolve().parent / "trained"
 CACHE_ENV = "DIT_PARALLEL_TINY_ROOT"
 SEED = 0

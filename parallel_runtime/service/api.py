@@ -129,8 +129,27 @@ class ParallelModel:
         """ComfyUI's LATENT of this image family carries a frame axis of 1 ([B, C, 1, H, W], Qwen-Image)."""
         return bool(self.info.get("latent_frame_axis", False))
 
+    @property
+    def latent_dims(self) -> int:
+        """2 for image models ([B,C,H,W] latents), 3 for video models ([B,C,T,H,W])."""
+        return self.info.get("latent_dims", 2)
+
+    @property
+    def temporal_factor(self) -> int:
+        """Video frames per latent frame (4 for Wan; the first latent frame is one video frame)."""
+        return self.info.get("temporal_factor", 1)
+
+    @property
+    def patch_pixels(self) -> int:
+        """Image pixels per token along a side (width and height must be multiples of it)."""
+        return self.spatial_factor * self.info.get("patch_size", 2)
+
     def expected_conditioning(self) -> dict[str, int | None]:
-        return {"embed_dim": self.info["embed_dim"], "pooled_dim": self.info["pooled_dim"]}
+        return {
+            "embed_dim": self.info["embed_dim"],
+            "pooled_dim": self.info["pooled_dim"],
+            "image_dim": self.info.get("image_dim"),  # CLIP-vision states (Wan 2.1 I2V), else None
+        }
 
     def describe(self) -> str:
         return (
@@ -190,13 +209,35 @@ class ParallelModel:
         guidance: float | None = None,
         on_event: Callable[[int, str, Any], None] | None = None,
         should_cancel: Callable[[], bool] | None = None,
+        noise_mask: torch.Tensor | None = None,
+        advanced: dict[str, Any] | None = None,
     ) -> torch.Tensor:
-        """KSampler semantics on a raw VAE latent (zeros of the size when ``latent`` is None)."""
-        multiple = self.spatial_factor * int(self.info.get("patch_size", 2))  # image pixels per token side
-        check_sampling_args(sampler_name, scheduler, steps, denoise, width, height, multiple)
+        """KSampler semantics on a raw VAE latent (zeros of the size when ``latent`` is None; a video
+        model needs its [B,C,T,H,W] latent). ``noise_mask``: the LATENT's (Wan22ImageToVideoLatent).
+        ``advanced``: KSamplerAdvanced's add_noise / start_at_step / end_at_step /
+        return_with_leftover_noise (as SamplingSettings fields)."""
+        check_sampling_args(sampler_name, scheduler, steps, denoise, width, height, self.patch_pixels)
+        if latent is None and self.latent_dims == 3:
+            raise ConfigError(
+                f"no latent given to the {self.family} video model",
+                "a video latent also needs a frame count, which width and height do not give",
+                "pass a [batch, channels, frames, height, width] latent (Parallel Empty Latent with length, "
+                "EmptyHunyuanLatentVideo, WanImageToVideo)",
+            )
         if latent is None:
             f = self.spatial_factor
             latent = torch.zeros(batch_size, self.latent_channels, height // f, width // f)
+        elif latent.ndim != 2 + self.latent_dims:
+            kind = (
+                "video [batch, channels, frames, height, width]"
+                if self.latent_dims == 3
+                else "image [batch, channels, height, width]"
+            )
+            raise ConfigError(
+                f"a {latent.ndim}-D latent given to the {self.family} model",
+                f"this model denoises {kind} latents",
+                "make the latent for this model (its empty latent node, or its VAE)",
+            )
         elif latent.shape[1] != self.latent_channels:
             raise ConfigError(
                 f"the LATENT has {latent.shape[1]} channels but {self.family} works on {self.latent_channels}",
@@ -205,7 +246,12 @@ class ParallelModel:
             )
         else:
             height, width = latent.shape[-2] * self.spatial_factor, latent.shape[-1] * self.spatial_factor
-        settings = SamplingSettings(seed, steps, cfg, sampler_name, scheduler, denoise, sigmas, guidance)
+        settings = SamplingSettings(
+            seed, steps, cfg, sampler_name, scheduler, denoise, sigmas, guidance, **(advanced or {})
+        )
+        extra = self._pipefusion_kwargs()
+        if noise_mask is not None:
+            extra["noise_mask"] = noise_mask.float().contiguous()
         return self._run(
             generate,
             positive,
@@ -217,7 +263,7 @@ class ParallelModel:
             on_event=on_event,
             should_cancel=should_cancel,
             loras=stack_entries(self.loras),
-            **self._pipefusion_kwargs(),
+            **extra,
         )
 
     def _pipefusion_kwargs(self) -> dict[str, Any]:
@@ -226,7 +272,8 @@ class ParallelModel:
         return {"patches": self.request.pp_patches, "warmup": self.request.pp_warmup}
 
     def decode(self, latent: torch.Tensor) -> torch.Tensor:
-        """Raw VAE latent [B,C,H,W] -> IMAGE [B,H,W,3] in 0..1 (exact parallel decode)."""
+        """Raw VAE latent [B,C,H,W] -> IMAGE [B,H,W,3] in 0..1 (exact parallel decode); a video latent
+        [B,C,T,H,W] -> its frames [B*(4*T-3),H,W,3] (Wan), what ComfyUI's video save nodes take."""
         return self._run(decode, latent.float().contiguous())
 
     def unload(self) -> None:
@@ -244,9 +291,8 @@ def _stack(conds: list[Conditioning]) -> Conditioning:
     def cat(ts):
         return None if ts[0] is None else torch.cat(ts)
 
-    return Conditioning(
-        cat([c.prompt_embeds for c in conds]), cat([c.pooled for c in conds]), cat([c.attention_mask for c in conds])
-    )
+    fields = conds[0].tensors()
+    return Conditioning(**{name: cat([c.tensors()[name] for c in conds]) for name in fields})
 
 
 def check_sampling_args(

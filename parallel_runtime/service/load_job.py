@@ -146,6 +146,7 @@ def load_model(
         "num_blocks": adapter.num_blocks,
         "embed_dim": _embed_dim(model),
         "pooled_dim": cfg.get("pooled_projection_dim"),
+        "image_dim": cfg.get("image_dim"),
         "transformer_bytes": weight_bytes,
         "memory": ctx.report_memory(),
         "lora_keys": lora_keys(model) if ctx.rank == 0 else None,  # what a LoRA may patch (names and shapes)
@@ -247,7 +248,8 @@ def free_gpu_bytes(devices: list[str]) -> dict[str, int]:
 
 def _embed_dim(model: LoadedModel) -> int | None:
     cfg = model.components.transformer_config
-    return cfg.get("joint_attention_dim") or cfg.get("caption_channels") or cfg.get("cross_attention_dim")
+    keys = ("joint_attention_dim", "caption_channels", "cross_attention_dim", "text_dim")  # text_dim: Wan's UMT5
+    return next((cfg[k] for k in keys if cfg.get(k)), None)
 
 
 def unload(ctx: JobContext) -> None:

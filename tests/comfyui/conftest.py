@@ -39,7 +39,32 @@ TINY_STAND_INS: dict[str, tuple[str, str]] = {
     "vae/sd3.5_vae.safetensors": ("tiny-sd3", "vae/diffusion_pytorch_model.safetensors"),
     "text_encoders/clip_l.safetensors": ("tiny-flux", "text_encoder/model.safetensors"),
     "text_encoders/t5xxl_fp16.safetensors": ("tiny-flux", "text_encoder_2/model.safetensors"),
+    "diffusion_models/wan2.1_t2v_1.3B_fp16.safetensors": (
+        "tiny-wan",
+        "transformer/diffusion_pytorch_model.safetensors",
+    ),
+    "diffusion_models/wan2.1_i2v_480p_14B_fp16.safetensors": (
+        "tiny-wan-i2v",
+        "transformer/diffusion_pytorch_model.safetensors",
+    ),
+    "diffusion_models/wan2.2_t2v_high_noise_14B_fp16.safetensors": (
+        "tiny-wan-a14b",
+        "transformer/diffusion_pytorch_model.safetensors",
+    ),
+    "diffusion_models/wan2.2_t2v_low_noise_14B_fp16.safetensors": (
+        "tiny-wan-a14b",
+        "transformer_2/diffusion_pytorch_model.safetensors",
+    ),
+    "diffusion_models/wan2.2_ti2v_5B_fp16.safetensors": (
+        "tiny-wan-ti2v",
+        "transformer/diffusion_pytorch_model.safetensors",
+    ),
+    "vae/wan_2.1_vae.safetensors": ("tiny-wan", "vae/diffusion_pytorch_model.safetensors"),
+    "vae/wan2.2_vae.safetensors": ("tiny-wan-ti2v", "vae/diffusion_pytorch_model.safetensors"),
+    "text_encoders/umt5_xxl_fp8_e4m3fn_scaled.safetensors": ("tiny-wan", "text_encoder/model.safetensors"),
+    "clip_vision/clip_vision_h.safetensors": ("tiny-wan-i2v", "image_encoder/model.safetensors"),
 }
+INPUT_IMAGES = ("wan_start_image.png",)  # LoadImage's files the shipped workflows name (ComfyUI's input/)
 
 # The LoRA files the shipped workflows name, stood in by the tiny LoRA test files (tests/data/lora).
 LORA_STAND_INS: dict[str, str] = {
@@ -87,6 +112,14 @@ def _lay_out_models(models: Path) -> None:
         link.symlink_to(REPO / "tests" / "data" / "lora" / name)
 
 
+def _put_input_images(folder: Path) -> None:
+    from PIL import Image
+
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in INPUT_IMAGES:
+        Image.new("RGB", (64, 48), (200, 120, 40)).save(folder / name)
+
+
 @pytest.fixture(scope="session")
 def comfy_base(tmp_path_factory, comfy_python) -> Path:
     """The --base-directory: custom_nodes/dit-parallel (a git clone of this commit, its
@@ -98,6 +131,7 @@ def comfy_base(tmp_path_factory, comfy_python) -> Path:
     clone_pack(pack)
     pip_install_requirements(comfy_python, pack / "requirements.txt", base / "pip-install.log")
     _lay_out_models(base / "models")
+    _put_input_images(base / "input")
     settings = base / "user" / "default" / "comfy.settings.json"
     settings.parent.mkdir(parents=True)
     settings.write_text(json.dumps({"Comfy.TutorialCompleted": True}))

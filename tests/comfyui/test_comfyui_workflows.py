@@ -28,7 +28,7 @@ def test_workflow_passes_comfyuis_validate_prompt(path: Path, comfy_oracle):
         {"error": result["error"], "node_errors": result["node_errors"]}, indent=1
     )
     assert not result["node_errors"]
-    outputs = {k for k, v in result["prompt"].items() if v["class_type"] in ("SaveImage", "PreviewImage")}
+    outputs = {k for k, v in result["prompt"].items() if v["class_type"] in ("SaveImage", "PreviewImage", "SaveVideo")}
     assert set(result["outputs"]) == outputs, "every image sink of the workflow would run"
 
 
@@ -71,7 +71,12 @@ def test_workflows_cover_the_layouts_and_mix_with_core_nodes(comfy_oracle):
     assert any(f == "flux" and l["ulysses"] > 1 for f, l in manual), "a Flux workflow with Ulysses"
     assert any(f == "sd3" and l["cfg_parallel"] == 2 and l["pipefusion"] > 1 for f, l in manual), "SD3 CFG x PipeFusion"
     assert any(f == "pixart" and l["pipefusion"] > 1 for f, l in manual), "a PixArt workflow with PipeFusion"
+    assert any(f == "wan" and l["ulysses"] > 1 for f, l in manual), "a Wan workflow with Ulysses"
+    assert any(f == "wan" and l["ring"] > 1 for f, l in manual), "a Wan workflow with Ring"
+    assert any(f == "wan" and l["cfg_parallel"] == 2 for f, l in manual), "a Wan workflow with CFG parallel"
     assert {"VAEDecode", "VAEEncode", "LatentUpscaleBy", "DualCLIPLoader", "CLIPTextEncode"} <= core_used
+    video = {"EmptyHunyuanLatentVideo", "WanImageToVideo", "Wan22ImageToVideoLatent", "CLIPVisionEncode", "SaveVideo"}
+    assert video <= core_used, "the Wan workflows take ComfyUI's own video nodes"
 
 
 def test_sampler_and_scheduler_names_are_comfyuis(comfy_oracle):
