@@ -7,7 +7,8 @@ import dataclasses
 import torch
 
 from parallel_runtime.denoise.loop import denoise_latent
-from parallel_runtime.denoise.settings import SamplingSettings, model_sampling_for
+from parallel_runtime.denoise.model_sampling import model_sampling_for
+from parallel_runtime.denoise.settings import SamplingSettings
 from parallel_runtime.models.loading import load_pipeline_components
 from parallel_runtime.models.text_encoding import encode_prompts
 from parallel_runtime.models.tiny import ensure_tiny_model
@@ -58,7 +59,7 @@ class Reference:
             adapter = comps.adapter()
             latent = torch.zeros(1, adapter.plan.latent_channels, HEIGHT // 8, WIDTH // 8)
             settings = SamplingSettings(seed=seed, steps=steps, cfg=cfg, sampler=sampler, guidance=3.5)
-            ms = model_sampling_for(adapter, comps.scheduler_config, WIDTH, HEIGHT)
+            ms = model_sampling_for(adapter)
             out = denoise_latent(adapter, ParallelMesh.single(), ms, pos, neg, latent, settings)
             self.cache[key] = (pos, neg, latent, settings, out)
         return self.cache[key]
@@ -78,9 +79,7 @@ def run_generate(pool, case, patches=3, warmup=STEPS, events=None, **overrides):
     if overrides:
         settings = dataclasses.replace(settings, **overrides)
     on_event = None if events is None else (lambda *e: events.append(e))
-    fut = pool.submit(
-        generate, pos, neg, latent, settings, WIDTH, HEIGHT, patches=patches, warmup=warmup, on_event=on_event
-    )
+    fut = pool.submit(generate, pos, neg, latent, settings, patches=patches, warmup=warmup, on_event=on_event)
     return fut.result(300)
 
 
@@ -93,8 +92,6 @@ def run_stats(pool, case, patches, warmup, stale_kv=True, agree_cancel_every="st
         neg,
         latent,
         settings,
-        WIDTH,
-        HEIGHT,
         patches,
         warmup,
         stale_kv,

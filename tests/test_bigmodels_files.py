@@ -12,7 +12,8 @@ import torch
 from bigmodel_files import flux2_to_bfl, save, to_fp8
 
 from parallel_runtime.denoise.loop import denoise_latent
-from parallel_runtime.denoise.settings import SamplingSettings, model_sampling_for
+from parallel_runtime.denoise.model_sampling import model_sampling_for
+from parallel_runtime.denoise.settings import SamplingSettings
 from parallel_runtime.models import Conditioning, get_adapter
 from parallel_runtime.models.fp8 import Fp8Linear, dequantise_model, fp8_layers
 from parallel_runtime.models.loading import load_pipeline_components
@@ -56,7 +57,7 @@ def test_qwen_image_files_equal_comfyui_ksampler(case):
         scheduler=entry["scheduler"],
         denoise=entry["denoise"],
     )
-    ms = model_sampling_for(adapter, {}, 64, 64)
+    ms = model_sampling_for(adapter)
     pos, neg = Conditioning(conds[entry["positive"]]), Conditioning(conds[entry["negative"]])
     got = denoise_latent(adapter, ParallelMesh.single(), ms, pos, neg, latent, settings)
     expected = _tensor(entry["samples"])[:, :, 0]
@@ -166,7 +167,7 @@ def test_fp8_scaled_file_on_the_pool_equals_comfyui(cpu_pool, layout):
     extra = dict(patches=2, warmup=entry["steps"]) if layout == "pp2" else {}
     latent = torch.zeros(shape[0], shape[1], *shape[-2:])
     pos, neg = Conditioning(conds[entry["positive"]]), Conditioning(conds[entry["negative"]])
-    got = pool.submit(generate, pos, neg, latent, settings, shape[-1] * 8, shape[-2] * 8, **extra).result(300)
+    got = pool.submit(generate, pos, neg, latent, settings, **extra).result(300)
     expected = _tensor(entry["samples"])[:, :, 0]
     assert (got - expected).abs().max().item() <= 1e-4 * max(1.0, expected.abs().max().item())
 
@@ -197,10 +198,10 @@ def test_flux2_file_with_its_vae_file_decodes_like_the_folder(cpu_pool, tmp_path
     latent = torch.zeros(1, 16, 4, 6)
     settings = SamplingSettings(seed=2, steps=2, guidance=4.0)
     pool.submit(load_model, str(folder), "fp32", "sdpa").result(300)
-    expected = pool.submit(generate, pos, None, latent, settings, 96, 64).result(300)
+    expected = pool.submit(generate, pos, None, latent, settings).result(300)
     expected_image = pool.submit(decode, expected).result(300)
     pool.submit(load_model, str(transformer), "fp32", "sdpa", vae_path=str(vae_file), vae_norm_groups=4).result(300)
-    got = pool.submit(generate, pos, None, latent, settings, 96, 64).result(300)
+    got = pool.submit(generate, pos, None, latent, settings).result(300)
     assert (got - expected).abs().max().item() <= 1e-5
     torch.testing.assert_close(pool.submit(decode, got).result(300), expected_image, rtol=0, atol=1e-5)
 

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from parallel_runtime.denoise.loop import denoise_latent
-from parallel_runtime.denoise.settings import SamplingSettings, model_sampling_for
+from parallel_runtime.denoise.model_sampling import model_sampling_for
+from parallel_runtime.denoise.settings import SamplingSettings
 from parallel_runtime.models.loading import load_pipeline_components
 from parallel_runtime.models.text_encoding import encode_prompt
 from parallel_runtime.models.tiny import ensure_tiny_model
@@ -27,7 +28,7 @@ def _components(name):
 
 def _ours(comps, pos, neg, sigmas, start, cfg, guidance=None):
     adapter = comps.adapter()
-    ms = model_sampling_for(adapter, comps.scheduler_config, PX, PX)
+    ms = model_sampling_for(adapter)
     settings = SamplingSettings(seed=0, cfg=cfg, sampler="euler", sigmas=sigmas, guidance=guidance)
     raw = denoise_latent(
         adapter, ParallelMesh.single(), ms, pos, neg, torch.zeros_like(start), settings, start_model_space=start
@@ -147,7 +148,7 @@ def test_qwen_image_equals_comfyui_ksampler(case):
         denoise=entry["denoise"],
     )
     h, w = latent.shape[-2:]
-    ms = model_sampling_for(adapter, {}, w * 8, h * 8)
+    ms = model_sampling_for(adapter)
     positive = Conditioning(conds[entry["positive"]])
     negative = Conditioning(conds[entry["negative"]])
     got = denoise_latent(adapter, ParallelMesh.single(), ms, positive, negative, latent, settings)

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from parallel_runtime.denoise.loop import denoise_latent
-from parallel_runtime.denoise.settings import SamplingSettings, model_sampling_for
+from parallel_runtime.denoise.model_sampling import model_sampling_for
+from parallel_runtime.denoise.settings import SamplingSettings
 from parallel_runtime.models.loading import load_pipeline_components
 from parallel_runtime.models.text_encoding import encode_prompts
 from parallel_runtime.models.tiny import ensure_tiny_model
@@ -40,7 +41,7 @@ class Reference:
             factor = adapter.plan.vae_scale_factor
             latent = torch.zeros(1, adapter.plan.latent_channels, HEIGHT // factor, WIDTH // factor)
             settings = SamplingSettings(seed=7, steps=STEPS, cfg=CASES[name], sampler="euler", guidance=4.0)
-            ms = model_sampling_for(adapter, comps.scheduler_config, WIDTH, HEIGHT)
+            ms = model_sampling_for(adapter)
             with torch.no_grad():
                 out = denoise_latent(adapter, ParallelMesh.single(), ms, pos, neg, latent, settings)
             self.cache[name] = (pos, neg, latent, settings, out)
@@ -66,6 +67,6 @@ def test_every_layout_equals_single_device(cpu_pool, reference, layout, name):
     pos, neg, latent, settings, expected = reference.case(name)
     pool.submit(load_model, str(ensure_tiny_model(name)), "fp32", "sdpa").result(300)
     extra = dict(patches=3, warmup=STEPS) if layout == "pp2" else {}
-    got = pool.submit(generate, pos, neg, latent, settings, WIDTH, HEIGHT, **extra).result(300)
+    got = pool.submit(generate, pos, neg, latent, settings, **extra).result(300)
     assert got.shape == expected.shape
     assert (got - expected).abs().max().item() <= 1e-4 * max(1.0, expected.abs().max().item())

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from parallel_runtime.denoise.loop import denoise_latent
-from parallel_runtime.denoise.settings import SamplingSettings, model_sampling_for
+from parallel_runtime.denoise.model_sampling import model_sampling_for
+from parallel_runtime.denoise.settings import SamplingSettings
 from parallel_runtime.models.loading import load_pipeline_components
 from parallel_runtime.models.text_encoding import encode_prompts
 from parallel_runtime.models.tiny import ensure_tiny_model
@@ -23,7 +24,7 @@ def _components(name):
 
 def _ours(comps, pos, neg, sigmas, start, cfg, guidance=None):
     adapter = comps.adapter()
-    ms = model_sampling_for(adapter, comps.scheduler_config, PX, PX)
+    ms = model_sampling_for(adapter)
     latent = torch.zeros_like(start)
     settings = SamplingSettings(seed=0, cfg=cfg, sampler="euler", sigmas=sigmas, guidance=guidance)
     raw = denoise_latent(adapter, ParallelMesh.single(), ms, pos, neg, latent, settings, start_model_space=start)
@@ -121,7 +122,7 @@ def test_txt2img_from_seed_is_deterministic_and_finite(name):
     comps = _components(name)
     adapter = comps.adapter()
     pos, neg = encode_prompts(comps, comps.family, "a cat", "")
-    ms = model_sampling_for(adapter, comps.scheduler_config, PX, PX)
+    ms = model_sampling_for(adapter)
     latent = torch.zeros(1, adapter.plan.latent_channels, 16, 16)
     s = SamplingSettings(seed=11, steps=3, cfg=2.0, sampler="euler_ancestral", scheduler="karras")
     a = denoise_latent(adapter, ParallelMesh.single(), ms, pos, neg, latent, s)

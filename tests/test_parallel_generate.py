@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from parallel_runtime.denoise.loop import denoise_latent
-from parallel_runtime.denoise.settings import SamplingSettings, model_sampling_for
+from parallel_runtime.denoise.model_sampling import model_sampling_for
+from parallel_runtime.denoise.settings import SamplingSettings
 from parallel_runtime.errors import JobCancelled, WorkerError
 from parallel_runtime.models.loading import load_pipeline_components
 from parallel_runtime.models.text_encoding import encode_prompts
@@ -58,7 +59,7 @@ class Reference:
             adapter = comps.adapter()
             latent = torch.zeros(1, adapter.plan.latent_channels, HEIGHT // 8, WIDTH // 8)
             settings = SamplingSettings(seed=7, steps=3, cfg=cfg, sampler="euler", scheduler="simple", guidance=3.5)
-            ms = model_sampling_for(adapter, comps.scheduler_config, WIDTH, HEIGHT)
+            ms = model_sampling_for(adapter)
             out = denoise_latent(adapter, ParallelMesh.single(), ms, pos, neg, latent, settings)
             self.cache[key] = (pos, neg, latent, settings, out)
         return self.cache[key]
@@ -84,9 +85,7 @@ def test_parallel_equals_single_device(cpu_pool, reference, layout, name):
     pos, neg, latent, settings, expected = reference.case(name, cfg)
     pool.submit(load_model, str(ensure_tiny_model(name)), "fp32", "sdpa").result(300)
     events = []
-    got = pool.submit(generate, pos, neg, latent, settings, WIDTH, HEIGHT, on_event=lambda *e: events.append(e)).result(
-        300
-    )
+    got = pool.submit(generate, pos, neg, latent, settings, on_event=lambda *e: events.append(e)).result(300)
     assert got.shape == expected.shape
     assert _close(got, expected)
     for rank in range(pool.config.world_size):  # every rank reports its own steps
@@ -103,22 +102,23 @@ def test_three_heads_with_ulysses_two(cpu_pool, tmp_path):
     adapter = comps.adapter()
     latent = torch.zeros(1, 16, 10, 14)
     settings = SamplingSettings(seed=1, steps=2, cfg=3.0)
-    ms = model_sampling_for(adapter, comps.scheduler_config, 112, 80)
+    ms = model_sampling_for(adapter)
     expected = denoise_latent(adapter, ParallelMesh.single(), ms, pos, neg, latent, settings)
     pool = cpu_pool(LAYOUTS["ulysses2"])
     pool.submit(load_model, str(path), "fp32", "sdpa").result(300)
-    got = pool.submit(generate, pos, neg, latent, settings, 112, 80).result(300)
+    got = pool.submit(generate, pos, neg, latent, settings).result(300)
     assert _close(got, expected)
 
 
 def test_odd_latent_fails_early_with_clear_message(cpu_pool):
     pool = cpu_pool(LAYOUTS["ulysses2"])
-    pool.submit(load_model, str(ensure_tiny_model("tiny-flux")), "fp32", "sdpa").result(300)
-    comps = load_pipeline_components(ensure_tiny_model("tiny-flux"), "cpu", torch.float32, parts=("text",))
-    pos, _ = encode_prompts(comps, "flux", "x", "")
-    latent = torch.zeros(1, 16, 25, 41)  # 200 x 328 px: 25 x 41 latent rows/cols do not form 2x2 patches
+    # PixArt does not pad to whole patches (ComfyUI's PixArt fails there too); Flux and SD3 pad and crop
+    pool.submit(load_model, str(ensure_tiny_model("tiny-pixart")), "fp32", "sdpa").result(300)
+    comps = load_pipeline_components(ensure_tiny_model("tiny-pixart"), "cpu", torch.float32, parts=("text",))
+    pos, _ = encode_prompts(comps, "pixart", "x", "")
+    latent = torch.zeros(1, 4, 25, 41)  # 200 x 328 px: 25 x 41 latent rows/cols do not form 2x2 patches
     with pytest.raises(WorkerError) as info:
-        pool.submit(generate, pos, None, latent, SamplingSettings(steps=2), 328, 200).result(120)
+        pool.submit(generate, pos, None, latent, SamplingSettings(steps=2)).result(120)
     assert "does not divide into 2x2 patches" in str(info.value) and "fix:" in str(info.value)
     assert pool.submit(echo, 1).result(30) == 1
 
@@ -135,8 +135,6 @@ def test_cancel_mid_generation_keeps_pool_warm(cpu_pool, reference):
         neg,
         latent,
         SamplingSettings(steps=500, cfg=4.0),
-        WIDTH,
-        HEIGHT,
         on_event=lambda r, kind, p: seen.append(kind),
     )
     deadline = time.monotonic() + 60

@@ -15,7 +15,8 @@ import torch
 import torch.nn.functional as F
 
 from parallel_runtime.denoise.loop import denoise_latent
-from parallel_runtime.denoise.settings import SamplingSettings, model_sampling_for
+from parallel_runtime.denoise.model_sampling import model_sampling_for
+from parallel_runtime.denoise.settings import SamplingSettings
 from parallel_runtime.errors import ConfigError, JobCancelled, WorkerDied, WorkerError
 from parallel_runtime.models.loading import load_pipeline_components
 from parallel_runtime.models.text_encoding import encode_prompts
@@ -234,7 +235,7 @@ def test_odd_sizes_uneven_stage_weights_and_patches_not_multiple_of_pp(cpu_pool,
     assert "14 PipeFusion patches" in str(info.value) and "fix:" in str(info.value)
     pos, _, _, settings, _ = case
     with pytest.raises(WorkerError) as info:  # 25 x 41 latent rows/cols do not form 2x2 patches
-        pool.submit(generate, pos, None, torch.zeros(1, 16, 25, 41), settings, 328, 200).result(120)
+        pool.submit(generate, pos, None, torch.zeros(1, 16, 25, 41), settings).result(120)
     assert "does not divide into 2x2 patches" in str(info.value)
     assert pool.submit(echo, 1).result(30) == 1
 
@@ -264,7 +265,7 @@ def test_only_image_tokens_and_conditioning_cross_the_stage_boundary(cpu_pool, r
     pos, neg = encode_prompts(comps, "pixart", "a red boat", "")
     latent = torch.zeros(1, 4, HEIGHT // 8, WIDTH // 8)
     settings = SamplingSettings(seed=1, steps=4, cfg=4.0)
-    per_rank = pool.submit(STATS_JOB, pos, neg, latent, settings, WIDTH, HEIGHT, 3, 1, result_rank="all").result(300)
+    per_rank = pool.submit(STATS_JOB, pos, neg, latent, settings, 3, 1, result_rank="all").result(300)
     h = 4 * 24
     tokens, batch, items_per_step = 13 * 21, 2, [1, 3, 3, 3]
     expected = sum(4 * batch * (tokens * h + items * 7 * h) for items in items_per_step)
@@ -286,8 +287,6 @@ def _start_long_run(pool, case, progress_events: int):
         neg,
         latent,
         dataclasses.replace(settings, steps=500),
-        WIDTH,
-        HEIGHT,
         patches=3,
         warmup=1,
         on_event=lambda *e: seen.append(e[1]),
@@ -321,15 +320,15 @@ def test_cancel_lands_within_one_step_with_one_agreement_per_step(cpu_pool, refe
     load(pool, "tiny-sd3")
     settings = dataclasses.replace(settings, steps=6)
     job = pipefusion_jobs.cancel_after_step
-    per_rank = pool.submit(job, pos, neg, latent, settings, WIDTH, HEIGHT, 3, 1, cancel_step, result_rank="all")
+    per_rank = pool.submit(job, pos, neg, latent, settings, 3, 1, cancel_step, result_rank="all")
     per_rank = per_rank.result(300)
     assert all(r["cancelled"] for r in per_rank)
     assert per_rank[1]["finished"] == list(range(cancel_step + 1))  # the last stage reports the steps
     assert [r["agreements"] for r in per_rank] == [1 + cancel_step + 1] * 2
-    full = pool.submit(job, pos, neg, latent, settings, WIDTH, HEIGHT, 3, 1, 99, result_rank="all").result(300)
+    full = pool.submit(job, pos, neg, latent, settings, 3, 1, 99, result_rank="all").result(300)
     assert not full[0]["cancelled"] and full[1]["finished"] == list(range(6))
     assert [r["agreements"] for r in full] == [1 + 6] * 2
-    per_slot = pool.submit(job, pos, neg, latent, settings, WIDTH, HEIGHT, 3, 1, 99, "slot", result_rank="all")
+    per_slot = pool.submit(job, pos, neg, latent, settings, 3, 1, 99, "slot", result_rank="all")
     per_slot = per_slot.result(300)
     slots = per_slot[0]["slots"]
     assert slots > 6 and [r["agreements"] for r in per_slot] == [1 + slots] * 2  # the former cost: every slot
@@ -373,7 +372,7 @@ def test_cfg_branches_of_different_text_lengths_and_a_batch_of_two(cpu_pool, ref
     adapter = comps.adapter()
     latent = torch.zeros(2, 16, HEIGHT // 8, WIDTH // 8)
     settings = SamplingSettings(seed=5, steps=STEPS, cfg=3.0)
-    ms = model_sampling_for(adapter, comps.scheduler_config, WIDTH, HEIGHT)
+    ms = model_sampling_for(adapter)
     expected = denoise_latent(adapter, ParallelMesh.single(), ms, pos, neg, latent, settings)
     load(pool, "tiny-sd3")
     case = (pos, neg, latent, settings, expected)

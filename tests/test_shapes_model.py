@@ -7,7 +7,8 @@ import numpy as np
 import torch
 
 from parallel_runtime.denoise.loop import denoise_latent
-from parallel_runtime.denoise.settings import SamplingSettings, model_sampling_for
+from parallel_runtime.denoise.model_sampling import model_sampling_for
+from parallel_runtime.denoise.settings import SamplingSettings
 from parallel_runtime.models.loading import load_pipeline_components
 from parallel_runtime.models.text_encoding import encode_prompts
 from parallel_runtime.models.tiny import BUILTIN_MODELS, builtin_model_path
@@ -54,7 +55,7 @@ def test_single_device_equals_diffusers_flux_pipeline():
     ).images
     ref = pipe._unpack_latents(out, PX, PX, pipe.vae_scale_factor)
     adapter = comps.adapter()
-    ms = model_sampling_for(adapter, comps.scheduler_config, PX, PX)
+    ms = model_sampling_for(adapter)
     settings = SamplingSettings(seed=0, sampler="euler", sigmas=pipe.scheduler.sigmas.float())
     raw = denoise_latent(
         adapter, ParallelMesh.single(), ms, pos, None, torch.zeros_like(noise), settings, start_model_space=noise
@@ -77,7 +78,7 @@ def test_parallel_layouts_equal_single_device_and_draw_the_background(cpu_pool):
         pool = cpu_pool(config)
         pool.submit(load_model, path, "fp32", "sdpa").result(300)
         settings = SamplingSettings(seed=1, steps=8, cfg=cfg, sampler="euler", scheduler="simple")
-        results[name] = pool.submit(generate, pos, neg, latent, settings, PX, PX).result(300)
+        results[name] = pool.submit(generate, pos, neg, latent, settings).result(300)
         if name == "single":
             image = pool.submit(decode, results[name]).result(300)
     for name in ("ulysses2", "cfg2"):

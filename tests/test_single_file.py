@@ -485,10 +485,10 @@ def test_pool_generate_from_single_file_equals_folder(cpu_pool, tmp_path, family
     latent = torch.zeros(1, 16, 8, 12)
     pool = cpu_pool(ParallelConfig(ulysses=2))
     pool.submit(load_model, str(folder), "fp32", "sdpa").result(300)
-    expected = pool.submit(generate, pos, neg if cfg > 1 else None, latent, settings, 96, 64).result(300)
+    expected = pool.submit(generate, pos, neg if cfg > 1 else None, latent, settings).result(300)
     info = pool.submit(load_model, str(path), "fp32", "sdpa").result(300)
     assert info["family"] == family and info["embed_dim"] == comps.transformer_config["joint_attention_dim"]
-    got = pool.submit(generate, pos, neg if cfg > 1 else None, latent, settings, 96, 64).result(300)
+    got = pool.submit(generate, pos, neg if cfg > 1 else None, latent, settings).result(300)
     assert (got - expected).abs().max().item() <= 1e-6
     with pytest.raises(WorkerError, match="CLIP Text Encode"):
         pool.submit(encode_text, ["a house"]).result(60)
@@ -504,7 +504,7 @@ def test_pool_generate_from_single_file_equals_folder(cpu_pool, tmp_path, family
     vae_file = tmp_path / "ae.safetensors"
     save_file(to_ldm(vae.state_dict(), len(vae.config.block_out_channels)), str(vae_file))
     pool.submit(load_model, str(path), "fp32", "sdpa", vae_path=str(vae_file), vae_norm_groups=4).result(300)
-    got = pool.submit(generate, pos, neg if cfg > 1 else None, latent, settings, 96, 64).result(300)
+    got = pool.submit(generate, pos, neg if cfg > 1 else None, latent, settings).result(300)
     assert (got - expected).abs().max().item() <= 1e-6
     torch.testing.assert_close(pool.submit(decode, z).result(300), folder_image, rtol=0, atol=1e-6)
 
@@ -547,9 +547,9 @@ def test_pool_pipefusion_from_single_file_equals_folder(cpu_pool, tmp_path):
     latent = torch.zeros(1, 16, 8, 8)
     pool = cpu_pool(ParallelConfig(pp=2))
     pool.submit(load_model, str(folder), "fp32", "sdpa").result(300)
-    expected = pool.submit(generate, pos, None, latent, settings, 64, 64, False, 2).result(300)
+    expected = pool.submit(generate, pos, None, latent, settings, False, 2).result(300)
     info = pool.submit(load_model, str(path), "fp32", "sdpa").result(300)
     ranks = info["pipefusion"]["ranks"]
     assert all(0 < r["param_bytes"] < r["total_transformer_bytes"] for r in ranks)
-    got = pool.submit(generate, pos, None, latent, settings, 64, 64, False, 2).result(300)
+    got = pool.submit(generate, pos, None, latent, settings, False, 2).result(300)
     assert (got - expected).abs().max().item() <= 1e-6

@@ -19,6 +19,7 @@ from torch import nn
 from parallel_runtime.errors import ConfigError
 from parallel_runtime.models.base import Activations, LatentFormat, ModelAdapter, ModelPlan, Split
 from parallel_runtime.models.latent_formats import WAN21, WAN22, per_channel
+from parallel_runtime.models.sampling_spec import discrete_flow_sampling
 from parallel_runtime.models.token_grid import patchify, stacked, unpatchify, unstacked
 from parallel_runtime.parallel.mesh import ParallelMesh
 
@@ -116,6 +117,7 @@ class _ToyVideo(ModelAdapter):
             timestep="sigma_x1000",
             latent_format=latent_format or per_channel(3, (0.1, 0.2, 0.3), (1.0, 2.0, 3.0)),
             splits=(Split("img", 1), Split("img_rope", 1)),
+            model_sampling=discrete_flow_sampling(8.0),
             latent_dims=3,
             vae_temporal_factor=4,
         )

@@ -58,7 +58,7 @@ def wan_file(tmp_path_factory):
 def run(path: Path, case: dict, latent: torch.Tensor, settings: SamplingSettings, **kwargs) -> torch.Tensor:
     comps = load_single_file_components(path, "cpu", torch.float32)
     adapter = comps.adapter()
-    ms = model_sampling_for(adapter, comps.scheduler_config, 0, 0)
+    ms = model_sampling_for(adapter)
     assert ms.shift == case.get("shift", 8.0)
     pos, neg = kwargs.pop("conds")
     return denoise_latent(adapter, ParallelMesh.single(), ms, pos, neg, latent, settings, **kwargs)

@@ -18,7 +18,7 @@ STEPS, FRAMES, PX = 3, 9, 32  # 3 latent frames of 4x4
 
 def _ours(comps, pos, neg, sigmas, start, cfg):
     adapter = comps.adapter()
-    ms = model_sampling_for(adapter, comps.scheduler_config, PX, PX)
+    ms = model_sampling_for(adapter)
     settings = SamplingSettings(seed=0, cfg=cfg, sampler="euler", sigmas=sigmas)
     raw = denoise_latent(
         adapter, ParallelMesh.single(), ms, pos, neg, torch.zeros_like(start), settings, start_model_space=start
@@ -100,7 +100,7 @@ def test_wan_video_from_seed_is_deterministic_and_finite(name):
     fmt = adapter.plan.latent_format
     assert fmt == (WAN22 if name.endswith("ti2v") else WAN21)
     pos, neg = encode_prompts(comps, "wan", "a cat", "")
-    ms = model_sampling_for(adapter, comps.scheduler_config, PX, PX)
+    ms = model_sampling_for(adapter)
     latent = torch.zeros(1, fmt.channels, 3, 4, 4)
     s = SamplingSettings(seed=11, steps=3, cfg=2.0, sampler="euler_ancestral", scheduler="karras")
     a = denoise_latent(adapter, ParallelMesh.single(), ms, pos, neg, latent, s)
@@ -141,7 +141,7 @@ def test_two_experts_switch_as_diffusers_and_equal_two_passes_by_hand():
     sigmas = pipe.scheduler.sigmas.float()
     switch = int((sigmas[:-1] < boundary).nonzero()[0])  # the first step of the low-noise expert
     assert 0 < switch < steps, "the schedule must cross the boundary for this test to mean anything"
-    ms = model_sampling_for(high, comps.scheduler_config, PX, PX)
+    ms = model_sampling_for(high)
     mesh, fmt = ParallelMesh.single(), high.plan.latent_format
     settings = SamplingSettings(seed=0, cfg=3.0, sampler="euler", sigmas=sigmas)
     latent = torch.zeros_like(noise)
@@ -173,7 +173,7 @@ def test_ksampler_advanced_step_window_is_comfyuis():
     comps = load_pipeline_components(ensure_tiny_model("tiny-wan"), "cpu", torch.float32)
     adapter = comps.adapter()
     latent = torch.randn(1, 16, 3, 4, 4)
-    ms = model_sampling_for(adapter, comps.scheduler_config, PX, PX)
+    ms = model_sampling_for(adapter)
     out = denoise_latent(
         adapter, ParallelMesh.single(), ms, None, None, latent, SamplingSettings(steps=3, start_at_step=3)
     )

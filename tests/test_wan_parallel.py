@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from parallel_runtime.denoise.loop import denoise_latent
-from parallel_runtime.denoise.settings import SamplingSettings, model_sampling_for
+from parallel_runtime.denoise.model_sampling import model_sampling_for
+from parallel_runtime.denoise.settings import SamplingSettings
 from parallel_runtime.models.base import Conditioning
 from parallel_runtime.models.loading import load_pipeline_components
 from parallel_runtime.models.text_encoding import encode_prompts
@@ -46,7 +47,7 @@ class Case:
         self.latent = torch.zeros(1, channels, *LATENT[2:]) if mask is None else torch.randn(1, channels, *LATENT[2:])
         self.mask = mask
         self.settings = SamplingSettings(seed=5, steps=STEPS, cfg=cfg, sampler="euler", scheduler="simple")
-        ms = model_sampling_for(adapter, comps.scheduler_config, 0, 0)
+        ms = model_sampling_for(adapter)
         self.expected = denoise_latent(
             adapter,
             ParallelMesh.single(),
@@ -62,7 +63,7 @@ class Case:
     def run(self, pool, **kwargs) -> torch.Tensor:
         pool.submit(load_model, self.path, "fp32", "sdpa").result(300)
         return pool.submit(
-            generate, self.pos, self.neg, self.latent, self.settings, 0, 0, noise_mask=self.mask, **kwargs
+            generate, self.pos, self.neg, self.latent, self.settings, noise_mask=self.mask, **kwargs
         ).result(600)
 
 

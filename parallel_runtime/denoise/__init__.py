@@ -7,8 +7,24 @@ from ..exports import lazy_exports
 __all__, __getattr__ = lazy_exports(
     __name__,
     {
-        "settings": ("SamplingSettings", "embedded_guidance", "model_sampling_for"),
-        "denoiser": ("Denoiser", "can_batch", "concat_conditioning", "expand_conditioning"),
-        "loop": ("StepCallback", "denoise_latent", "schedule"),
+        "settings": ("DEFAULT_FLUX_GUIDANCE", "SamplingSettings", "embedded_guidance"),
+        "model_sampling": (
+            "build_model_sampling",
+            "model_sampling_auraflow_node",
+            "model_sampling_flux_node",
+            "model_sampling_for",
+            "model_sampling_sd3_node",
+        ),
+        "entries": (
+            "Branch",
+            "CondEntry",
+            "as_branch",
+            "can_batch",
+            "concat_conditioning",
+            "expand_branch",
+            "expand_conditioning",
+        ),
+        "denoiser": ("Denoiser",),
+        "loop": ("StepCallback", "denoise_latent", "latent_to_model", "schedule", "start_noise"),
     },
 )

@@ -1,26 +1,28 @@
-"""Denoiser: ``x, sigma -> denoised`` for the whole latent with classifier-free guidance (batched,
-one branch after the other, or CFG-parallel over the mesh), and the conditioning batching helpers
-the PipeFusion pipeline shares."""
+"""Denoiser: ``x, sigma -> denoised`` for the whole latent with classifier-free guidance over
+conditioning branches of one or more entries, as ComfyUI's KSampler computes it (batched entries,
+one model call per shape, or CFG-parallel over the mesh)."""
 
 from __future__ import annotations
 
 import torch
 
 from ..attention.usp import SequenceParallelAttention
-from ..errors import ConfigError
 from ..models.base import Conditioning, ModelAdapter
 from ..parallel.collectives import all_gather_cat
 from ..parallel.mesh import ParallelMesh
 from ..sampling import ModelSampling, cfg_combine, uses_uncond
+from .entries import COUNT_FLOOR, ActiveWindow, Branch, CondEntry, as_branch, can_batch, concat_conditioning
 from .settings import embedded_guidance
 
 
 class Denoiser:
     """``denoiser(x, sigma) -> denoised`` for the whole latent, with classifier-free guidance.
 
-    cfg mesh dimension of 2: rank cfg=0 evaluates the positive branch, cfg=1 the negative, and one
-    all-gather over "cfg" gives both ranks both predictions (exact). Otherwise both branches run
-    batched in one forward when their text shapes agree (as ComfyUI does), else one after another.
+    Each branch's prediction is the strength-weighted mean of its active entries' predictions
+    (comfy/samplers.py ``_calc_cond_batch``). Entries whose text shapes agree run as one batch,
+    positive and negative together (as ComfyUI does); others one model call each. With a cfg mesh
+    dimension of 2, rank cfg=0 evaluates the positive branch, cfg=1 the negative, and one all-gather
+    over "cfg" gives both ranks both predictions (exact).
     """
 
     def __init__(
@@ -28,24 +30,33 @@ class Denoiser:
         adapter: ModelAdapter,
         mesh: ParallelMesh,
         model_sampling: ModelSampling,
-        positive: Conditioning,
-        negative: Conditioning | None,
+        positive: Branch | Conditioning,
+        negative: Branch | Conditioning | None,
         cfg: float,
         guidance: float | None = None,
         attention_backend: str = "auto",
     ):
         self.adapter, self.mesh, self.ms = adapter, mesh, model_sampling
         self.cfg = cfg
+        positive, negative = as_branch(positive), as_branch(negative)
         self.use_uncond = uses_uncond(cfg, negative)
-        self.positive, self.negative = positive, negative
-        self.guidance = embedded_guidance(adapter, guidance)
+        self.branches: list[Branch] = [positive, negative] if self.use_uncond else [positive]
+        self.guidance = embedded_guidance(adapter, guidance)  # for entries without their own
+        self.windows = {id(e): ActiveWindow(e, model_sampling) for b in self.branches for e in b}
         self.attention = SequenceParallelAttention(mesh, attention_backend)
         self.cfg_parallel = self.use_uncond and mesh.size("cfg") == 2
         self.denoise_mask: torch.Tensor | None = None  # a LATENT's noise mask (the model may read it)
         self.evaluations = 0
 
-    def _forward(self, x: torch.Tensor, sigma: torch.Tensor, cond: Conditioning) -> torch.Tensor:
-        """Denoised prediction of one (possibly batched) branch."""
+    def _guidance(self, entry: CondEntry) -> float | None:
+        if not self.adapter.plan.guidance_embed:
+            return None
+        return entry.guidance if entry.guidance is not None else self.guidance
+
+    def _forward(
+        self, x: torch.Tensor, sigma: torch.Tensor, cond: Conditioning, guidance: torch.Tensor | None
+    ) -> torch.Tensor:
+        """Denoised prediction of one batch of entries (``x`` repeated per entry)."""
         ms, adapter = self.ms, self.adapter
         sigma_b = sigma.reshape(1).expand(x.shape[0])
         per_sample = sigma_b.reshape(-1, *([1] * (x.ndim - 1)))  # broadcasts over [B, C, (T,) H, W]
@@ -55,61 +66,39 @@ class Denoiser:
             mask = self.denoise_mask.repeat(x.shape[0] // self.denoise_mask.shape[0], *([1] * (x.ndim - 1)))
             timestep = adapter.process_timestep(timestep, mask)
         self.attention.begin_forward((tuple(x.shape), tuple(cond.prompt_embeds.shape)))
-        out = adapter.forward(x_in, timestep, cond, self.mesh, self.attention, guidance=self.guidance)
+        out = adapter.forward(x_in, timestep, cond, self.mesh, self.attention, guidance=guidance)
         self.evaluations += 1
         return ms.calculate_denoised(per_sample, out.float(), x)
+
+    def branch_predictions(self, x: torch.Tensor, sigma: torch.Tensor, branches: list[Branch]) -> list[torch.Tensor]:
+        """Each branch's denoised prediction at ``sigma``: the strength-weighted mean of its active entries."""
+        active = [(i, e) for i, branch in enumerate(branches) for e in branch if sigma in self.windows[id(e)]]
+        sums = [torch.zeros_like(x) for _ in branches]
+        counts = [torch.full_like(x, COUNT_FLOOR) for _ in branches]
+        while active:
+            first = active[0][1].cond
+            group = [item for item in active if can_batch(item[1].cond, first)]
+            active = [item for item in active if not any(item is g for g in group)]
+            cond = concat_conditioning(*(e.cond for _, e in group))
+            guidance = None
+            if self.adapter.plan.guidance_embed:
+                guidance = torch.tensor([self._guidance(e) for _, e in group for _ in range(x.shape[0])])
+            preds = self._forward(torch.cat([x] * len(group)), sigma, cond, guidance).chunk(len(group))
+            for (i, entry), pred in zip(group, preds):
+                sums[i] += pred * entry.strength
+                counts[i] += entry.strength
+        return [s / c for s, c in zip(sums, counts)]
 
     def __call__(self, x: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
         x = x.float()
         sigma = torch.as_tensor(sigma, dtype=torch.float32).reshape(())
         if not self.use_uncond:
-            return self._forward(x, sigma, self.positive)
+            return self.branch_predictions(x, sigma, self.branches)[0]
         if self.cfg_parallel:
-            mine = self.positive if self.mesh.rank("cfg") == 0 else self.negative
-            pred = self._forward(x, sigma, mine)
+            mine = self.branches[self.mesh.rank("cfg")]
+            pred = self.branch_predictions(x, sigma, [mine])[0]
             both = all_gather_cat(pred.contiguous(), self.mesh.group("cfg"), self.mesh.stats, dim=0, op="cfg")
             cond_pred, uncond_pred = both.chunk(2, dim=0)
-            return cfg_combine(cond_pred, uncond_pred, self.cfg)
-        pos, neg = self.positive, self.negative
-        if can_batch(pos, neg):
-            both = concat_conditioning(pos, neg)
-            pred = self._forward(torch.cat([x, x]), sigma, both)
-            cond_pred, uncond_pred = pred.chunk(2, dim=0)
         else:
-            cond_pred, uncond_pred = self._forward(x, sigma, pos), self._forward(x, sigma, neg)
+            cond_pred, uncond_pred = self.branch_predictions(x, sigma, self.branches)
         return cfg_combine(cond_pred, uncond_pred, self.cfg)
-
-
-def can_batch(a: Conditioning, b: Conditioning) -> bool:
-    """Whether two conditionings can run as one batch: the same optional parts, of the same shapes."""
-    for x, y in zip(a.tensors().values(), b.tensors().values()):
-        if (x is None) != (y is None) or (x is not None and x.shape[1:] != y.shape[1:]):
-            return False
-    return True
-
-
-def concat_conditioning(a: Conditioning, b: Conditioning) -> Conditioning:
-    """``a`` and ``b`` as one batch (``a`` first)."""
-
-    def cat(x, y):
-        return None if x is None else torch.cat([x, y.to(x.dtype)])
-
-    return Conditioning(**{name: cat(x, y) for (name, x), y in zip(a.tensors().items(), b.tensors().values())})
-
-
-def expand_conditioning(cond: Conditioning | None, batch: int) -> Conditioning | None:
-    """Repeat a single conditioning over the latent batch (ComfyUI does the same)."""
-    if cond is None or all(t is None or t.shape[0] == batch for t in cond.tensors().values()):
-        return cond
-    if any(t is not None and t.shape[0] not in (1, batch) for t in cond.tensors().values()):
-        sizes = {name: t.shape[0] for name, t in cond.tensors().items() if t is not None}
-        raise ConfigError(
-            f"conditioning has batch sizes {sizes} but the latent has batch {batch}",
-            "each latent in the batch needs one conditioning (or one shared by all)",
-            "encode one prompt, or as many prompts as latents",
-        )
-
-    def rep(t):
-        return None if t is None or t.shape[0] == batch else t.expand(batch, *t.shape[1:]).contiguous()
-
-    return Conditioning(**{name: rep(t) for name, t in cond.tensors().items()})

@@ -11,10 +11,11 @@ from collections.abc import Callable
 
 import torch
 
-from ..models.base import Conditioning, ModelAdapter
+from ..models.base import Conditioning, LatentFormat, ModelAdapter
 from ..parallel.mesh import ParallelMesh
 from ..sampling import ModelSampling, default_noise, initial_noise, noise_latent, sample, sigmas_for_denoise
-from .denoiser import Denoiser, expand_conditioning
+from .denoiser import Denoiser
+from .entries import Branch, as_branch, expand_branch
 from .settings import SamplingSettings
 
 StepCallback = Callable[[int, int, torch.Tensor, torch.Tensor], None]  # (step, total, x, denoised)
@@ -98,12 +99,24 @@ class Experts:
         return (self.high if float(sigma) >= self.boundary else self.low)(x, sigma)
 
 
+def latent_to_model(fmt: LatentFormat, latent_raw: torch.Tensor) -> torch.Tensor:
+    """The start latent in model space. An all-zero LATENT (an empty latent) stays zero: ComfyUI does not
+    shift the empty latent image (comfy/samplers.py ``CFGGuider.inner_sample``), only a real one."""
+    latent_raw = latent_raw.float()
+    return fmt.to_model(latent_raw) if bool(torch.count_nonzero(latent_raw)) else latent_raw.clone()
+
+
+def start_noise(settings: SamplingSettings, shape: torch.Size | tuple[int, ...]) -> torch.Tensor:
+    """The initial noise ComfyUI's KSampler draws for the LATENT (its batch_index honoured)."""
+    return initial_noise(settings.seed, tuple(shape), batch_index=settings.batch_index)
+
+
 def denoise_latent(
     adapter: ModelAdapter,
     mesh: ParallelMesh,
     model_sampling: ModelSampling,
-    positive: Conditioning,
-    negative: Conditioning | None,
+    positive: Branch | Conditioning,
+    negative: Branch | Conditioning | None,
     latent_raw: torch.Tensor,
     settings: SamplingSettings,
     *,
@@ -115,18 +128,19 @@ def denoise_latent(
 ) -> torch.Tensor:
     """KSampler / KSamplerAdvanced on a raw VAE latent (ComfyUI's LATENT convention): returns the raw latent.
 
+    ``positive`` / ``negative`` are a Conditioning or a branch of entries (``entries.CondEntry``).
     ``noise_mask``: the LATENT's noise mask (inpainting; Wan22ImageToVideoLatent keeps the first frame).
     ``expert_2``: (second expert, boundary sigma): it denoises below the boundary (Wan 2.2 A14B).
     ``start_model_space`` replaces the noised start (for oracle tests that supply their own)."""
     fmt = adapter.plan.latent_format
     batch = latent_raw.shape[0]
-    positive = expand_conditioning(positive, batch)
-    negative = expand_conditioning(negative, batch)
+    positive = expand_branch(as_branch(positive), batch)
+    negative = expand_branch(as_branch(negative), batch)
     sigmas = schedule(model_sampling, settings)
-    latent = fmt.to_model(latent_raw.float())
     if sigmas.numel() < 2:
         return latent_raw.clone()
-    noise = initial_noise(settings.seed, latent_raw.shape) if settings.add_noise else torch.zeros(latent_raw.shape)
+    latent = latent_to_model(fmt, latent_raw)
+    noise = start_noise(settings, latent_raw.shape) if settings.add_noise else torch.zeros(latent_raw.shape)
     noise = noise.to(latent.device)
     x = noise_latent(model_sampling, sigmas, noise, latent) if start_model_space is None else start_model_space.float()
     mask = None if noise_mask is None else prepare_denoise_mask(noise_mask, tuple(latent.shape)).to(latent.device)

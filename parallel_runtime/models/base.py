@@ -4,6 +4,14 @@ An adapter drives a diffusers transformer through its own sub-modules in three p
 ``embed`` (patchify, embeddings, split tokens over the mesh's "sp" dimension), ``run_block``
 (one transformer block, self/joint attention routed to a sequence-parallel attention) and
 ``final`` (output layer on local tokens, gather, unpatchify).
+
+A family also declares, in its ``make_plan``, what ComfyUI derives from its model file, so a graph
+gives the same picture as with ComfyUI's KSampler: the latent format (``LatentFormat``, ComfyUI's
+``latent_formats``), the model sampling (``ModelPlan.model_sampling``, a ``ModelSamplingSpec``: ComfyUI's
+``supported_models`` ``sampling_settings`` and model type), whether latents that are not a multiple of
+the patch size are padded and cropped as ComfyUI's model does (``pads_to_patch``) and the largest token
+grid the model's position embedding covers (``max_grid_side``). That is the one place a new family
+states them.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ from ..parallel.mesh import ParallelMesh
 from ..parallel.sharding import gather, shard
 from . import compat, token_grid
 from .latent_formats import LatentFormat
+from .sampling_spec import ModelSamplingSpec
 
 
 class AttentionScope(Protocol):
@@ -58,6 +67,9 @@ class ModelPlan:
     timestep: Literal["sigma", "sigma_x1000", "discrete"]  # what embed's ``timestep`` means
     latent_format: LatentFormat
     splits: tuple[Split, ...]  # Activations fields split over "sp" (the rest is replicated)
+    model_sampling: ModelSamplingSpec  # ComfyUI's default for the file (a ModelSampling* node may replace it)
+    pads_to_patch: bool = True  # a latent not a multiple of patch_size is padded (circular) and cropped, as ComfyUI
+    max_grid_side: int | None = None  # most token rows/columns the position embedding covers (SD3); None: any
     vae_scale_factor: int = 8  # image pixels per latent pixel, along each side
     latent_dims: int = 2  # 2: image latents [B, C, H, W]; 3: video latents [B, C, T, H, W] (one frame per token)
     vae_temporal_factor: int = 1  # video frames per latent frame (Wan: 4, the first latent frame is 1 frame)
@@ -373,11 +385,24 @@ class ModelAdapter(abc.ABC):
         attention: AttentionScope,
         guidance: torch.Tensor | float | None = None,
     ) -> torch.Tensor:
-        """embed + all blocks + final."""
+        """embed + all blocks + final. A latent that is not a multiple of the patch size is padded
+        circularly to the next multiple and the prediction cropped back (ComfyUI's models do the same,
+        ``comfy.ldm.common_dit.pad_to_patch_size``) when the plan allows it (``pads_to_patch``)."""
+        h, w = x.shape[-2:]
+        x = self.pad_to_patch(x)
         acts = self.embed(x, timestep, cond, mesh, guidance)
         for i in range(self.num_blocks):
             acts = self.run_block(acts, i, attention)
-        return self.final(acts, mesh)
+        return self.final(acts, mesh)[..., :h, :w]
+
+    def pad_to_patch(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` padded at the bottom and right to a multiple of the patch size, wrapping around
+        (circular), as ComfyUI pads; unchanged when it already is one or the family does not pad."""
+        p = self.plan.patch_size
+        pad_h, pad_w = -x.shape[-2] % p, -x.shape[-1] % p
+        if not (pad_h or pad_w) or not self.plan.pads_to_patch:
+            return x
+        return torch.nn.functional.pad(x, (0, pad_w, 0, pad_h), mode="circular")
 
     # -- latent <-> tokens -----------------------------------------------------------------------
     def grid_of(self, x: torch.Tensor) -> tuple[int, ...]:

@@ -15,6 +15,7 @@ from torch import nn
 from ..errors import ConfigError
 from . import compat
 from .base import Activations, Conditioning, LatentFormat, ModelAdapter, ModelPlan, Split
+from .sampling_spec import discrete_flow_sampling, flux_sampling
 
 PACK = 2  # FluxPipeline packs 2x2 latent pixels into one token
 
@@ -48,6 +49,8 @@ class FluxAdapter(ModelAdapter):
             timestep="sigma",
             latent_format=latent_format or LatentFormat(channels, 0.3611, 0.1159),
             splits=(Split("img", 1), Split("txt", 1), Split("img_rope", 0), Split("txt_rope", 0)),
+            # ComfyUI: Flux dev (guidance input) ModelSamplingFlux shift 1.15; schnell discrete flow 1.0 / 1.0
+            model_sampling=flux_sampling(1.15) if config.guidance_embeds else discrete_flow_sampling(1.0, 1.0),
         )
 
     def embed_full(

@@ -24,6 +24,7 @@ from ..errors import ConfigError
 from . import compat
 from .base import Activations, Conditioning, ModelAdapter, ModelPlan, Split
 from .latent_formats import LatentFormat
+from .sampling_spec import flux_sampling
 
 TEXT_TOKENS = 512  # ComfyUI pads FLUX.2 text to this many tokens (zeros in front)
 DOUBLE, SINGLE = "transformer_blocks", "single_transformer_blocks"
@@ -57,6 +58,7 @@ class Flux2Adapter(ModelAdapter):
             timestep="sigma",
             latent_format=latent_format or LatentFormat(out, 1.0, 0.0),
             splits=(Split("img", 1), Split("txt", 1), Split("img_rope", 0), Split("txt_rope", 0)),
+            model_sampling=flux_sampling(2.02),  # ComfyUI's Flux2: ModelType.FLUX, shift 2.02 (as issue 14 found)
             vae_scale_factor=16,
         )
 

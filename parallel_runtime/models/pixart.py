@@ -14,6 +14,7 @@ from torch import nn
 
 from . import compat
 from .base import Activations, Conditioning, LatentFormat, ModelAdapter, ModelPlan, Split
+from .sampling_spec import discrete_eps_sampling
 
 
 class PixArtAdapter(ModelAdapter):
@@ -35,8 +36,12 @@ class PixArtAdapter(ModelAdapter):
             text_attention="cross",
             guidance_embed=False,
             timestep="discrete",
-            latent_format=latent_format or LatentFormat(channels, 0.18215, 0.0),
+            # ComfyUI tells PixArt-alpha (micro-conditions) from Sigma: SD1.5's latent scale vs SDXL's
+            latent_format=latent_format
+            or LatentFormat(channels, 0.18215 if config.use_additional_conditions else 0.13025),
             splits=(Split("img", 1),),
+            model_sampling=discrete_eps_sampling("sqrt_linear", 0.0001, 0.02, 1000),  # ComfyUI's PixArtAlpha/Sigma
+            pads_to_patch=False,  # ComfyUI's PixArt builds its position embedding for whole patches only
         )
 
     def embed_full(

@@ -27,6 +27,7 @@ from ..errors import ConfigError
 from . import compat
 from .base import Activations, Conditioning, ModelAdapter, ModelPlan, Split
 from .latent_formats import WAN21, LatentFormat
+from .sampling_spec import flux_sampling
 
 PACK = 2  # 2x2 latent pixels per token
 ROPE_TABLE_LEN = 4096  # rows of QwenEmbedRope's pos_freqs / neg_freqs
@@ -66,6 +67,7 @@ class QwenImageAdapter(ModelAdapter):
             timestep="sigma",
             latent_format=latent_format or wan21_latent_format(out),
             splits=(Split("img", 1), Split("txt", 1), Split("img_rope", 0), Split("txt_rope", 0)),
+            model_sampling=flux_sampling(1.15),  # ComfyUI's QwenImage: ModelType.FLUX, sampling_settings shift 1.15
             latent_frame_axis=True,
         )
 

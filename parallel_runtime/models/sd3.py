@@ -15,6 +15,7 @@ from torch import nn
 from ..errors import ConfigError
 from . import compat
 from .base import Activations, Conditioning, LatentFormat, ModelAdapter, ModelPlan, Split
+from .sampling_spec import discrete_flow_sampling
 
 
 class SD3Adapter(ModelAdapter):
@@ -37,6 +38,8 @@ class SD3Adapter(ModelAdapter):
             timestep="sigma_x1000",
             latent_format=latent_format or LatentFormat(channels, 1.5305, 0.0609),
             splits=(Split("img", 1), Split("txt", 1)),
+            model_sampling=discrete_flow_sampling(3.0, 1000.0),  # ComfyUI's SD3 (and SD3.5) sampling_settings
+            max_grid_side=config.pos_embed_max_size,  # the position table is cropped, never extended
         )
 
     def embed_full(

@@ -27,6 +27,9 @@ from ..errors import ConfigError
 from . import compat
 from .base import Activations, Conditioning, LatentFormat, ModelAdapter, ModelPlan, Split
 from .latent_formats import WAN21, WAN22
+from .sampling_spec import discrete_flow_sampling
+
+WAN_SHIFT = 8.0  # ComfyUI 0.3.64 WAN21_T2V sampling_settings, inherited by WAN21_I2V and WAN22_T2V (TI2V-5B)
 
 TEXT_TOKENS_WITH_IMAGE = 512  # diffusers' WanAttnProcessor takes the last 512 context tokens as the text
 
@@ -62,6 +65,8 @@ class WanAdapter(ModelAdapter):
             guidance_embed=False,
             timestep="sigma_x1000",
             latent_format=latent_format or (WAN22 if per_frame_time else WAN21),
+            # every Wan variant (2.1 T2V/I2V, 2.2 A14B, TI2V-5B): ModelType.FLOW -> ModelSamplingDiscreteFlow
+            model_sampling=discrete_flow_sampling(WAN_SHIFT),
             splits=tuple(splits),
             vae_scale_factor=16 if per_frame_time else 8,
             latent_dims=3,

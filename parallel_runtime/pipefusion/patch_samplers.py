@@ -7,8 +7,9 @@ from collections.abc import Callable
 
 import torch
 
+from ..denoise.loop import start_noise
 from ..denoise.settings import SamplingSettings
-from ..sampling import ModelCall, ModelSampling, SharedNoise, default_noise, initial_noise, noise_latent, sampler_steps
+from ..sampling import ModelCall, ModelSampling, SharedNoise, default_noise, noise_latent, sampler_steps
 from .schedule import Band, Item, PipelineSchedule
 
 
@@ -31,7 +32,7 @@ class PatchSamplers:
     ):
         self.sched, self.send_latent = sched, send_latent
         ms = model_sampling
-        noise = initial_noise(settings.seed, latent.shape) if settings.add_noise else torch.zeros(latent.shape)
+        noise = start_noise(settings, latent.shape) if settings.add_noise else torch.zeros(latent.shape)
         x = noise_latent(ms, sigmas, noise, latent).to(device)
         full = default_noise(settings.sampler, tuple(x.shape), sigmas, settings.seed)
         shared = None if full is None else SharedNoise(full, tuple(x.shape))

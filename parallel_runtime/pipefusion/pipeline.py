@@ -34,7 +34,8 @@ from typing import Any, Literal
 
 import torch
 
-from ..denoise.loop import schedule
+from ..denoise.entries import Branch
+from ..denoise.loop import latent_to_model, schedule
 from ..denoise.settings import SamplingSettings, embedded_guidance
 from ..errors import ConfigError, JobCancelled
 from ..models.base import Activations, Conditioning, ModelAdapter
@@ -89,8 +90,8 @@ def run_pipefusion(
     mesh: ParallelMesh,
     stages: StagePlan,
     model_sampling: ModelSampling,
-    positive: Conditioning,
-    negative: Conditioning | None,
+    positive: Branch | Conditioning,
+    negative: Branch | Conditioning | None,
     latent_raw: torch.Tensor,
     settings: SamplingSettings,
     options: PipeFusionSettings,
@@ -126,8 +127,8 @@ class Pipeline:
         mesh: ParallelMesh,
         stages: StagePlan,
         ms: ModelSampling,
-        positive: Conditioning,
-        negative: Conditioning | None,
+        positive: Branch | Conditioning,
+        negative: Branch | Conditioning | None,
         latent_raw: torch.Tensor,
         settings: SamplingSettings,
         options: PipeFusionSettings,
@@ -162,11 +163,11 @@ class Pipeline:
         self.fmt = adapter.plan.latent_format
         self.latent_raw = latent_raw
         self.batch = latent_raw.shape[0]
-        neg = None if negative is None else negative.to(self.device)
-        self.branches = Branches(mesh, positive.to(self.device), neg, settings.cfg, self.batch)
-        self.guidance = embedded_guidance(adapter, settings.guidance)
+        guidance = embedded_guidance(adapter, settings.guidance)
+        self.branches = Branches(mesh, positive, negative, settings.cfg, self.batch, guidance)
+        self.branches.conds = [c.to(self.device) for c in self.branches.conds]
         self.sigmas = schedule(ms, settings)
-        latent = self.fmt.to_model(latent_raw.float())
+        latent = latent_to_model(self.fmt, latent_raw)
         grid = adapter.grid_of(latent)  # raises for sizes that do not form patches
         # A video latent runs as its stacked view [B, C, T*H, W]: a band of its token rows is a contiguous
         # range of the token sequence, so patches, samplers and stale K/V work as for an image.
@@ -415,14 +416,14 @@ class Pipeline:
     def _embed(self, band: Band, x: torch.Tensor, sigma: torch.Tensor) -> list[Activations]:
         out = []
         p = self.adapter.plan.patch_size
-        for cond in self.branches.conds:
+        for cond, guidance in zip(self.branches.conds, self.branches.guidance):
             xb = self.branches.model_input(x.to(self.device).float())
             sigma_b = torch.as_tensor(sigma, dtype=torch.float32, device=self.device).reshape(1).expand(xb.shape[0])
             x_in = self.ms.calculate_input(sigma_b.reshape(-1, 1, 1, 1), xb)
             timestep = self.ms.timestep(sigma_b)
             out.append(
                 self.adapter.embed_rows(
-                    x_in, band.latent_rows(p), self.full_size, timestep, cond, self.mesh, guidance=self.guidance
+                    x_in, band.latent_rows(p), self.full_size, timestep, cond, self.mesh, guidance=guidance
                 )
             )
         return out

@@ -14,20 +14,22 @@ from typing import Any
 
 import torch
 
+from ..denoise.entries import Branch, as_branch
 from ..denoise.settings import SamplingSettings
 from ..errors import ConfigError
 from ..models.base import Conditioning
 from ..models.lora.keymap import ModelKeys
+from ..models.sampling_spec import ModelSamplingSpec
 from ..models.tiny import BUILTIN_MODELS, builtin_model_path
 from ..parallel.config import ParallelConfig, parse_devices
 from ..runtime.futures import EventCallback
 from ..runtime.jobs import Job
 from ..runtime.pool import WorkerPool
 from ..runtime.pools import PoolRegistry
-from ..sampling import SAMPLER_NAMES, SCHEDULER_NAMES
 from .load_job import load_model
 from .lora import LoraSpec, stack_entries
 from .model_jobs import decode, encode_text, encode_text_file, generate
+from .sampling_checks import check_branches_for_layout, check_latent_size, check_sampling_args
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,13 +89,34 @@ def resolve_model_path(model: str) -> Path:
 
 
 class ParallelModel:
-    """A model loaded in a warm worker pool (ComfyUI's PARALLEL_MODEL)."""
+    """A model loaded in a warm worker pool (ComfyUI's PARALLEL_MODEL).
+
+    ``with_model_sampling`` gives a view on the same pool that samples with another model sampling
+    (what ComfyUI's ModelSampling* nodes do to a MODEL)."""
 
     def __init__(self, request: LoadRequest, path: Path, pool: WorkerPool, info: dict[str, Any], reason: str):
         self.request, self.path, self.pool, self.info = request, path, pool, info
         self.layout_reason = reason
-        self._lock = threading.Lock()  # one job at a time per model
+        self.model_sampling_override: ModelSamplingSpec | None = None
+        self._lock = threading.Lock()  # one job at a time per model (shared by its views)
         self.loras: tuple[LoraSpec, ...] = ()  # the LoRA stack this view's jobs carry
+
+    def with_model_sampling(self, spec: ModelSamplingSpec) -> ParallelModel:
+        """This model (same pool, nothing reloaded) sampling with ``spec`` instead of its default."""
+        if not isinstance(spec, ModelSamplingSpec):
+            raise ConfigError(
+                f"with_model_sampling got {type(spec).__name__}",
+                "a model sampling is described by a ModelSamplingSpec",
+                "build one with denoise.model_sampling_flux_node / _sd3_node / _auraflow_node",
+            )
+        view = copy.copy(self)  # shares request, pool, info and the job lock
+        view.model_sampling_override = spec
+        return view
+
+    @property
+    def model_sampling(self) -> ModelSamplingSpec:
+        """The model sampling in force: a ModelSampling node's, else the file's default (ComfyUI's)."""
+        return self.model_sampling_override or self.info["model_sampling"]
 
     def with_loras(self, *specs: LoraSpec) -> ParallelModel:
         """This model with ``specs`` added to its LoRA stack: a view on the same warm pool (same lock);
@@ -151,6 +174,11 @@ class ParallelModel:
             "image_dim": self.info.get("image_dim"),  # CLIP-vision states (Wan 2.1 I2V), else None
         }
 
+    def check_latent_size(self, height: int, width: int) -> None:
+        """Raise ConfigError unless a latent of ``height`` x ``width`` latent pixels suits this model
+        and layout (patch padding, position-embedding limit, PipeFusion bands)."""
+        check_latent_size(self.info, self.config, height, width)
+
     def describe(self) -> str:
         return (
             f"{self.family} on {','.join(self.pool.devices)} ({self.config.describe()}, {self.request.dtype}): "
@@ -193,8 +221,8 @@ class ParallelModel:
 
     def sample(
         self,
-        positive: Conditioning,
-        negative: Conditioning | None,
+        positive: Conditioning | Branch,
+        negative: Conditioning | Branch | None,
         latent: torch.Tensor | None,
         width: int,
         height: int,
@@ -207,16 +235,22 @@ class ParallelModel:
         denoise: float = 1.0,
         sigmas: torch.Tensor | None = None,
         guidance: float | None = None,
+        batch_index: list[int] | tuple[int, ...] | None = None,
         on_event: Callable[[int, str, Any], None] | None = None,
         should_cancel: Callable[[], bool] | None = None,
         noise_mask: torch.Tensor | None = None,
         advanced: dict[str, Any] | None = None,
     ) -> torch.Tensor:
         """KSampler semantics on a raw VAE latent (zeros of the size when ``latent`` is None; a video
-        model needs its [B,C,T,H,W] latent). ``noise_mask``: the LATENT's (Wan22ImageToVideoLatent).
-        ``advanced``: KSamplerAdvanced's add_noise / start_at_step / end_at_step /
-        return_with_leftover_noise (as SamplingSettings fields)."""
-        check_sampling_args(sampler_name, scheduler, steps, denoise, width, height, self.patch_pixels)
+        model needs its [B,C,T,H,W] latent; ``width`` / ``height`` are read only then).
+
+        ``positive`` / ``negative``: a Conditioning, or several ``CondEntry`` (ComfyUI's CONDITIONING
+        entries with their guidance, strength and timestep range). ``guidance``: Flux guidance of
+        entries without their own (None: 3.5). ``batch_index``: the LATENT's (noise draw per item).
+        ``denoise`` 0 returns the latent unchanged, as KSampler does. ``noise_mask``: the LATENT's
+        (Wan22ImageToVideoLatent). ``advanced``: KSamplerAdvanced's add_noise / start_at_step /
+        end_at_step / return_with_leftover_noise (as SamplingSettings fields)."""
+        check_sampling_args(sampler_name, scheduler, steps, denoise)
         if latent is None and self.latent_dims == 3:
             raise ConfigError(
                 f"no latent given to the {self.family} video model",
@@ -224,8 +258,8 @@ class ParallelModel:
                 "pass a [batch, channels, frames, height, width] latent (Parallel Empty Latent with length, "
                 "EmptyHunyuanLatentVideo, WanImageToVideo)",
             )
+        f = self.spatial_factor
         if latent is None:
-            f = self.spatial_factor
             latent = torch.zeros(batch_size, self.latent_channels, height // f, width // f)
         elif latent.ndim != 2 + self.latent_dims:
             kind = (
@@ -238,28 +272,42 @@ class ParallelModel:
                 f"this model denoises {kind} latents",
                 "make the latent for this model (its empty latent node, or its VAE)",
             )
+        elif latent.shape[1] != self.latent_channels and not bool(torch.count_nonzero(latent)):
+            latent = torch.zeros(latent.shape[0], self.latent_channels, *latent.shape[2:])  # KSampler widens it too
         elif latent.shape[1] != self.latent_channels:
             raise ConfigError(
-                f"the LATENT has {latent.shape[1]} channels but {self.family} works on {self.latent_channels}",
+                f"the LATENT is shaped {list(latent.shape)} but {self.family} works on [batch, "
+                f"{self.latent_channels}, {'frames, ' if self.latent_dims == 3 else ''}height, width]",
                 "each model family has its own VAE latent space",
                 f"make the latent with this model's size (an empty latent for {self.family}) or its VAE",
             )
-        else:
-            height, width = latent.shape[-2] * self.spatial_factor, latent.shape[-1] * self.spatial_factor
+        positive_branch, negative_branch = as_branch(positive), as_branch(negative)
+        if sigmas is None and denoise <= 0.0:
+            return latent.float().clone()  # KSampler: no sigmas, the input latent comes back
+        self.check_latent_size(latent.shape[-2], latent.shape[-1])
+        check_branches_for_layout(self.config, cfg, positive_branch, negative_branch)
         settings = SamplingSettings(
-            seed, steps, cfg, sampler_name, scheduler, denoise, sigmas, guidance, **(advanced or {})
+            seed,
+            steps,
+            cfg,
+            sampler_name,
+            scheduler,
+            denoise,
+            sigmas,
+            guidance,
+            batch_index=None if batch_index is None else tuple(int(i) for i in batch_index),
+            model_sampling=self.model_sampling_override,
+            **(advanced or {}),
         )
         extra = self._pipefusion_kwargs()
         if noise_mask is not None:
             extra["noise_mask"] = noise_mask.float().contiguous()
         return self._run(
             generate,
-            positive,
-            negative,
+            positive_branch,
+            negative_branch,
             latent.float().contiguous(),
             settings,
-            width,
-            height,
             on_event=on_event,
             should_cancel=should_cancel,
             loras=stack_entries(self.loras),
@@ -293,37 +341,6 @@ def _stack(conds: list[Conditioning]) -> Conditioning:
 
     fields = conds[0].tensors()
     return Conditioning(**{name: cat([c.tensors()[name] for c in conds]) for name in fields})
-
-
-def check_sampling_args(
-    sampler: str, scheduler: str, steps: int, denoise: float, width: int, height: int, multiple: int
-) -> None:
-    """Reject bad sampling settings before any work (clear what/why/fix errors)."""
-    if sampler not in SAMPLER_NAMES:
-        raise ConfigError(
-            f"unknown sampler {sampler!r}",
-            "the samplers follow ComfyUI's names",
-            f"use one of {', '.join(SAMPLER_NAMES)}",
-        )
-    if scheduler not in SCHEDULER_NAMES:
-        raise ConfigError(
-            f"unknown scheduler {scheduler!r}",
-            "the schedulers follow ComfyUI's names",
-            f"use one of {', '.join(SCHEDULER_NAMES)}",
-        )
-    if steps < 1:
-        raise ConfigError(f"steps={steps}", "at least one sampling step is needed", "set steps to 1 or more")
-    if not 0.0 < denoise <= 1.0:
-        raise ConfigError(
-            f"denoise={denoise}", "denoise is the fraction of the schedule to run, in (0, 1]", "use e.g. 1.0 or 0.6"
-        )
-    for name, value in (("width", width), ("height", height)):
-        if value <= 0 or value % multiple:
-            raise ConfigError(
-                f"{name} {value} is not a positive multiple of {multiple}",
-                f"the VAE and the transformer's patches make one token of every {multiple}x{multiple} image pixels",
-                f"use a {name} such as {max(multiple, round(max(value, 1) / multiple) * multiple)}",
-            )
 
 
 def check_pipefusion_request(request: LoadRequest, config: ParallelConfig) -> None:

@@ -142,6 +142,9 @@ def load_model(
         "experts": 1 if model.expert_2 is None else 2,
         "patch_size": adapter.plan.patch_size,
         "guidance_embed": adapter.plan.guidance_embed,
+        "model_sampling": adapter.plan.model_sampling,  # ComfyUI's default for this file
+        "pads_to_patch": adapter.plan.pads_to_patch,
+        "max_grid_side": adapter.plan.max_grid_side,
         "num_heads": cfg.get("num_attention_heads"),
         "num_blocks": adapter.num_blocks,
         "embed_dim": _embed_dim(model),

@@ -6,6 +6,7 @@ rank; collectives inside happen in the same order everywhere.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any
 
@@ -13,8 +14,10 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from ..denoise.entries import Branch
 from ..denoise.loop import denoise_latent
-from ..denoise.settings import SamplingSettings, model_sampling_for
+from ..denoise.model_sampling import model_sampling_for
+from ..denoise.settings import SamplingSettings
 from ..errors import ConfigError
 from ..models.base import Conditioning, ModelAdapter
 from ..models.lora.patcher import StackEntry
@@ -100,12 +103,10 @@ def encode_text_file(
 
 def generate(
     ctx: JobContext,
-    positive: Conditioning,
-    negative: Conditioning | None,
+    positive: Branch | Conditioning,
+    negative: Branch | Conditioning | None,
     latent: torch.Tensor,
     settings: SamplingSettings,
-    width: int,
-    height: int,
     preview: bool = True,
     patches: int | None = None,
     warmup: int = 1,
@@ -119,12 +120,13 @@ def generate(
     rank 0 (with pp > 1: the last stage), just before that rank's progress for the same step. Cancel is
     checked each step (with pp > 1 agreed once per step). With pp > 1 it runs PipeFusion (``patches``
     row bands, ``warmup`` whole-image steps). The transformer is first brought to the LoRA stack ``loras``
-    (each rank patches what it holds; nothing is reloaded; a second expert is not patched)."""
+    (each rank patches what it holds; nothing is reloaded; a second expert is not patched). The model
+    sampling is the settings' (a ModelSampling node's) or the family's default for the loaded file."""
     model = loaded_model(ctx)
     bring_to_stack(model, loras, "transformer")
     memory = _MemoryReports(ctx)
     adapter = model.adapter
-    ms = model_sampling_for(adapter, model.components.scheduler_config, width, height)
+    ms = model_sampling_for(adapter, settings.model_sampling)
     if model.stages is not None and noise_mask is not None:
         raise ConfigError(
             "a LATENT with a noise mask (inpainting, Wan22ImageToVideoLatent) on a PipeFusion layout",
@@ -145,14 +147,13 @@ def generate(
             memory.maybe(done == total)
             ctx.emit("progress", event)
 
-        device_cond = [None if c is None else c.to(ctx.device) for c in (positive, negative)]
         out, _ = run_pipefusion(
             adapter,
             ctx.mesh,
             model.stages,
             ms,
-            device_cond[0],
-            device_cond[1],
+            positive,
+            negative,
             latent.to(ctx.device),
             settings,
             PipeFusionSettings(patches=patches, warmup=warmup),
@@ -171,13 +172,12 @@ def generate(
         memory.maybe(step + 1 == total)  # before the progress: the panel shows both from the first step
         ctx.emit("progress", {"step": step + 1, "total": total})
 
-    device_cond = [None if c is None else c.to(ctx.device) for c in (positive, negative)]
     out = denoise_latent(
         adapter,
         ctx.mesh,
         ms,
-        device_cond[0],
-        device_cond[1],
+        on_device(positive, ctx.device),
+        on_device(negative, ctx.device),
         latent.to(ctx.device),
         settings,
         attention_backend=model.attention,
@@ -201,6 +201,13 @@ class _MemoryReports:
         if final or self.last is None or now - self.last >= MEMORY_EVERY_S:
             self.last = now
             self.ctx.report_memory()
+
+
+def on_device(branch: Branch | Conditioning | None, device: torch.device) -> Branch | Conditioning | None:
+    """The branch's conditioning tensors on ``device``."""
+    if branch is None or isinstance(branch, Conditioning):
+        return None if branch is None else branch.to(device)
+    return tuple(dataclasses.replace(e, cond=e.cond.to(device)) for e in branch)
 
 
 def _preview(adapter: ModelAdapter, denoised: torch.Tensor) -> torch.Tensor:

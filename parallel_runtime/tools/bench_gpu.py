@@ -29,7 +29,7 @@ import torch
 
 from ..attention.kernels import usable_backends
 from ..denoise.denoiser import Denoiser
-from ..denoise.settings import model_sampling_for
+from ..denoise.model_sampling import model_sampling_for
 from ..models.base import Conditioning
 from ..models.flux import FluxAdapter, image_ids
 from ..parallel.mesh import ParallelMesh
@@ -155,7 +155,7 @@ class Inputs:
 
 
 def _engine_step(s: Setup, adapter: FluxAdapter, inputs: Inputs, backend: str) -> Callable[[], float]:
-    ms = model_sampling_for(adapter, {}, s.px, s.px)
+    ms = model_sampling_for(adapter)
     den = Denoiser(adapter, ParallelMesh.single(s.device), ms, inputs.cond, None, 1.0, inputs.guidance, backend)
     return _timed(s.device, lambda: den(inputs.x, inputs.sigma))
 
@@ -189,7 +189,7 @@ def _profile(s: Setup, adapter: FluxAdapter, inputs: Inputs, backend: str, step_
 
     mesh = ParallelMesh.single(s.device)
     attention = SequenceParallelAttention(mesh, backend)
-    ms = model_sampling_for(adapter, {}, s.px, s.px)
+    ms = model_sampling_for(adapter)
     sigma = inputs.sigma.reshape(1)
     x_in = ms.calculate_input(sigma.reshape(-1, 1, 1, 1), inputs.x)
 

@@ -27,7 +27,8 @@ from typing import Any
 
 import torch
 
-from ..denoise.settings import SamplingSettings, model_sampling_for
+from ..denoise.model_sampling import model_sampling_for
+from ..denoise.settings import SamplingSettings
 from ..models.base import Conditioning
 from ..parallel.config import ParallelConfig
 from ..runtime.jobs import JobContext
@@ -43,8 +44,6 @@ def generate_with_stats(
     negative: Conditioning | None,
     latent: torch.Tensor,
     settings: SamplingSettings,
-    width: int,
-    height: int,
     patches: int | None = None,
     warmup: int = 1,
     stale_kv: bool = True,
@@ -56,7 +55,7 @@ def generate_with_stats(
     from ..pipefusion.pipeline import PipeFusionSettings, run_pipefusion
 
     model = loaded_model(ctx)
-    ms = model_sampling_for(model.adapter, model.components.scheduler_config, width, height)
+    ms = model_sampling_for(model.adapter)
     ctx.mesh.stats.reset()
     t0 = time.perf_counter()
     out, stats = run_pipefusion(
@@ -134,8 +133,8 @@ def timing(quick: bool, repeats: int) -> dict[str, Any]:
         tcfg = comps.transformer_config
         hidden = tcfg["num_attention_heads"] * tcfg["attention_head_dim"]
         latent = torch.zeros(1, 4, px // 8, px // 8)
-        args = (pos, neg, latent, settings, px, px)
-        short = (pos, neg, latent, dataclasses.replace(settings, steps=1), px, px)
+        args = (pos, neg, latent, settings)
+        short = (pos, neg, latent, dataclasses.replace(settings, steps=1))
         pools = {
             "1x1": WorkerPool("cpu:1", ParallelConfig(), threads_per_worker=1),
             "1x2": WorkerPool("cpu:1", ParallelConfig(), threads_per_worker=2),
@@ -216,9 +215,9 @@ def stale_kv_error(pools: dict[str, WorkerPool], model: str, quick: bool) -> dic
     latent = torch.zeros(1, infos["single"]["latent_channels"], px // 8, px // 8)
     settings = SamplingSettings(seed=3, steps=steps, cfg=cfg, sampler="euler", guidance=3.5)
     neg_or_none = neg if cfg != 1.0 else None
-    args = (pos, neg_or_none, latent, settings, px, px)
+    args = (pos, neg_or_none, latent, settings)
     ref = pools["single"].submit(generate, *args, preview=False).result(3600)
-    other_seed = (pos, neg_or_none, latent, dataclasses.replace(settings, seed=4), px, px)
+    other_seed = (pos, neg_or_none, latent, dataclasses.replace(settings, seed=4))
     yardstick = _mean_diff(pools["single"].submit(generate, *other_seed, preview=False).result(3600), ref)
     out: dict[str, Any] = {
         "family": family,

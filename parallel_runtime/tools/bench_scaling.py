@@ -32,11 +32,11 @@ from .measure import interleave, ratio
 from .report import machine
 
 
-def timed_generate(ctx: JobContext, positive, negative, latent, settings, width, height) -> dict[str, Any]:
+def timed_generate(ctx: JobContext, positive, negative, latent, settings) -> dict[str, Any]:
     """Worker side: one generate call, timed inside the worker, with the bytes this rank sent."""
     ctx.mesh.stats.reset()
     t0 = time.perf_counter()
-    generate(ctx, positive, negative, latent, settings, width, height, preview=False)
+    generate(ctx, positive, negative, latent, settings, preview=False)
     return {"seconds": time.perf_counter() - t0, "sent": ctx.mesh.stats.snapshot()}
 
 
@@ -63,7 +63,7 @@ class Contender:
         neg = self.pool.submit(encode, "").result(600)[0] if cfg != 1.0 else None
         latent = torch.zeros(1, self.info["latent_channels"], px // 8, px // 8)
         self.text_tokens = pos.prompt_embeds.shape[1]
-        self.args = (pos, neg, latent, SamplingSettings(seed=0, steps=steps, cfg=cfg), px, px)
+        self.args = (pos, neg, latent, SamplingSettings(seed=0, steps=steps, cfg=cfg))
         self.sent: dict[str, int] = {}
 
     def __call__(self) -> float:

@@ -38,7 +38,7 @@ class VideoContender:
         self.pool = WorkerPool(f"cpu:{config.world_size}", config, threads_per_worker=threads)
         self.info = self.pool.submit(load_model, str(path), "fp32", "sdpa").result(600)
         pos = self.pool.submit(encode, "a paper boat drifting down a rainy gutter").result(600)[0]
-        self.args = (pos, None, latent, SamplingSettings(seed=0, steps=steps, cfg=1.0), 0, 0)
+        self.args = (pos, None, latent, SamplingSettings(seed=0, steps=steps, cfg=1.0))
         self.sent: dict[str, int] = {}
 
     def __call__(self) -> float:

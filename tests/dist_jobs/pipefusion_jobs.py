@@ -6,7 +6,8 @@ from typing import Any
 
 import torch
 
-from parallel_runtime.denoise.settings import SamplingSettings, model_sampling_for
+from parallel_runtime.denoise.model_sampling import model_sampling_for
+from parallel_runtime.denoise.settings import SamplingSettings
 from parallel_runtime.errors import JobCancelled
 from parallel_runtime.models.base import Conditioning
 from parallel_runtime.parallel.collectives import agree_any
@@ -20,8 +21,6 @@ def cancel_after_step(
     negative: Conditioning | None,
     latent: torch.Tensor,
     settings: SamplingSettings,
-    width: int,
-    height: int,
     patches: int,
     warmup: int,
     cancel_step: int,
@@ -31,7 +30,7 @@ def cancel_after_step(
     finished step ``cancel_step``; every rank agrees on it through the pipeline's own cancel
     agreement. Returns the steps this rank saw finish, how often it agreed, and whether it ended cancelled."""
     model = loaded_model(ctx)
-    ms = model_sampling_for(model.adapter, model.components.scheduler_config, width, height)
+    ms = model_sampling_for(model.adapter)
     flag, finished, agreements = [False], [], [0]
 
     def on_step(step: int, total: int, denoised: torch.Tensor) -> None:

@@ -1,0 +1,94 @@
+"""Host-side checks of one sampling request, before any worker runs: settings, the latent's size
+against the model's limits and the layout, and conditioning the layout cannot honour.
+
+Each failure is a ``ConfigError`` saying what is wrong, why, and how to fix it (never a remote
+traceback from a worker)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from ..denoise.entries import Branch
+from ..errors import ConfigError
+from ..parallel.config import ParallelConfig
+from ..pipefusion.branches import single_entry
+from ..sampling import SAMPLER_NAMES, SCHEDULER_NAMES, uses_uncond
+
+
+def check_sampling_args(sampler: str, scheduler: str, steps: int, denoise: float) -> None:
+    """Sampler and scheduler names, steps and denoise as KSampler accepts them."""
+    if sampler not in SAMPLER_NAMES:
+        raise ConfigError(
+            f"unknown sampler {sampler!r}",
+            "the samplers follow ComfyUI's names",
+            f"use one of {', '.join(SAMPLER_NAMES)}",
+        )
+    if scheduler not in SCHEDULER_NAMES:
+        raise ConfigError(
+            f"unknown scheduler {scheduler!r}",
+            "the schedulers follow ComfyUI's names",
+            f"use one of {', '.join(SCHEDULER_NAMES)}",
+        )
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ConfigError(f"steps={steps!r}", "at least one sampling step is needed", "set steps to 1 or more")
+    if isinstance(denoise, bool) or not isinstance(denoise, (int, float)) or not 0.0 <= denoise <= 1.0:
+        raise ConfigError(
+            f"denoise={denoise!r}",
+            "denoise is the fraction of the schedule to run, in [0, 1] (0 returns the latent unchanged)",
+            "use e.g. 1.0 for text to image or 0.6 for image to image",
+        )
+
+
+def check_latent_size(info: Mapping[str, Any], config: ParallelConfig, height: int, width: int) -> None:
+    """The latent (``height`` x ``width`` latent pixels) against the model and the layout.
+
+    ``info`` is the model's load info: ``patch_size``, ``spatial_factor``, ``pads_to_patch`` (ComfyUI's
+    model pads a latent that is not a multiple of the patch and crops back) and ``max_grid_side``
+    (the most token rows/columns its position embedding covers, e.g. SD3's ``pos_embed_max_size``)."""
+    p, f = int(info.get("patch_size", 2)), int(info.get("spatial_factor", 8))
+    family = info.get("family", "this")
+    if height < 1 or width < 1:
+        raise ConfigError(
+            f"the latent is {width}x{height} latent pixels",
+            "an image needs at least one latent pixel a side",
+            "make the latent with an empty-latent node or VAE Encode",
+        )
+    step = p * f
+    if height % p or width % p:
+        size = f"{width * f}x{height * f} px (latent {width}x{height})"
+        fix_size = f"{math.ceil(width / p) * step}x{math.ceil(height / p) * step}"
+        if not info.get("pads_to_patch", True):
+            raise ConfigError(
+                f"the latent is {size}, not a multiple of {step} px",
+                f"the {family} transformer makes one token of each {p}x{p} latent patch and its position "
+                "embedding covers whole patches only (ComfyUI's own KSampler fails on this size too)",
+                f"use a size that is a multiple of {step} px, e.g. {fix_size} (Upscale Latent / ImageScale)",
+            )
+        if config.pp > 1:
+            raise ConfigError(
+                f"the latent is {size}, not a multiple of {step} px, and the layout uses PipeFusion",
+                "PipeFusion splits the latent into bands of whole token rows; the padding KSampler adds to "
+                "reach whole tokens would have to travel between stages",
+                f"use a size that is a multiple of {step} px (e.g. {fix_size}), or a layout without PipeFusion",
+            )
+    most = info.get("max_grid_side")
+    rows, cols = math.ceil(height / p), math.ceil(width / p)
+    if most is not None and max(rows, cols) > int(most):
+        largest = int(most) * step
+        raise ConfigError(
+            f"the latent is {width * f}x{height * f} px: {cols}x{rows} tokens, but this {family} model's position "
+            f"embedding covers at most {most}x{most} tokens ({largest}x{largest} px)",
+            "the model crops its learned position table to the image; it cannot extend it "
+            "(pos_embed_max_size in the model file; ComfyUI's KSampler fails at this size too)",
+            f"make the image at most {largest} px a side",
+        )
+
+
+def check_branches_for_layout(config: ParallelConfig, cfg: float, positive: Branch, negative: Branch | None) -> None:
+    """PipeFusion runs one plain entry per branch (see ``pipefusion.branches.single_entry``)."""
+    if config.pp > 1:
+        single_entry(positive, "positive")
+        if uses_uncond(cfg, negative):
+            single_entry(negative, "negative")
