@@ -9,6 +9,7 @@ from __future__ import annotations
 from .latent import ParallelEmptyLatent
 from .loader import ParallelModelLoader
 from .lora import ParallelLoraLoader
+from .model_sampling import ParallelModelSamplingAuraFlow, ParallelModelSamplingFlux, ParallelModelSamplingSD3
 from .sampler import ParallelSampler
 from .sampler_advanced import ParallelSamplerAdvanced
 from .text_encode import ParallelTextEncode
@@ -22,6 +23,9 @@ NODE_CLASS_MAPPINGS = {
     "DiTParallelEmptyLatent": ParallelEmptyLatent,
     "DiTParallelSampler": ParallelSampler,
     "DiTParallelSamplerAdvanced": ParallelSamplerAdvanced,
+    "DiTParallelModelSamplingFlux": ParallelModelSamplingFlux,
+    "DiTParallelModelSamplingSD3": ParallelModelSamplingSD3,
+    "DiTParallelModelSamplingAuraFlow": ParallelModelSamplingAuraFlow,
     "DiTParallelVAEDecode": ParallelVAEDecode,
     "DiTParallelUnload": ParallelRuntimeUnload,
 }
@@ -33,6 +37,9 @@ NODE_DISPLAY_NAME_MAPPINGS = {
     "DiTParallelEmptyLatent": "Parallel Empty Latent",
     "DiTParallelSampler": "Parallel Sampler",
     "DiTParallelSamplerAdvanced": "Parallel Sampler (Advanced)",
+    "DiTParallelModelSamplingFlux": "Parallel Model Sampling Flux",
+    "DiTParallelModelSamplingSD3": "Parallel Model Sampling SD3",
+    "DiTParallelModelSamplingAuraFlow": "Parallel Model Sampling AuraFlow",
     "DiTParallelVAEDecode": "Parallel VAE Decode",
     "DiTParallelUnload": "Parallel Runtime Unload",
 }

@@ -1,8 +1,11 @@
-"""ComfyUI CONDITIONING <-> the runtime's Conditioning, with shape checks against the model.
+"""ComfyUI CONDITIONING <-> the runtime's conditioning branches, with shape checks against the model.
 
-ComfyUI's CONDITIONING is a list of ``[embeddings [B,T,D], {"pooled_output": [B,Dp], "guidance":
-float, ...}]``. The parallel sampler runs one prompt per branch, so it takes exactly one entry
-and refuses extras it cannot honour (areas, masks, ControlNet, ...) instead of ignoring them.
+ComfyUI's CONDITIONING is a list of entries ``[embeddings [B,T,D], {"pooled_output": [B,Dp],
+"guidance": float, ...}]``. Every entry becomes a ``CondEntry`` with what KSampler honours of its
+options: Flux guidance (FluxGuidance), strength (ConditioningSetAreaStrength) and the timestep range
+(ConditioningSetTimestepRange); several entries (ConditioningCombine) are averaged as KSampler does.
+Options the parallel sampler cannot honour (areas, masks, ControlNet, ...) are refused instead of
+ignored.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from parallel_runtime.errors import ConfigError
 
 if TYPE_CHECKING:
+    from parallel_runtime.denoise.entries import CondEntry
     from parallel_runtime.models.base import Conditioning
 
 FAMILY_LABEL = {
@@ -42,6 +46,7 @@ UNSUPPORTED_KEYS = {
     "concat_mask": "an inpainting mask",
     "clip_vision_output": "a CLIP-vision image embedding",
     "unclip_conditioning": "unCLIP image conditioning",
+    "clip_start_percent": "a scheduled CLIP hook",
 }
 VIDEO_IMAGE_KEYS = ("concat_latent_image", "concat_mask", "clip_vision_output")  # WanImageToVideo's, for Wan
 
@@ -67,58 +72,52 @@ def _model_label(family: str) -> str:
     return FAMILY_LABEL.get(family, family)
 
 
-def to_runtime(
+def to_branch(
     conditioning: Any, expected: Mapping[str, int | None], family: str, role: str = "positive"
-) -> tuple[Conditioning, dict[str, Any]]:
-    """One ComfyUI CONDITIONING -> (runtime Conditioning, extras such as {"guidance": 3.5}).
+) -> tuple[CondEntry, ...]:
+    """One ComfyUI CONDITIONING -> its entries (``CondEntry``), each checked against the model.
 
     ``expected`` is ``ParallelModel.expected_conditioning()``: ``{"embed_dim", "pooled_dim"}``."""
-    import torch
-
-    from parallel_runtime.models.base import Conditioning
-
-    label = _model_label(family)
     if not isinstance(conditioning, (list, tuple)) or not conditioning:
         raise ConfigError(
             f"the {role} input is not a CONDITIONING (got {type(conditioning).__name__})",
             "the sampler needs ComfyUI conditioning: a list of [embeddings, options] pairs",
             f"connect a text encoder (Parallel Text Encode) to {role}",
         )
-    if len(conditioning) != 1:
-        raise ConfigError(
-            f"the {role} conditioning holds {len(conditioning)} entries (e.g. from Conditioning (Combine))",
-            "the parallel sampler runs one prompt per branch; combined prompts would need one model pass each",
-            "use a single text encode per branch, or Conditioning (Concat) to join prompts into one entry",
-        )
-    entry = conditioning[0]
+    return tuple(_entry(entry, expected, family, role, i, len(conditioning)) for i, entry in enumerate(conditioning))
+
+
+def _entry(entry: Any, expected: Mapping[str, int | None], family: str, role: str, index: int, count: int):
+    import torch
+
+    from parallel_runtime.denoise.entries import CondEntry
+    from parallel_runtime.models.base import Conditioning
+
+    label = _model_label(family)
+    where = role if count == 1 else f"{role} entry {index + 1} of {count}"
     if not (isinstance(entry, (list, tuple)) and len(entry) == 2 and isinstance(entry[0], torch.Tensor)):
         raise ConfigError(
-            f"the {role} conditioning entry is malformed ({type(entry).__name__})",
+            f"the {where} conditioning is malformed ({type(entry).__name__})",
             "each entry must be [embeddings tensor, options dict]",
             "connect the output of a text encoder node",
         )
     embeds, options = entry[0], dict(entry[1] or {})
-    image_extras = _wan_image_inputs(options, expected, role) if family == "wan" else {}
+    image_extras = _wan_image_inputs(options, expected, where) if family == "wan" else {}
     for key, what in UNSUPPORTED_KEYS.items():
         if family == "wan" and key in VIDEO_IMAGE_KEYS:
             continue
         if options.get(key) is not None:
             raise ConfigError(
-                f"the {role} conditioning carries {what} ({key!r})",
-                "the parallel sampler applies text conditioning only; it would silently ignore this",
+                f"the {where} conditioning carries {what} ({key!r})",
+                "the parallel sampler applies text conditioning (with guidance, strength and timestep ranges) "
+                "only; it would silently ignore this",
                 "remove that node from the graph, or use ComfyUI's own KSampler for this feature",
             )
-    if options.get("start_percent", 0.0) > 0.0 or options.get("end_percent", 1.0) < 1.0:
-        raise ConfigError(
-            f"the {role} conditioning has a timestep range ({options.get('start_percent', 0.0)}..{options.get('end_percent', 1.0)})",
-            "the parallel sampler applies one conditioning for every step",
-            "remove ConditioningSetTimestepRange, or use ComfyUI's KSampler",
-        )
     if embeds.ndim == 2:
         embeds = embeds.unsqueeze(0)
     if embeds.ndim != 3:
         raise ConfigError(
-            f"the {role} text embeddings have shape {tuple(embeds.shape)}",
+            f"the {where} text embeddings have shape {tuple(embeds.shape)}",
             "text embeddings are [batch, tokens, width]",
             "connect a text encoder's CONDITIONING",
         )
@@ -129,7 +128,7 @@ def to_runtime(
     if want_dim is not None and width != int(want_dim):
         source = guess_source(width, pooled_dim)
         raise ConfigError(
-            f"{source} conditioning given to a {label} model: the {role} text embeddings are {width} wide, "
+            f"{source} conditioning given to a {label} model: the {where} text embeddings are {width} wide, "
             f"this model expects {want_dim}",
             f"the {label} transformer projects text embeddings of its own text encoders ({want_dim} wide)",
             f"encode the prompt with Parallel Text Encode on this PARALLEL_MODEL, or with ComfyUI's "
@@ -138,14 +137,14 @@ def to_runtime(
     if want_pooled is not None:
         if pooled_dim is None:
             raise ConfigError(
-                f"the {role} conditioning has no pooled_output, which a {label} model needs",
+                f"the {where} conditioning has no pooled_output, which a {label} model needs",
                 f"{label} adds a pooled text vector ({want_pooled} wide) to the timestep embedding",
                 f"use Parallel Text Encode, or ComfyUI's {COMFY_ENCODER_HINT.get(family, 'text encoder')}",
             )
         if pooled_dim != int(want_pooled):
             raise ConfigError(
-                f"{guess_source(width, pooled_dim)} conditioning given to a {label} model: the {role} pooled output "
-                f"is {pooled_dim} wide, this model expects {want_pooled}",
+                f"{guess_source(width, pooled_dim)} conditioning given to a {label} model: the {where} pooled "
+                f"output is {pooled_dim} wide, this model expects {want_pooled}",
                 f"the {label} transformer's pooled projection takes {want_pooled} features",
                 f"encode the prompt with Parallel Text Encode or ComfyUI's {COMFY_ENCODER_HINT.get(family, 'text encoder')}",
             )
@@ -156,8 +155,14 @@ def to_runtime(
     mask = mask.reshape(embeds.shape[0], -1).cpu() if isinstance(mask, torch.Tensor) else None
     if mask is not None and mask.shape[1] != embeds.shape[1]:
         mask = None  # a mask for other tokens (e.g. a padded encoder) cannot be applied: run unmasked
-    extras = {k: options[k] for k in ("guidance",) if options.get(k) is not None}
-    return Conditioning(embeds.float().cpu(), pooled, mask, **image_extras), extras
+    guidance = options.get("guidance")
+    return CondEntry(
+        Conditioning(embeds.float().cpu(), pooled, mask, **image_extras),
+        guidance=None if guidance is None else float(guidance),
+        strength=float(options.get("strength", 1.0)),
+        start_percent=None if options.get("start_percent") is None else float(options["start_percent"]),
+        end_percent=None if options.get("end_percent") is None else float(options["end_percent"]),
+    )
 
 
 def _wan_image_inputs(options: Mapping[str, Any], expected: Mapping[str, int | None], role: str) -> dict[str, Any]:

@@ -10,18 +10,18 @@ from .handles import PARALLEL_MODEL, ParallelModelHandle
 from .loader import CATEGORY
 
 MAX_RESOLUTION = 16384
-SIZE_STEP = 16  # VAE factor 8 x transformer patch 2: one token per 16x16 pixels
+SIZE_STEP = 8  # the VAE's factor, as ComfyUI's EmptyLatentImage; the model pads to its patch size when it can
 
 
 def check_size(width: int, height: int) -> None:
-    """Raise ConfigError unless both sides are positive multiples of 16 pixels."""
+    """Raise ConfigError unless both sides are multiples of 8 pixels from 16 up (EmptyLatentImage's
+    rule); whether the model takes sizes that are not a multiple of its patch is checked with it."""
     for name, value in (("width", width), ("height", height)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < SIZE_STEP or value % SIZE_STEP:
-            lower = max(SIZE_STEP, (int(value) // SIZE_STEP) * SIZE_STEP) if isinstance(value, (int, float)) else 1024
+        if isinstance(value, bool) or not isinstance(value, int) or value < 16 or value % SIZE_STEP:
+            lower = max(16, (int(value) // SIZE_STEP) * SIZE_STEP) if isinstance(value, (int, float)) else 1024
             raise ConfigError(
-                f"{name} {value!r} is not a multiple of {SIZE_STEP}",
-                "the VAE shrinks the image 8x and the transformer packs 2x2 latent pixels into one token, "
-                f"so each side must be a multiple of {SIZE_STEP} pixels",
+                f"{name} {value!r} is not a multiple of {SIZE_STEP} (from 16)",
+                f"the VAE shrinks the image {SIZE_STEP}x, so each side is a whole number of latent pixels",
                 f"use {name} {lower} or {lower + SIZE_STEP}",
             )
 
@@ -41,12 +41,26 @@ class ParallelEmptyLatent:
 
     @classmethod
     def INPUT_TYPES(cls) -> dict[str, Any]:
-        size = {"min": SIZE_STEP, "max": MAX_RESOLUTION, "step": SIZE_STEP}
+        size = {"min": 16, "max": MAX_RESOLUTION, "step": SIZE_STEP}
         return {
             "required": {
                 "parallel_model": (PARALLEL_MODEL, {"tooltip": "Decides the latent channel count."}),
-                "width": ("INT", {"default": 1024, **size, "tooltip": "Image width in pixels (multiple of 16)."}),
-                "height": ("INT", {"default": 1024, **size, "tooltip": "Image height in pixels (multiple of 16)."}),
+                "width": (
+                    "INT",
+                    {
+                        "default": 1024,
+                        **size,
+                        "tooltip": "Image width in pixels (multiple of 8; PixArt and PipeFusion layouts need 16).",
+                    },
+                ),
+                "height": (
+                    "INT",
+                    {
+                        "default": 1024,
+                        **size,
+                        "tooltip": "Image height in pixels (multiple of 8; PixArt and PipeFusion layouts need 16).",
+                    },
+                ),
                 "batch_size": ("INT", {"default": 1, "min": 1, "max": 64, "tooltip": "Images per run."}),
             },
             "optional": {
@@ -65,7 +79,7 @@ class ParallelEmptyLatent:
 
     @classmethod
     def VALIDATE_INPUTS(cls, width: int, height: int) -> bool | str:
-        """Sizes must be multiples of 16 (ComfyUI range-checks batch_size itself: it is not named here)."""
+        """Sizes must be multiples of 8 from 16 (ComfyUI range-checks batch_size itself: it is not named here)."""
         try:
             check_size(width, height)
         except ConfigError as exc:
@@ -81,17 +95,25 @@ class ParallelEmptyLatent:
 
         check_size(width, height)
         model = parallel_model.model()
-        channels, f = model.latent_channels, model.spatial_factor
-        step = model.patch_pixels
-        if width % step or height % step:
+        channels, f = model.latent_channels, getattr(model, "spatial_factor", 8)
+        if width % f or height % f:
             raise ConfigError(
-                f"{width}x{height} for a {model.family} model whose tokens are {step}x{step} pixels",
-                f"its VAE shrinks the image {f}x and the transformer packs 2x2 latent pixels into one token",
-                f"use multiples of {step}, e.g. {width // step * step or step}x{height // step * step or step}",
+                f"{width}x{height} px is not a multiple of {f} px for {model.family}",
+                f"this model's VAE shrinks the image {f}x, so each side is a whole number of latent pixels",
+                f"use {max(f, width // f * f)}x{max(f, height // f * f)}",
             )
         if model.latent_dims == 3:
+            step = model.patch_pixels  # video models do not pad to the patch here (yet): whole tokens
+            if width % step or height % step:
+                raise ConfigError(
+                    f"{width}x{height} for a {model.family} model whose tokens are {step}x{step} pixels",
+                    f"its VAE shrinks the image {f}x and the transformer packs 2x2 latent pixels into one token",
+                    f"use multiples of {step}, e.g. {width // step * step or step}x{height // step * step or step}",
+                )
+            model.check_latent_size(height // f, width // f)
             frames = (int(length) - 1) // model.temporal_factor + 1
             return ({"samples": torch.zeros(batch_size, channels, frames, height // f, width // f)},)
+        model.check_latent_size(height // f, width // f)
         if length != 1:
             raise ConfigError(
                 f"length {length} for the {model.family} image model",

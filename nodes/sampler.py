@@ -1,4 +1,10 @@
-"""Parallel Sampler: KSampler's inputs, run on the worker pool, with progress, previews and cancel."""
+"""Parallel Sampler: KSampler's inputs, run on the worker pool, with progress, previews and cancel.
+
+It computes what ComfyUI's KSampler computes for the same graph: the model sampling in force (the
+file's default unless a Parallel Model Sampling node set one; the node shows which), each
+conditioning entry with its own guidance, strength and timestep range, the LATENT's batch_index for
+the noise (and kept on the output), an empty latent left unshifted, sizes padded to the patch size.
+"""
 
 from __future__ import annotations
 
@@ -7,15 +13,17 @@ from typing import Any
 
 from parallel_runtime.errors import ConfigError, JobCancelled
 
-from .conditioning import to_runtime
+from .conditioning import to_branch
 from .context import ContextNode
 from .handles import PARALLEL_MODEL, ParallelModelHandle
-from .latent import SIZE_STEP
 from .loader import CATEGORY
 from .progress import JobMonitor, run_with_events
 
 log = logging.getLogger("dit_parallel.nodes")
 SEED_MAX = 0xFFFFFFFFFFFFFFFF
+
+
+DISTILLED_GUIDANCE = ("flux", "flux2")  # families with an embedded (distilled) guidance input
 
 
 def sampler_names() -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -30,11 +38,13 @@ def prepare_latent(
     family: str,
     latent_dims: int = 2,
     spatial_factor: int = 8,
-    patch_pixels: int = SIZE_STEP,
+    patch_pixels: int = 16,
     frame_axis: bool = False,
 ) -> Any:
     """The LATENT's samples as float32 [B,C,H,W] (video models: [B,C,T,H,W]), checked against the model
-    (``frame_axis``: an image family whose LATENT may be [B,C,1,H,W], as ComfyUI keeps Qwen-Image's).
+    (``frame_axis``: an image family whose LATENT may be [B,C,1,H,W], as ComfyUI keeps Qwen-Image's). An image
+    latent's size is checked against the model's limits by the runtime (it pads to the patch as ComfyUI);
+    a video latent must be whole tokens (``patch_pixels``).
 
     As ComfyUI's own KSampler does (``fix_empty_latent_channels``): an all-zero latent with another
     channel count (EmptyLatentImage is 4-channel, EmptyHunyuanLatentVideo 16) becomes zeros with the
@@ -82,7 +92,7 @@ def prepare_latent(
             )
     h, w = samples.shape[-2:]
     width, height = w * spatial_factor, h * spatial_factor
-    if width % patch_pixels or height % patch_pixels:
+    if latent_dims == 3 and (width % patch_pixels or height % patch_pixels):  # Wan does not pad (yet)
         raise ConfigError(
             f"the latent is {width}x{height} pixels; width and height must be multiples of {patch_pixels}",
             f"the transformer packs 2x2 latent pixels ({patch_pixels}x{patch_pixels} image pixels) into one token",
@@ -121,8 +131,9 @@ def model_geometry(model: Any) -> dict[str, int]:
 
 def run_sampler(
     ctx: Any, parallel_model: ParallelModelHandle, positive: Any, negative: Any, latent_image: dict, **settings: Any
-) -> tuple[dict]:
-    """Sample on the pool with progress, previews, cancel and status (shared by both sampler nodes).
+) -> dict[str, Any]:
+    """Sample on the pool with progress, previews, cancel and status (shared by both sampler nodes); returns
+    the node's output ({"ui": the model sampling in force, "result": (LATENT,)}).
     ``settings``: ParallelModel.sample's keyword arguments (seed, steps, ..., advanced)."""
     model = parallel_model.model()
     family = model.family
@@ -130,17 +141,20 @@ def run_sampler(
     samples = prepare_latent(latent_image, model.latent_channels, family, **geometry)
     noise_mask = prepare_noise_mask(latent_image, samples)
     expected = model.expected_conditioning()
-    pos, pos_extra = to_runtime(positive, expected, family, "positive")
-    neg = to_runtime(negative, expected, family, "negative")[0] if negative is not None else None
+    pos = to_branch(positive, expected, family, "positive")
+    neg = to_branch(negative, expected, family, "negative") if negative is not None else None
     guidance = settings.pop("guidance", None)
-    distilled = family in ("flux", "flux2")  # the families with an embedded (distilled) guidance input
-    flux_guidance = float(pos_extra.get("guidance", guidance)) if distilled else None
+    guidance = float(guidance) if family in DISTILLED_GUIDANCE and guidance is not None else None
+    batch_index = latent_image.get("batch_index")
     sigmas = settings.get("sigmas")
     total = (len(sigmas) - 1) if sigmas is not None else settings["steps"]
     monitor = JobMonitor(ctx.bridge, ctx.status, parallel_model.pool_id, family, total, len(parallel_model.devices))
+    in_force = sampling_text(model)
+    log.info("dit-parallel sampler: %s", in_force)
     h, w = samples.shape[-2:]
     f = model.spatial_factor
-    kwargs = dict(width=w * f, height=h * f, batch_size=samples.shape[0], guidance=flux_guidance, **settings)
+    kwargs = dict(width=w * f, height=h * f, batch_size=samples.shape[0], guidance=guidance, **settings)
+    kwargs["batch_index"] = None if batch_index is None else [int(i) for i in batch_index]
     if noise_mask is not None:
         kwargs["noise_mask"] = noise_mask
 
@@ -159,9 +173,10 @@ def run_sampler(
         ctx.status.job(parallel_model.pool_id, "sample", state, str(exc))
         raise
     ctx.status.job(parallel_model.pool_id, "sample", "done")
-    result = dict(latent_image)  # KSampler's copy: a noise mask stays with the latent (a second pass reads it)
+    # KSampler's copy: batch_index and a noise mask stay with the latent (a second pass reads the mask)
+    result = dict(latent_image)
     result["samples"] = out.unsqueeze(2) if geometry["frame_axis"] else out  # ComfyUI's layout for the family
-    return (result,)
+    return {"ui": {"text": [in_force]}, "result": (result,)}
 
 
 class ParallelSampler(ContextNode):
@@ -226,7 +241,9 @@ class ParallelSampler(ContextNode):
                         "min": 0.0,
                         "max": 100.0,
                         "step": 0.1,
-                        "tooltip": "Flux / FLUX.2 distilled guidance (a FluxGuidance node on positive overrides it). Ignored by SD3, PixArt, Qwen-Image and Wan.",
+                        "tooltip": "Flux / FLUX.2 distilled guidance of conditioning entries without their own "
+                        "(FluxGuidance sets it per entry, on the negative too; KSampler uses 3.5). Ignored by SD3, "
+                        "PixArt, Qwen-Image and Wan.",
                     },
                 ),
             },
@@ -256,7 +273,7 @@ class ParallelSampler(ContextNode):
         denoise: float,
         sigmas: Any = None,
         guidance: float = 3.5,
-    ) -> tuple[dict]:
+    ) -> dict[str, Any]:
         return run_sampler(
             self.context,
             parallel_model,
@@ -272,3 +289,14 @@ class ParallelSampler(ContextNode):
             sigmas=sigmas,
             guidance=guidance,
         )
+
+
+def sampling_text(model: Any) -> str:
+    """What the sampler node shows: the model sampling in force and where it comes from."""
+    spec = getattr(model, "model_sampling", None)
+    if spec is None:
+        return "model sampling: the model's default"
+    text = f"model sampling: {spec.describe()}"
+    if spec.source == "the model file's default" and spec.kind in ("flux", "discrete_flow"):
+        text += "; a Parallel Model Sampling node before the sampler changes it"
+    return text

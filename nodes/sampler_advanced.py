@@ -92,7 +92,7 @@ class ParallelSamplerAdvanced(ContextNode):
         start_at_step: int,
         end_at_step: int,
         return_with_leftover_noise: str,
-    ) -> tuple[dict]:
+    ) -> dict[str, Any]:
         advanced = {
             "add_noise": add_noise != "disable",
             "start_at_step": int(start_at_step),

@@ -70,7 +70,7 @@ def test_graph_runs_and_decodes_like_the_pipeline(ctx, model, degrees, cfg, layo
     (neg,) = ParallelTextEncode().encode(handle, "")
     (latent,) = ParallelEmptyLatent().generate(handle, SIZE, SIZE, 1)
     assert latent["samples"].shape == latent_shape
-    (out,) = ParallelSampler(ctx).sample(handle, pos, neg, latent, 3, 2, cfg, "euler", "simple", 1.0)
+    (out,) = ParallelSampler(ctx).sample(handle, pos, neg, latent, 3, 2, cfg, "euler", "simple", 1.0)["result"]
     samples = out["samples"]
     assert samples.shape == latent_shape and torch.isfinite(samples).all()
     (image,) = ParallelVAEDecode(ctx).decode(handle, out)

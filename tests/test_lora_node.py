@@ -68,7 +68,9 @@ def lora(ctx, handle, name: str, strength_model: float, strength_clip: float):
 def sample(ctx, handle) -> torch.Tensor:
     (pos,) = ParallelTextEncode().encode(handle, "a watercolor fox")
     (latent,) = ParallelEmptyLatent().generate(handle, 64, 64, 1)
-    (out,) = ParallelSampler(ctx).sample(handle, pos, pos, latent, 5, 3, 1.0, "euler", "simple", 1.0, guidance=3.5)
+    (out,) = ParallelSampler(ctx).sample(handle, pos, pos, latent, 5, 3, 1.0, "euler", "simple", 1.0, guidance=3.5)[
+        "result"
+    ]
     return out["samples"]
 
 

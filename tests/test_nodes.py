@@ -24,7 +24,7 @@ from parallel_runtime.parallel.config import ParallelConfig
 PACK = load_pack()
 from dit_parallel_pack.nodes import NODE_CLASS_MAPPINGS  # noqa: E402
 from dit_parallel_pack.nodes.bridge import ComfyBridge  # noqa: E402
-from dit_parallel_pack.nodes.conditioning import from_runtime, to_runtime  # noqa: E402
+from dit_parallel_pack.nodes.conditioning import from_runtime, to_branch  # noqa: E402
 from dit_parallel_pack.nodes.context import NodeContext  # noqa: E402
 from dit_parallel_pack.nodes.handles import ParallelModelHandle  # noqa: E402
 from dit_parallel_pack.nodes.latent import ParallelEmptyLatent  # noqa: E402
@@ -130,6 +130,7 @@ class FakeModel:
         denoise=1.0,
         sigmas=None,
         guidance=None,
+        batch_index=None,
         on_event=None,
         should_cancel=None,
     ):
@@ -140,6 +141,7 @@ class FakeModel:
                 width=width,
                 height=height,
                 guidance=guidance,
+                batch_index=batch_index,
                 seed=seed,
                 steps=steps,
                 cfg=cfg,
@@ -156,6 +158,9 @@ class FakeModel:
             threading.Event().wait(0.01)
         on_event(0, "memory", {"rss_bytes": 1 << 20})
         return latent + 1.0
+
+    def check_latent_size(self, height, width) -> None:
+        self.checked_sizes = (height, width)
 
     def decode(self, latent):
         b, _, h, w = latent.shape
@@ -307,10 +312,16 @@ def test_context_frees_only_the_pools_on_the_needed_gpu():
     assert [p["pool"] for p in ctx.status.snapshot()["pools"]] == ["b"]
 
 
-def test_conditioning_round_trip_and_guidance():
-    cond, extras = to_runtime(flux_cond(guidance=2.5), {"embed_dim": 32, "pooled_dim": 32}, "flux")
+def test_conditioning_round_trip_and_entry_options():
+    expected = {"embed_dim": 32, "pooled_dim": 32}
+    (entry,) = to_branch(flux_cond(guidance=2.5), expected, "flux")
+    cond = entry.cond
     assert cond.prompt_embeds.shape == (1, 7, 32) and cond.pooled.shape == (1, 32)
-    assert extras == {"guidance": 2.5}
+    assert (entry.guidance, entry.strength, entry.start_percent, entry.end_percent) == (2.5, 1.0, None, None)
+    combined = flux_cond() + flux_cond(strength=0.5, start_percent=0.2, end_percent=0.8)  # Combine + options
+    first, second = to_branch(combined, expected, "flux")
+    assert first.is_plain and first.guidance is None
+    assert (second.strength, second.start_percent, second.end_percent) == (0.5, 0.2, 0.8)
     back = from_runtime(cond)
     assert torch.equal(back[0][0], cond.prompt_embeds) and torch.equal(back[0][1]["pooled_output"], cond.pooled)
 
@@ -322,16 +333,15 @@ def test_conditioning_round_trip_and_guidance():
         (flux_cond(width=768, pooled=768), "SD1.x conditioning given to a Flux model"),
         (flux_cond(pooled=None), "has no pooled_output"),
         (flux_cond(pooled=2048), "pooled output is 2048 wide"),
-        (flux_cond() + flux_cond(), "holds 2 entries"),
         (flux_cond(area=(8, 8, 0, 0)), "carries an area"),
+        (flux_cond() + flux_cond(mask=torch.ones(1, 8, 8)), "positive entry 2 of 2 conditioning carries a mask"),
         (flux_cond(control=object()), "carries a ControlNet"),
-        (flux_cond(start_percent=0.5), "timestep range"),
         ("not conditioning", "is not a CONDITIONING"),
     ],
 )
 def test_conditioning_errors_say_what_why_fix(conditioning, match):
     with pytest.raises(ConfigError, match=match) as err:
-        to_runtime(conditioning, {"embed_dim": 32, "pooled_dim": 32}, "flux")
+        to_branch(conditioning, {"embed_dim": 32, "pooled_dim": 32}, "flux")
     assert "why:" in str(err.value) and "fix:" in str(err.value)
 
 
@@ -340,8 +350,7 @@ def test_prepare_latent_checks():
     assert prepare_latent(zeros4, 16, "flux").shape == (1, 16, 8, 8)  # empty latent of another family: fixed
     with pytest.raises(ConfigError, match="has 4 channels but this flux model works with 16"):
         prepare_latent({"samples": torch.ones(1, 4, 8, 8)}, 16, "flux")
-    with pytest.raises(ConfigError, match="multiples of 16"):
-        prepare_latent({"samples": torch.zeros(1, 16, 9, 8)}, 16, "flux")
+    assert prepare_latent({"samples": torch.ones(1, 16, 9, 7)}, 16, "flux").shape == (1, 16, 9, 7)  # model pads
     with pytest.raises(ConfigError, match="noise mask"):
         prepare_latent({"samples": torch.zeros(1, 16, 8, 8), "noise_mask": torch.ones(1, 8, 8)}, 16, "flux")
 
@@ -351,12 +360,18 @@ def test_sampler_progress_previews_and_status(fake_ctx):
     handle = fake_handle(fake_ctx)
     latent = ParallelEmptyLatent().generate(handle, 64, 48, 1)[0]
     assert latent["samples"].shape == (1, 16, 6, 8)
-    (out,) = ParallelSampler(fake_ctx).sample(
+    latent["batch_index"] = [3]
+    result = ParallelSampler(fake_ctx).sample(
         handle, flux_cond(guidance=2.0), flux_cond(), latent, 7, 4, 1.0, "euler", "simple", 1.0, guidance=3.5
     )
+    (out,) = result["result"]
+    assert "model sampling" in result["ui"]["text"][0]
     assert out["samples"].shape == (1, 16, 6, 8) and torch.all(out["samples"] == 1.0)
+    assert out["batch_index"] == [3]  # carried to the output LATENT, as KSampler does
     call = handle.fake.calls[-1]
-    assert (call["width"], call["height"], call["guidance"], call["seed"]) == (64, 48, 2.0, 7)  # FluxGuidance wins
+    assert (call["width"], call["height"], call["guidance"], call["seed"]) == (64, 48, 3.5, 7)
+    assert call["positive"][0].guidance == 2.0 and call["negative"][0].guidance is None  # per entry
+    assert call["batch_index"] == [3]
     values = [v for v, _, _ in bridge.progress]
     assert values == [1, 2, 3, 4]  # one update per step (when both ranks reported it), in order
     assert len(bridge.previews) == 4 and bridge.previews[0] == ("flux", (1, 16, 4, 4))
@@ -429,7 +444,8 @@ def test_validate_inputs():
         manual_layout(["cpu", "cpu"], **{**layout, "ulysses": 1, "pipefusion": 2, "pp_patches": 1})
     e = ParallelEmptyLatent.VALIDATE_INPUTS
     assert e(1024, 768) is True
-    assert "width 1000 is not a multiple of 16" in e(1000, 768)
+    assert e(1000, 768) is True  # a multiple of 8, as ComfyUI's EmptyLatentImage
+    assert "width 1001 is not a multiple of 8" in e(1001, 768)
     s = ParallelSampler.VALIDATE_INPUTS
     assert s(20, 1.0) is True and "leaves no step" in s(20, 0.01)
 
@@ -554,7 +570,7 @@ def run_graph(ctx, handle, cfg: float, steps: int = 2, size: int = 64):
     (pos,) = ParallelTextEncode().encode(handle, "a watercolor fox")
     (neg,) = ParallelTextEncode().encode(handle, "")
     (latent,) = ParallelEmptyLatent().generate(handle, size, size, 1)
-    (out,) = ParallelSampler(ctx).sample(handle, pos, neg, latent, 3, steps, cfg, "euler", "simple", 1.0)
+    (out,) = ParallelSampler(ctx).sample(handle, pos, neg, latent, 3, steps, cfg, "euler", "simple", 1.0)["result"]
     (image,) = ParallelVAEDecode(ctx).decode(handle, out)
     return latent, out, image
 
@@ -620,7 +636,7 @@ def test_end_to_end_cancel_keeps_pool_warm_and_previews(pool_registry):
         ParallelSampler(ctx).sample(handle, pos, pos, latent, 0, 200, 1.0, "euler", "simple", 1.0)
     assert isinstance(err.value.__cause__, JobCancelled)
     bridge.cancel_after = None
-    (out,) = ParallelSampler(ctx).sample(handle, pos, pos, latent, 0, 2, 1.0, "euler", "simple", 1.0)
+    (out,) = ParallelSampler(ctx).sample(handle, pos, pos, latent, 0, 2, 1.0, "euler", "simple", 1.0)["result"]
     assert out["samples"].shape == (1, 16, 8, 8)  # the same warm pool still works
     assert bridge.previews, "the runtime's preview events reach the bridge"
 
@@ -631,11 +647,10 @@ def test_end_to_end_comfy_conditioning_of_the_wrong_shape(real_ctx):
     sdxl = [[torch.randn(1, 77, 2048), {"pooled_output": torch.randn(1, 1280)}]]
     with pytest.raises(ConfigError, match="SDXL conditioning given to a Flux model"):
         ParallelSampler(real_ctx).sample(handle, sdxl, sdxl, latent, 0, 2, 1.0, "euler", "simple", 1.0)
-    with pytest.raises(ConfigError, match="multiples of 16"):
-        (pos,) = ParallelTextEncode().encode(handle, "x")
-        ParallelSampler(real_ctx).sample(
-            handle, pos, pos, {"samples": torch.zeros(1, 16, 9, 8)}, 0, 2, 1.0, "euler", "simple", 1.0
-        )
+    (pos,) = ParallelTextEncode().encode(handle, "x")
+    odd = {"samples": torch.zeros(1, 16, 9, 7)}  # 56x72 px: padded to whole tokens and cropped, as KSampler
+    (out,) = ParallelSampler(real_ctx).sample(handle, pos, pos, odd, 0, 2, 1.0, "euler", "simple", 1.0)["result"]
+    assert out["samples"].shape == (1, 16, 9, 7) and torch.isfinite(out["samples"]).all()
 
 
 def test_end_to_end_comfy_style_conditioning_is_accepted(real_ctx):
@@ -648,7 +663,7 @@ def test_end_to_end_comfy_style_conditioning_is_accepted(real_ctx):
     ]
     (out,) = ParallelSampler(real_ctx).sample(
         handle, cond, cond, {"samples": torch.zeros(1, 16, 8, 8)}, 1, 2, 1.0, "euler", "simple", 1.0
-    )
+    )["result"]
     assert out["samples"].shape == (1, 16, 8, 8)
 
 

@@ -1,6 +1,6 @@
 // ComfyUI front-end extension of dit-parallel: the status panel (worker pools, devices, layout, and per rank
-// its state, step/patch progress and memory) fed by "dit_parallel.status" server events, and the layout text
-// shown on the loader node after it ran. State logic: ./status_model.js.
+// its state, step/patch progress and memory) fed by "dit_parallel.status" server events, and the text shown
+// on the loader, sampler and model-sampling nodes after they ran. State logic: ./status_model.js.
 //
 // The panel is a sidebar tab ("DiT Parallel", like ComfyUI's Queue or Model Library tabs), so it never
 // covers the canvas, its minimap or its buttons. Front-ends without sidebar tabs get a floating panel that
@@ -15,7 +15,14 @@ import { initialState, reduce, toView } from "./status_model.js";
 const EVENT = "dit_parallel.status";
 const TAB_ID = "dit-parallel";
 const PLACE_KEY = "dit_parallel.panel_place";
-const TEXT_NODES = new Set(["DiTParallelModelLoader", "DiTParallelUnload"]);
+const TEXT_NODES = new Set([
+  "DiTParallelModelLoader",
+  "DiTParallelUnload",
+  "DiTParallelSampler", // the model sampling in force
+  "DiTParallelModelSamplingFlux",
+  "DiTParallelModelSamplingSD3",
+  "DiTParallelModelSamplingAuraFlow",
+]);
 
 function el(tag, props = {}, children = []) {
   const node = document.createElement(tag);

@@ -67,6 +67,8 @@ class WanAdapter(ModelAdapter):
             latent_format=latent_format or (WAN22 if per_frame_time else WAN21),
             # every Wan variant (2.1 T2V/I2V, 2.2 A14B, TI2V-5B): ModelType.FLOW -> ModelSamplingDiscreteFlow
             model_sampling=discrete_flow_sampling(WAN_SHIFT),
+            # ComfyUI's WanModel pads too; ours does not yet (per-frame time, concat image, 3-D grid): whole tokens
+            pads_to_patch=False,
             splits=tuple(splits),
             vae_scale_factor=16 if per_frame_time else 8,
             latent_dims=3,
