@@ -366,6 +366,15 @@ CONVENTIONS = {
 }
 
 
+def node_inputs(c) -> dict:
+    """The ModelSampling* nodes' inputs besides the model (the parallel nodes take the same)."""
+    out = {}
+    for name in ("ModelSamplingFlux", "ModelSamplingSD3", "ModelSamplingAuraFlow"):
+        required = getattr(c.nma, name).INPUT_TYPES()["required"]
+        out[name] = {k: [v[0], dict(v[1]) if len(v) > 1 else {}] for k, v in required.items() if k != "model"}
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--comfy", type=Path, default=Path("/work/shared/ComfyUI"))
@@ -412,6 +421,7 @@ def main() -> None:
             "torch": torch.__version__,
             "compute": {"device": str(mm.get_torch_device()), "dtype": "float32", "threads": torch.get_num_threads()},
             "conventions": CONVENTIONS,
+            "node_inputs": node_inputs(c),
             "models": model_info,
             "cases": records,
             "tensors": {k: tensor_json(v) for k, v in sorted(b.tensors.items())},
