@@ -22,7 +22,7 @@ from pack_import import load_pack  # tests/ helper
 from parallel_runtime.errors import ConfigError
 
 load_pack()
-from dit_parallel_pack.nodes.conditioning import to_runtime  # noqa: E402
+from dit_parallel_pack.nodes.conditioning import to_branch  # noqa: E402
 from dit_parallel_pack.nodes.context import NodeContext  # noqa: E402
 from dit_parallel_pack.nodes.latent import ParallelEmptyLatent  # noqa: E402
 from dit_parallel_pack.nodes.loader import ParallelModelLoader  # noqa: E402
@@ -115,17 +115,18 @@ def test_wan_image_to_video_conditioning():
     image, mask = torch.randn(1, 16, 3, 6, 8), torch.ones(1, 1, 3, 6, 8)
     states = torch.randn(1, 257, 1280)
     opts = {"concat_latent_image": image, "concat_mask": mask, "clip_vision_output": ClipVisionOutput(states)}
-    cond, _ = to_runtime([[torch.randn(1, 512, 4096), opts]], WAN, "wan")
+    (entry,) = to_branch([[torch.randn(1, 512, 4096), opts]], WAN, "wan")
+    cond = entry.cond
     assert torch.equal(cond.concat_image, image) and torch.equal(cond.concat_mask, mask)
     assert torch.equal(cond.image_embeds, states)
-    cond, _ = to_runtime([[torch.randn(1, 512, 4096), opts]], {**WAN, "image_dim": None}, "wan")
-    assert cond.image_embeds is None  # a model without image K/V ignores it, as ComfyUI's WanModel does
+    (entry,) = to_branch([[torch.randn(1, 512, 4096), opts]], {**WAN, "image_dim": None}, "wan")
+    assert entry.cond.image_embeds is None  # a model without image K/V ignores it, as ComfyUI's WanModel does
     with pytest.raises(ConfigError, match="no 1280-wide penultimate states"):
         bad = {"clip_vision_output": ClipVisionOutput(torch.randn(1, 257, 1024))}
-        to_runtime([[torch.randn(1, 512, 4096), bad]], WAN, "wan")
+        to_branch([[torch.randn(1, 512, 4096), bad]], WAN, "wan")
     with pytest.raises(ConfigError, match="carries a CLIP-vision image embedding"):
         clip_only = {"clip_vision_output": opts["clip_vision_output"]}
-        to_runtime([[torch.randn(1, 7, 4096), clip_only]], {"embed_dim": 4096, "pooled_dim": None}, "pixart")
+        to_branch([[torch.randn(1, 7, 4096), clip_only]], {"embed_dim": 4096, "pooled_dim": None}, "pixart")
 
 
 def test_samplers_pass_noise_mask_and_ksampler_advanced_settings():
@@ -136,7 +137,7 @@ def test_samplers_pass_noise_mask_and_ksampler_advanced_settings():
     mask[:, :, 0] = 0.0
     latent = {"samples": torch.randn(1, 48, 3, 4, 4), "noise_mask": mask}  # Wan22ImageToVideoLatent's
     cond = [[torch.randn(1, 512, 4096), {}]]
-    (out,) = ParallelSampler(ctx).sample(handle, cond, cond, latent, 1, 2, 5.0, "euler", "simple", 1.0)
+    (out,) = ParallelSampler(ctx).sample(handle, cond, cond, latent, 1, 2, 5.0, "euler", "simple", 1.0)["result"]
     assert torch.equal(model.kwargs["noise_mask"], mask) and out["noise_mask"] is mask  # kept, like KSampler
     assert (model.kwargs["width"], model.kwargs["height"]) == (64, 64)
     args = ("disable", 3, 4, 3.5, "euler", "simple", cond, cond, latent, 2, 10000, "enable")
@@ -215,7 +216,7 @@ def test_text_to_video_graph_equals_comfyui_on_every_layout(comfy_ctx, layout):
     pos, neg = comfy_cond(case)
     latent = {"samples": tensor(case["latent"])}
     args = (run["seed"], run["steps"], run["cfg"], run["sampler"], run["scheduler"], 1.0)
-    (out,) = ParallelSampler(comfy_ctx).sample(handle, pos, neg, latent, *args)
+    (out,) = ParallelSampler(comfy_ctx).sample(handle, pos, neg, latent, *args)["result"]
     close(out["samples"], tensor(run["output"]))
 
 
@@ -231,7 +232,7 @@ def test_wan22_two_pass_graph_equals_comfyui_ksampler_advanced(comfy_ctx, layout
         common = (case["seed"], case["steps"], case["cfg"], case["sampler"], case["scheduler"], pos, neg, latent)
         (latent,) = ParallelSamplerAdvanced(comfy_ctx).sample(
             handle, p["add_noise"], *common, p["start_at_step"], p["end_at_step"], p["return_with_leftover_noise"]
-        )
+        )["result"]
         close(latent["samples"], tensor(expected))
 
 
@@ -245,7 +246,7 @@ def test_image_to_video_graph_equals_comfyui_wan_image_to_video(comfy_ctx, layou
     pos, neg = comfy_cond(case, concat_latent_image=image, concat_mask=mask, clip_vision_output=clip)
     latent = {"samples": tensor(case["latent"])}
     args = (case["seed"], case["steps"], case["cfg"], case["sampler"], case["scheduler"], 1.0)
-    (out,) = ParallelSampler(comfy_ctx).sample(handle, pos, neg, latent, *args)
+    (out,) = ParallelSampler(comfy_ctx).sample(handle, pos, neg, latent, *args)["result"]
     close(out["samples"], tensor(case["output"]))
 
 
@@ -258,7 +259,7 @@ def test_ti2v_graph_equals_comfyui_and_decodes_as_comfyuis_vae(comfy_ctx, layout
     pos, neg = comfy_cond(case)
     latent = {"samples": tensor(case["latent"]), "noise_mask": tensor(case["noise_mask"])}
     args = (case["seed"], case["steps"], case["cfg"], case["sampler"], case["scheduler"], 1.0)
-    (out,) = ParallelSampler(comfy_ctx).sample(handle, pos, neg, latent, *args)
+    (out,) = ParallelSampler(comfy_ctx).sample(handle, pos, neg, latent, *args)["result"]
     close(out["samples"], tensor(case["output"]))
     spec = VAE_REF["vae22"]["latent"]
     z = hashed_uniform(spec["name"], tuple(spec["shape"]), spec["scale"])
