@@ -120,7 +120,9 @@ def load_model(
         if ctx.rank == TEXT_RANK and Path(path).is_dir():
             placement = text_encoder_placement(_encoder_bytes(Path(path)), devices, free_gpu_bytes(devices))
             comps.text_encoders = load_pipeline_components(path, placement, torch_dtype(dtype), ("text",)).text_encoders
-        model = LoadedModel(key, comps, comps.adapter(), attention, stages, stage_weights, comps.second_expert())
+        model = LoadedModel(
+            key, comps, comps.adapter(), attention, stages, stage_weights, expert_2=comps.second_expert()
+        )
         ctx.state["model"] = model
     model.attention = attention
     adapter, cfg = model.adapter, model.components.transformer_config
