@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
@@ -51,10 +53,29 @@ UNLOAD_EVERYTHING = 1e29  # ComfyUI's unload_all_models asks free_memory for 1e3
 
 class _FreeHook:
     def __init__(self) -> None:
-        import threading
-
         self.requested = threading.Event()
         self.callbacks: list[Callable[[], None]] = []
+
+
+def _wake_until_read(queue: Any, name: str, period_s: float = 0.25, limit_s: float = 120.0) -> None:
+    """Wake ComfyUI's prompt loop until it has read flag ``name``. The loop reads the flags only
+    when its queue wait returns, and set_flag's notify is lost if it lands while the loop is
+    between reading the flags and waiting again (main.py's prompt_worker runs gc.collect() there,
+    seconds on a loaded host): the loop would then sleep until the next prompt or 1000 s."""
+    mutex, woken = getattr(queue, "mutex", None), getattr(queue, "not_empty", None)
+    if mutex is None or woken is None or not isinstance(getattr(queue, "flags", None), dict):
+        return
+
+    def nudge() -> None:
+        deadline = time.monotonic() + limit_s
+        while time.monotonic() < deadline:
+            time.sleep(period_s)
+            with mutex:
+                if not queue.flags.get(name):
+                    return  # read (get_flags resets them)
+                woken.notify()  # a wait with no prompt queued returns None: the loop reads the flags
+
+    threading.Thread(target=nudge, name="dit-parallel-free-wake", daemon=True).start()
 
 
 def _run_callbacks(callbacks: Sequence[Callable[[], None]]) -> None:
@@ -206,9 +227,13 @@ class ComfyBridge:
             original_set_flag, original_unload = queue.set_flag, mm.unload_all_models
 
             def set_flag(name: str, data: Any) -> Any:
-                if name in FREE_FLAGS and data:
+                free = name in FREE_FLAGS and bool(data)
+                if free:
                     hook.requested.set()
-                return original_set_flag(name, data)
+                result = original_set_flag(name, data)
+                if free:
+                    _wake_until_read(queue, name)
+                return result
 
             def unload_all_models(*args: Any, **kwargs: Any) -> Any:
                 result = original_unload(*args, **kwargs)

@@ -281,6 +281,64 @@ def test_workers_are_freed_when_the_user_frees_memory_not_on_every_unload(monkey
     assert freed == ["all", "all"] and comfy.queue.flags == {"unload_models": True, "free_memory": True}
 
 
+class PromptLoop:
+    """ComfyUI 0.3.64's prompt queue and loop as far as freeing goes (execution.PromptQueue's get,
+    set_flag and get_flags; main.py's prompt_worker): the queue wait does not look at the flags, and
+    the loop reads them only after the wait returns, collecting garbage before it waits again."""
+
+    def __init__(self, mm, wait_s: float):
+        self.mm, self.wait_s = mm, wait_s
+        self.mutex = threading.RLock()
+        self.not_empty = threading.Condition(self.mutex)
+        self.flags: dict = {}
+        self.collecting, self.collected = threading.Event(), threading.Event()
+
+    def set_flag(self, name, data):
+        with self.mutex:
+            self.flags[name] = data
+            self.not_empty.notify()
+
+    def get_flags(self):
+        with self.mutex:
+            flags, self.flags = self.flags, {}
+            return flags
+
+    def get(self, timeout):
+        with self.not_empty:
+            self.not_empty.wait(timeout=timeout)  # no prompt is ever queued here
+            return None
+
+    def after_a_prompt(self):
+        """One turn of prompt_worker after a prompt: flags, gc.collect(), wait, flags."""
+        for turn in range(2):
+            flags = self.get_flags()
+            if flags.get("unload_models", flags.get("free_memory", False)):
+                self.mm.unload_all_models()
+            if turn == 0:
+                self.collecting.set()
+                self.collected.wait(10)  # gc.collect() (seconds on a loaded host)
+                self.get(self.wait_s)
+
+
+def test_free_lands_while_comfyuis_prompt_loop_collects_garbage(monkeypatch):
+    """POST /free between the loop's flag read and its next wait: the notify is lost, and ComfyUI
+    alone would free nothing until the next prompt (or its 1000 s wait ends)."""
+    comfy = FakeComfy(free_bytes=0)
+    loop = PromptLoop(comfy.mm, wait_s=60.0)
+    comfy.server.PromptServer.instance.prompt_queue = loop
+    comfy.install(monkeypatch)
+    freed = threading.Event()
+    ComfyBridge().on_free_requested(freed.set)
+    worker = threading.Thread(target=loop.after_a_prompt, daemon=True)
+    worker.start()
+    assert loop.collecting.wait(10)
+    loop.set_flag("unload_models", True)  # the route's call, while the loop collects garbage
+    loop.collected.set()
+    assert freed.wait(10), "the free request waited for the next prompt"
+    worker.join(10)
+    assert not worker.is_alive() and loop.flags == {}
+
+
 def test_workers_on_a_gpu_are_freed_when_comfyui_needs_its_memory(monkeypatch):
     comfy = FakeComfy(free_bytes=2e9)
     comfy.install(monkeypatch)
