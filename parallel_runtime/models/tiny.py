@@ -62,17 +62,11 @@ def _bytes_to_unicode() -> dict[int, str]:
     return {b: chr(c) for b, c in zip(bs, cs)}
 
 
-def _clip_vocab(corpus: str, num_merges: int = 200) -> tuple[dict[str, int], list[tuple[str, str]]]:
-    """A CLIP-style byte-level BPE vocabulary: 256 bytes, 256 end-of-word bytes, merges learned from
-    ``corpus``, then <|startoftext|> and <|endoftext|> (as in openai/clip-vit-large-patch14's vocab.json)."""
-    table = _bytes_to_unicode()
-    base = list(table.values())
-    vocab = base + [c + "</w>" for c in base]
-    words: collections.Counter[tuple[str, ...]] = collections.Counter()
-    for word in re.findall(r"[a-z]+|[0-9]|[^\sa-z0-9]+", corpus.lower()):
-        symbols = [table[b] for b in word.encode("utf-8")]
-        symbols[-1] += "</w>"
-        words[tuple(symbols)] += 1
+def learn_bpe_merges(
+    words: collections.Counter[tuple[str, ...]], vocab: list[str], num_merges: int
+) -> list[tuple[str, str]]:
+    """Learn up to ``num_merges`` BPE merges from word frequencies, deterministically (ties broken by
+    the pair itself); each merged symbol not yet in ``vocab`` is appended to it."""
     merges: list[tuple[str, str]] = []
     for _ in range(num_merges):
         pairs: collections.Counter[tuple[str, str]] = collections.Counter()
@@ -97,6 +91,21 @@ def _clip_vocab(corpus: str, num_merges: int = 200) -> tuple[dict[str, int], lis
                     i += 1
             merged[tuple(out)] += freq
         words = merged
+    return merges
+
+
+def _clip_vocab(corpus: str, num_merges: int = 200) -> tuple[dict[str, int], list[tuple[str, str]]]:
+    """A CLIP-style byte-level BPE vocabulary: 256 bytes, 256 end-of-word bytes, merges learned from
+    ``corpus``, then <|startoftext|> and <|endoftext|> (as in openai/clip-vit-large-patch14's vocab.json)."""
+    table = _bytes_to_unicode()
+    base = list(table.values())
+    vocab = base + [c + "</w>" for c in base]
+    words: collections.Counter[tuple[str, ...]] = collections.Counter()
+    for word in re.findall(r"[a-z]+|[0-9]|[^\sa-z0-9]+", corpus.lower()):
+        symbols = [table[b] for b in word.encode("utf-8")]
+        symbols[-1] += "</w>"
+        words[tuple(symbols)] += 1
+    merges = learn_bpe_merges(words, vocab, num_merges)
     vocab += ["<|startoftext|>", "<|endoftext|>"]
     return {tok: i for i, tok in enumerate(vocab)}, merges
 

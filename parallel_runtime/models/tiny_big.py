@@ -45,37 +45,15 @@ def _corpus() -> str:
 def byte_level_bpe(corpus: str, num_merges: int = 300) -> tuple[dict[str, int], list[tuple[str, str]]]:
     """A GPT-2-style byte-level BPE vocabulary (256 byte symbols, then learned merges; spaces attach to the
     following word) learned deterministically from ``corpus``."""
-    from .tiny import _bytes_to_unicode
+    from .tiny import _bytes_to_unicode, learn_bpe_merges
 
     table = _bytes_to_unicode()
     vocab = list(table.values())
     words: collections.Counter[tuple[str, ...]] = collections.Counter()
     for word in re.findall(r" ?[A-Za-z]+| ?[0-9]| ?[^\sA-Za-z0-9]+|\s+", corpus):
         words[tuple(table[b] for b in word.encode("utf-8"))] += 1
-    merges: list[tuple[str, str]] = []
-    for _ in range(num_merges):
-        pairs: collections.Counter[tuple[str, str]] = collections.Counter()
-        for word, freq in words.items():
-            for pair in zip(word, word[1:]):
-                pairs[pair] += freq
-        if not pairs:
-            break
-        best = max(pairs.items(), key=lambda kv: (kv[1], kv[0]))[0]
-        merges.append(best)
-        vocab.append(best[0] + best[1])
-        merged: collections.Counter[tuple[str, ...]] = collections.Counter()
-        for word, freq in words.items():
-            out, i = [], 0
-            while i < len(word):
-                if i + 1 < len(word) and (word[i], word[i + 1]) == best:
-                    out.append(word[i] + word[i + 1])
-                    i += 2
-                else:
-                    out.append(word[i])
-                    i += 1
-            merged[tuple(out)] += freq
-        words = merged
-    return {tok: i for i, tok in enumerate(dict.fromkeys(vocab))}, merges
+    merges = learn_bpe_merges(words, vocab, num_merges)
+    return {tok: i for i, tok in enumerate(vocab)}, merges
 
 
 def build_qwen_tokenizer():
