@@ -38,3 +38,19 @@ def cpu_pool(pool_registry):
         return pool_registry.get(f"cpu:{config.world_size}", config, threads_per_worker=threads)
 
     return get
+
+
+@pytest.fixture
+def fake_ctx():
+    """A node context without workers whose bridge records what the nodes tell ComfyUI (tests/node_helpers.py)."""
+    from node_helpers import fake_context
+
+    return fake_context()
+
+
+@pytest.fixture(scope="module")
+def tiny_transformers():
+    """family -> the tiny diffusers transformer of flux, sd3 and pixart (tests/original_layout_files.py)."""
+    from original_layout_files import tiny_transformers as load
+
+    return load()

@@ -18,7 +18,7 @@ from dit_parallel_pack.nodes.loader import ParallelModelLoader  # noqa: E402
 from dit_parallel_pack.nodes.sampler import ParallelSampler  # noqa: E402
 from dit_parallel_pack.nodes.text_encode import ParallelTextEncode  # noqa: E402
 from dit_parallel_pack.nodes.vae_decode import ParallelVAEDecode  # noqa: E402
-from test_nodes import LOAD, RecordingBridge  # noqa: E402
+from node_helpers import LOAD, RecordingBridge  # noqa: E402
 
 SIZE = 96  # px: 12x12 latent for Qwen-Image (6x6 tokens), 6x6 packed latent for FLUX.2
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from node_helpers import RecordingBridge
 from pack_import import load_pack  # tests/ helper
-from test_nodes import RecordingBridge
 
 from parallel_runtime.errors import ConfigError
 

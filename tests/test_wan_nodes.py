@@ -29,7 +29,7 @@ from dit_parallel_pack.nodes.loader import ParallelModelLoader  # noqa: E402
 from dit_parallel_pack.nodes.sampler import ParallelSampler, prepare_latent  # noqa: E402
 from dit_parallel_pack.nodes.sampler_advanced import ParallelSamplerAdvanced  # noqa: E402
 from dit_parallel_pack.nodes.vae_decode import ParallelVAEDecode  # noqa: E402
-from test_nodes import FakeModel, RecordingBridge, fake_handle  # noqa: E402
+from node_helpers import FakeModel, RecordingBridge, fake_handle  # noqa: E402
 
 DATA = Path(__file__).parent / "data"
 sys.path.insert(0, str(DATA))

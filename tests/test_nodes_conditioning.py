@@ -1,0 +1,58 @@
+"""The sampler nodes' inputs: ComfyUI CONDITIONING to runtime entries and back (with clear errors for
+conditioning of another model), and the LATENT checks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from node_helpers import flux_cond  # tests/ helpers
+from pack_import import load_pack
+
+from parallel_runtime.errors import ConfigError
+
+load_pack()
+from dit_parallel_pack.nodes.conditioning import from_runtime, to_branch  # noqa: E402
+from dit_parallel_pack.nodes.sampler import prepare_latent  # noqa: E402
+
+
+def test_conditioning_round_trip_and_entry_options():
+    expected = {"embed_dim": 32, "pooled_dim": 32}
+    (entry,) = to_branch(flux_cond(guidance=2.5), expected, "flux")
+    cond = entry.cond
+    assert cond.prompt_embeds.shape == (1, 7, 32) and cond.pooled.shape == (1, 32)
+    assert (entry.guidance, entry.strength, entry.start_percent, entry.end_percent) == (2.5, 1.0, None, None)
+    combined = flux_cond() + flux_cond(strength=0.5, start_percent=0.2, end_percent=0.8)  # Combine + options
+    first, second = to_branch(combined, expected, "flux")
+    assert first.is_plain and first.guidance is None
+    assert (second.strength, second.start_percent, second.end_percent) == (0.5, 0.2, 0.8)
+    back = from_runtime(cond)
+    assert torch.equal(back[0][0], cond.prompt_embeds) and torch.equal(back[0][1]["pooled_output"], cond.pooled)
+
+
+@pytest.mark.parametrize(
+    ("conditioning", "match"),
+    [
+        (flux_cond(width=2048, pooled=1280), "SDXL conditioning given to a Flux model"),
+        (flux_cond(width=768, pooled=768), "SD1.x conditioning given to a Flux model"),
+        (flux_cond(pooled=None), "has no pooled_output"),
+        (flux_cond(pooled=2048), "pooled output is 2048 wide"),
+        (flux_cond(area=(8, 8, 0, 0)), "carries an area"),
+        (flux_cond() + flux_cond(mask=torch.ones(1, 8, 8)), "positive entry 2 of 2 conditioning carries a mask"),
+        (flux_cond(control=object()), "carries a ControlNet"),
+        ("not conditioning", "is not a CONDITIONING"),
+    ],
+)
+def test_conditioning_errors_say_what_why_fix(conditioning, match):
+    with pytest.raises(ConfigError, match=match) as err:
+        to_branch(conditioning, {"embed_dim": 32, "pooled_dim": 32}, "flux")
+    assert "why:" in str(err.value) and "fix:" in str(err.value)
+
+
+def test_prepare_latent_checks():
+    zeros4 = {"samples": torch.zeros(1, 4, 8, 8)}
+    assert prepare_latent(zeros4, 16, "flux").shape == (1, 16, 8, 8)  # empty latent of another family: fixed
+    with pytest.raises(ConfigError, match="has 4 channels but this flux model works with 16"):
+        prepare_latent({"samples": torch.ones(1, 4, 8, 8)}, 16, "flux")
+    assert prepare_latent({"samples": torch.ones(1, 16, 9, 7)}, 16, "flux").shape == (1, 16, 9, 7)  # model pads
+    with pytest.raises(ConfigError, match="noise mask"):
+        prepare_latent({"samples": torch.zeros(1, 16, 8, 8), "noise_mask": torch.ones(1, 8, 8)}, 16, "flux")

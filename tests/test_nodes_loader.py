@@ -1,0 +1,127 @@
+"""The Parallel Model Loader's side of a graph without workers: input validation, errors before any worker
+starts, and the model and VAE choices it lists from ComfyUI's folders."""
+
+from __future__ import annotations
+
+import inspect
+import time
+
+import pytest
+from node_helpers import LOAD, RecordingBridge  # tests/ helpers
+from pack_import import load_pack
+
+from parallel_runtime.errors import ConfigError
+
+load_pack()
+from dit_parallel_pack.nodes.context import NodeContext  # noqa: E402
+from dit_parallel_pack.nodes.latent import ParallelEmptyLatent  # noqa: E402
+from dit_parallel_pack.nodes.loader import ParallelModelLoader, manual_layout  # noqa: E402
+from dit_parallel_pack.nodes.sampler import ParallelSampler  # noqa: E402
+
+
+def test_validate_inputs():
+    v = ParallelModelLoader.VALIDATE_INPUTS
+    assert list(inspect.signature(v).parameters) == ["devices"]  # ComfyUI reports a problem once per name
+    assert v("cpu:2") is True
+    assert "no devices were given" in v(" ") or "no CUDA GPU" in v(" ")
+    assert "no CUDA GPU is visible" in v("all")
+    assert "unknown device" in v("gpu0")
+    assert "only 0 CUDA GPU(s) are visible" in v("cuda:0,cuda:1")
+    layout = dict(ulysses=2, ring=1, cfg=1, pipefusion=1, pp_patches=0)
+    assert manual_layout(["cpu", "cpu"], **layout).ulysses == 2
+    with pytest.raises(ConfigError, match="needs 4 ranks but 2 device"):
+        manual_layout(["cpu", "cpu"], **{**layout, "ring": 2})
+    with pytest.raises(ConfigError, match="cfg_parallel is 3"):
+        manual_layout(["cpu", "cpu"], **{**layout, "cfg": 3})
+    with pytest.raises(ConfigError, match="pp_patches 1 is fewer than the 2 PipeFusion stages"):
+        manual_layout(["cpu", "cpu"], **{**layout, "ulysses": 1, "pipefusion": 2, "pp_patches": 1})
+    e = ParallelEmptyLatent.VALIDATE_INPUTS
+    assert e(1024, 768) is True
+    assert e(1000, 768) is True  # a multiple of 8, as ComfyUI's EmptyLatentImage
+    assert "width 1001 is not a multiple of 8" in e(1001, 768)
+    s = ParallelSampler.VALIDATE_INPUTS
+    assert s(20, 1.0) is True and "leaves no step" in s(20, 0.01)
+
+
+def test_loader_errors_before_starting_workers(tmp_path):
+    bridge = RecordingBridge(folders={"diffusers": [str(tmp_path)], "diffusion_models": [str(tmp_path)]})
+    ctx = NodeContext.create(registry=object(), bridge=bridge)
+    loader = ParallelModelLoader(ctx)
+    args = dict(family="auto", layout="auto", **LOAD)
+    with pytest.raises(ConfigError, match="model 'FLUX.1-dev' was not found") as err:
+        loader.load(model="FLUX.1-dev", **args)
+    assert str(tmp_path) in str(err.value)
+    (tmp_path / "broken").mkdir()
+    with pytest.raises(ConfigError, match="transformer/config.json"):
+        loader.load(model="broken", **args)
+    f = tmp_path / "sd3.safetensors"
+    _write_safetensors(f, ["joint_blocks.0.x_block.attn.qkv.weight"])
+    with pytest.raises(ConfigError, match="is a sd3 transformer but family 'flux' was chosen"):
+        loader.load(model="sd3.safetensors", **{**args, "family": "flux"})
+    with pytest.raises(ConfigError, match="no devices were given"):
+        loader.load(model="tiny-flux", **{**args, "devices": ","})
+    # The VAE input is checked before any worker starts too.
+    (tmp_path / "vae").mkdir()
+    bridge.folders["vae"] = [str(tmp_path / "vae")]
+    _write_safetensors(tmp_path / "vae" / "clip_l.safetensors", ["text_model.final_layer_norm.weight"])
+    with pytest.raises(ConfigError, match="clip_l.safetensors holds no VAE"):
+        loader.load(model="tiny-flux", vae="clip_l.safetensors", **args)
+    with pytest.raises(ConfigError, match="VAE 'ae.safetensors' was not found"):
+        loader.load(model="tiny-flux", vae="ae.safetensors", **args)
+    assert bridge.freed == []  # nothing was started
+
+
+def _write_safetensors(path, names):
+    import json
+    import struct
+
+    header = {
+        n: {"dtype": "BF16", "shape": [8, 4], "data_offsets": [i * 64, (i + 1) * 64]} for i, n in enumerate(names)
+    }
+    raw = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(raw)) + raw + b"\0" * 64 * len(names))
+
+
+def test_model_choices_list_folders_and_files(tmp_path):
+    from dit_parallel_pack.nodes.model_files import model_choices, resolve_model
+
+    (tmp_path / "diffusers" / "FLUX.1-dev" / "transformer").mkdir(parents=True)
+    (tmp_path / "diffusers" / "FLUX.1-dev" / "model_index.json").write_text("{}")
+    (tmp_path / "unet").mkdir()
+    (tmp_path / "unet" / "flux1-dev.safetensors").write_bytes(b"")
+    bridge = RecordingBridge(
+        folders={"diffusers": [str(tmp_path / "diffusers")], "diffusion_models": [str(tmp_path / "unet")]}
+    )
+    tiny = ["tiny-flux-shapes", "tiny-flux", "tiny-sd3", "tiny-pixart", "tiny-qwen-image", "tiny-flux2"]
+    tiny += ["tiny-wan", "tiny-wan-i2v", "tiny-wan-a14b", "tiny-wan-ti2v"]
+    assert model_choices(bridge) == ["FLUX.1-dev", "flux1-dev.safetensors", *tiny]
+    assert resolve_model("flux1-dev.safetensors", bridge) == str(tmp_path / "unet" / "flux1-dev.safetensors")
+
+
+def test_model_choices_survive_symlink_cycles(tmp_path):
+    """Two links back up the tree used to make the listing walk for ever (2^depth paths)."""
+    from dit_parallel_pack.nodes.model_files import model_choices
+
+    model = tmp_path / "diffusers" / "linked" / "FLUX.1-dev"
+    model.mkdir(parents=True)
+    (model / "model_index.json").write_text("{}")
+    (tmp_path / "diffusers" / "linked" / "up").symlink_to("..")
+    (tmp_path / "diffusers" / "linked" / "again").symlink_to("..")
+    bridge = RecordingBridge(folders={"diffusers": [str(tmp_path / "diffusers")]})
+    t0 = time.monotonic()
+    assert model_choices(bridge)[0] == "linked/FLUX.1-dev"
+    assert time.monotonic() - t0 < 2.0
+
+
+def test_vae_choices_and_resolution(tmp_path):
+    from dit_parallel_pack.nodes.model_files import VAE_FROM_MODEL, resolve_vae, vae_choices
+
+    (tmp_path / "vae" / "flux").mkdir(parents=True)
+    (tmp_path / "vae" / "flux" / "ae.safetensors").write_bytes(b"")
+    (tmp_path / "vae" / "notes.txt").write_text("not a VAE")
+    bridge = RecordingBridge(folders={"vae": [str(tmp_path / "vae")]})
+    assert vae_choices(bridge) == [VAE_FROM_MODEL, "flux/ae.safetensors"]
+    assert resolve_vae(VAE_FROM_MODEL, bridge) is None
+    assert resolve_vae("flux/ae.safetensors", bridge) == str(tmp_path / "vae" / "flux" / "ae.safetensors")
+    with pytest.raises(ConfigError, match="VAE 'sdxl_vae.safetensors' was not found"):
+        resolve_vae("sdxl_vae.safetensors", bridge)

@@ -1,0 +1,56 @@
+"""The node pack as ComfyUI sees it: the node classes it registers, an import that pulls in no torch, and
+the bridge to ComfyUI doing nothing when ComfyUI is absent."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+from pack_import import ROOT, load_pack  # tests/ helper
+
+from parallel_runtime.errors import JobCancelled
+
+PACK = load_pack()
+from dit_parallel_pack.nodes import NODE_CLASS_MAPPINGS  # noqa: E402
+from dit_parallel_pack.nodes.bridge import ComfyBridge  # noqa: E402
+
+
+def test_node_mappings_are_classic_nodes():
+    assert set(NODE_CLASS_MAPPINGS) == set(PACK.NODE_DISPLAY_NAME_MAPPINGS)
+    assert PACK.WEB_DIRECTORY == "./web"
+    for cls in NODE_CLASS_MAPPINGS.values():
+        assert cls.CATEGORY == "DiT Parallel"
+        assert isinstance(cls.RETURN_TYPES, tuple) and callable(getattr(cls, cls.FUNCTION))
+        spec = cls.INPUT_TYPES()
+        for section in spec.values():
+            for name, entry in section.items():
+                assert "tooltip" in entry[1], f"{cls.__name__}.{name} has no tooltip"
+
+
+def test_pack_import_is_light():
+    import subprocess
+
+    code = (
+        "import importlib.util, sys; "
+        f"spec = importlib.util.spec_from_file_location('p', {str(ROOT / '__init__.py')!r}, "
+        f"submodule_search_locations=[{str(ROOT)!r}]); m = importlib.util.module_from_spec(spec); "
+        "sys.modules['p'] = m; spec.loader.exec_module(m); "
+        "print(sorted(k for k in ('torch', 'diffusers', 'transformers') if k in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def test_bridge_without_comfyui_is_a_no_op():
+    bridge = ComfyBridge()
+    assert bridge.available() is False
+    assert bridge.interrupted() is False
+    bridge.progress_bar(10).update_absolute(3, 10, None)
+    assert bridge.preview_image("flux", torch.zeros(1, 16, 4, 4)) is None
+    bridge.send_status({"type": "reset"})
+    bridge.free_memory_for(["cuda:0"])
+    bridge.on_free_requested(lambda: None)
+    bridge.on_memory_needed(lambda device: None)
+    with pytest.raises(JobCancelled):
+        bridge.raise_interrupted(JobCancelled("x"))
