@@ -256,3 +256,33 @@ def test_unreadable_and_unsupported_files_are_clear_errors(tmp_path, loaded):
     _, keys, _ = loaded["flux"]
     with pytest.raises(ConfigError, match="OFT"):
         check_resolution(resolve(read_lora(lora_file_id(oft)), keys), keys, oft.name, text_on_workers=False)
+
+
+def test_routing_is_the_conversion_plan_inverted():
+    """A fused tensor split in three and a modulation with swapped halves route back row by row; a diffusers
+    tensor made of two original tensors cannot be routed."""
+    from parallel_runtime.models.conversion_plan import plan_conversion
+    from parallel_runtime.models.lora.routing import routing_of_plan
+
+    def convert(sd):
+        qkv, mod = sd.pop("qkv.weight"), sd.pop("mod.weight")
+        return {
+            "q.weight": qkv[:2],
+            "k.weight": qkv[2:4],
+            "v.weight": qkv[4:],
+            "mod.weight": torch.cat([mod[2:], mod[:2]]),
+        }
+
+    shapes = {"qkv.weight": (6, 3), "mod.weight": (4, 3)}
+    routing = routing_of_plan(plan_conversion(convert, shapes), shapes)
+    qkv = routing.routes["qkv.weight"]
+    assert qkv.rows == 6 and [(p.param, p.segments) for p in qkv.pieces] == [
+        ("q.weight", ((0, 2),)),
+        ("k.weight", ((2, 4),)),
+        ("v.weight", ((4, 6),)),
+    ]
+    assert routing.routes["mod.weight"].piece("mod.weight").segments == ((2, 4), (0, 2))
+    assert routing.group_of("k.weight") is qkv
+    mixed = plan_conversion(lambda sd: {"both.weight": torch.cat([sd["qkv.weight"], sd["mod.weight"]])}, shapes)
+    with pytest.raises(ConfigError, match="both.weight mixes rows of several original tensors"):
+        routing_of_plan(mixed, shapes)

@@ -8,7 +8,8 @@ reveals, for every tensor it produces, the exact file rows it is made of. Loadin
 rows, for only the tensors a rank needs (a PipeFusion stage: its blocks), and never builds the whole
 converted state dict. A converter that does anything else (arithmetic, reshapes across dim 1) leaves
 values that decode to nothing or rows of several tensors in one: :func:`plan_conversion` then raises
-:class:`PlanError` and the caller converts eagerly instead.
+:class:`PlanError` and the caller converts eagerly instead. LoRA routing (``lora.routing``) is the same plan
+inverted: original tensor -> the diffusers rows that hold it.
 """
 
 from __future__ import annotations

@@ -3,10 +3,10 @@
 LoRA files for Flux, SD3 and PixArt often name the original layout's tensors (``double_blocks.0.img_attn.qkv``),
 which the loaded diffusers model holds split (``to_q``, ``to_k``, ``to_v``), renamed or with reordered rows
 (Flux's final modulation swaps its scale and shift halves). Instead of a second hand-written map, the
-model's own converter (``original_layout.to_diffusers``, which wraps diffusers' checkpoint converters) is
-run once on a probe state dict in which every tensor is a column of row numbers: each converted tensor
-then says which rows of which original tensor it holds. Every conversion of these families moves whole
-rows (split, rename, swap), which the probe checks.
+routing is the inverse of the model's conversion plan (:mod:`..conversion_plan`, which probes
+``original_layout.to_diffusers`` - diffusers' checkpoint converters - with row-id tensors): each converted
+tensor says which rows of which original tensor it holds. Every conversion of these families moves whole
+rows (split, rename, swap), which the plan checks.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from collections.abc import Mapping
 import torch
 
 from ...errors import ConfigError
+from ..conversion_plan import ConversionPlan, PlanError, plan_conversion
 
 Segment = tuple[int, int]  # rows [start, stop) of the original tensor
 
@@ -73,65 +74,34 @@ def probe_routing(family: str, skeleton: Mapping[str, tuple[int, ...]], config: 
     """Routes of every tensor of ``skeleton`` (original names -> shapes) through the family's converter."""
     from ..original_layout import to_diffusers
 
-    offsets: dict[str, int] = {}
-    probe: dict[str, torch.Tensor] = {}
-    total = 0
-    for name, shape in skeleton.items():
-        rows = int(shape[0]) if len(shape) else 1
-        offsets[name] = total
-        probe[name] = torch.arange(total, total + rows, dtype=torch.float64).reshape(rows, 1)
-        total += rows
-    starts = sorted((start, name) for name, start in offsets.items())
-    converted = to_diffusers(family, dict(probe), dict(config))
+    try:
+        plan = plan_conversion(lambda state: to_diffusers(family, state, dict(config)), skeleton)
+    except PlanError as exc:
+        raise ConfigError(
+            f"the {family} converter changed more than the rows of a tensor ({exc})",
+            "LoRA patches in the original layout are routed row by row through the model's converter",
+            "use a LoRA saved under diffusers names for this model, or report the converter change",
+        ) from exc
+    return routing_of_plan(plan, skeleton)
+
+
+def routing_of_plan(plan: ConversionPlan, skeleton: Mapping[str, tuple[int, ...]]) -> Routing:
+    """The inverse of a conversion plan: for each original tensor, the diffusers tensors holding its rows."""
     pieces: dict[str, list[Piece]] = {}
     owner: dict[str, str] = {}
-    for param, column in converted.items():
-        if column.device.type == "meta" or column.dim() != 2 or column.shape[1] != 1:
+    for param, parts in plan.pieces.items():
+        sources = plan.sources(param)
+        if len(sources) != 1:
             raise ConfigError(
-                f"the {family} converter changed more than the rows of {param}",
-                "LoRA patches in the original layout are routed row by row through the model's converter",
-                "use a LoRA saved under diffusers names for this model, or report the converter change",
-            )
-        values = column[:, 0].to(torch.int64)
-        original = _owner(starts, int(values[0]))
-        base = offsets[original]
-        local = values - base
-        if bool((local < 0).any()) or bool((local >= _rows(skeleton[original])).any()):
-            raise ConfigError(
-                f"{param} mixes rows of several original tensors",
+                f"{param} mixes rows of several original tensors ({', '.join(sources)})",
                 "each diffusers tensor must come from one original tensor for row routing",
                 "use a LoRA saved under diffusers names for this model",
             )
-        pieces.setdefault(original, []).append(Piece(param, _segments(local)))
-        owner[param] = original
+        pieces.setdefault(sources[0], []).append(Piece(param, tuple((p.r0, p.r1) for p in parts)))
+        owner[param] = sources[0]
     routes = {name: Route(name, _rows(skeleton[name]), tuple(found)) for name, found in pieces.items()}
     return Routing(routes, owner)
 
 
 def _rows(shape: tuple[int, ...]) -> int:
     return int(shape[0]) if len(shape) else 1
-
-
-def _owner(starts: list[tuple[int, str]], value: int) -> str:
-    lo, hi = 0, len(starts) - 1
-    while lo < hi:  # the last start <= value
-        mid = (lo + hi + 1) // 2
-        if starts[mid][0] <= value:
-            lo = mid
-        else:
-            hi = mid - 1
-    return starts[lo][1]
-
-
-def _segments(rows: torch.Tensor) -> tuple[Segment, ...]:
-    """Runs of consecutive row numbers: [4,5,6,0,1] -> ((4, 7), (0, 2))."""
-    values = rows.tolist()
-    out: list[Segment] = []
-    start = prev = values[0]
-    for v in values[1:]:
-        if v != prev + 1:
-            out.append((start, prev + 1))
-            start = v
-        prev = v
-    out.append((start, prev + 1))
-    return tuple(out)
