@@ -9,12 +9,12 @@ published files (Black Forest Labs, Stability, PixArt); the values are determini
 from __future__ import annotations
 
 import math
-import sys
 import zlib
 from pathlib import Path
 from types import SimpleNamespace
 
 import torch
+from comfy_setup import prepare_comfy  # the sibling helper (found through this folder)
 
 # -- tiny structures (the real block layout of each family, small widths) ----------------------------------
 FLUX = {"hidden": 64, "head_dim": 16, "axes_dim": [4, 6, 6], "depth": 1, "depth_single": 1, "context": 32, "vec": 24}
@@ -23,12 +23,7 @@ PIXART = {"hidden": 72, "head_dim": 72, "depth": 2, "caption": 32, "token_num": 
 
 
 def import_comfy(comfy_dir: Path, base_dir: Path) -> SimpleNamespace:
-    sys.dont_write_bytecode = True  # never write __pycache__ into the ComfyUI snapshot
-    sys.path.insert(0, str(comfy_dir))
-    sys.argv = [sys.argv[0], "--cpu", "--base-directory", str(base_dir)]
-    import comfy.options
-
-    comfy.options.enable_args_parsing()
+    prepare_comfy(comfy_dir, base_dir, stub_missing=False)
     import comfy.model_detection
     import comfy.ops
     import comfy.sd
@@ -74,11 +69,6 @@ def fill_state(shapes: dict[str, tuple[int, ...]]) -> dict[str, torch.Tensor]:
 
 def meta_shapes(module: torch.nn.Module) -> dict[str, tuple[int, ...]]:
     return {k: tuple(v.shape) for k, v in module.state_dict().items()}
-
-
-def tensor_json(t: torch.Tensor) -> dict:
-    t = t.detach().cpu().float().contiguous()
-    return {"shape": list(t.shape), "data": [float(f"{v:.9g}") for v in t.flatten().tolist()]}
 
 
 # -- original-layout files -----------------------------------------------------------------------------------

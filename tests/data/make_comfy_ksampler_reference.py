@@ -54,8 +54,8 @@ from comfy_reference_models import (  # noqa: E402 (the sibling helper, found th
     randn,
     save_and_load,
     sd3_state,
-    tensor_json,
 )
+from comfy_setup import tensor_json  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 COMFY_COMMIT = "a125cd84b054a57729b5eecab930ca9408719832"  # /work/shared/COMFYUI.md (the snapshot has no .git)

@@ -22,9 +22,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import importlib.abc
-import importlib.machinery
-import importlib.util
 import json
 import logging
 import shutil
@@ -39,9 +36,10 @@ import torch
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
 import lora_files as lf  # noqa: E402  (tests/lora_files.py: torch + safetensors only)
+from comfy_setup import prepare_comfy, tensor_json  # noqa: E402 (the sibling helper, found through this folder)
 
-OPTIONAL_IMPORTS = ("torchvision", "av", "torchaudio", "kornia", "spandrel", "soundfile", "comfyui_frontend_package")
 LORA_DIR = HERE / "lora"
 LORA_DTYPE = torch.bfloat16  # how most published Flux / SD3 LoRAs are stored (alpha stays fp32)
 SEED = 42
@@ -86,34 +84,8 @@ TEXT_CASES = {
 }
 
 
-class _StubFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Import missing optional packages as MagicMock modules."""
-
-    def __init__(self, names: set[str]):
-        self.names = names
-
-    def find_spec(self, name, path, target=None):
-        if name.split(".")[0] in self.names:
-            return importlib.machinery.ModuleSpec(name, self, is_package=True)
-        return None
-
-    def create_module(self, spec):
-        module = mock.MagicMock()
-        module.__path__, module.__name__, module.__spec__ = [], spec.name, spec
-        return module
-
-    def exec_module(self, module):
-        pass
-
-
 def import_comfy(comfy_dir: Path, base: Path) -> SimpleNamespace:
-    missing = {n for n in OPTIONAL_IMPORTS if importlib.util.find_spec(n) is None}
-    sys.meta_path.insert(0, _StubFinder(missing))
-    sys.path.insert(0, str(comfy_dir))
-    sys.argv = [sys.argv[0], "--cpu", "--base-directory", str(base)]
-    import comfy.options
-
-    comfy.options.enable_args_parsing()
+    stubbed = prepare_comfy(comfy_dir, base)
     import comfy.ldm.flux.model
     import comfy.ldm.modules.diffusionmodules.mmdit
     import comfy.lora
@@ -128,7 +100,7 @@ def import_comfy(comfy_dir: Path, base: Path) -> SimpleNamespace:
 
     import nodes
 
-    return SimpleNamespace(comfy=comfy, folder_paths=folder_paths, nodes=nodes, stubbed=sorted(missing))
+    return SimpleNamespace(comfy=comfy, folder_paths=folder_paths, nodes=nodes, stubbed=stubbed)
 
 
 # -- values and checksums ----------------------------------------------------------------------------
@@ -143,11 +115,6 @@ def stats(t: torch.Tensor) -> dict:
         "sumsq": float((flat * flat).sum()),
         "head": [float(f"{v:.9g}") for v in flat[:8].tolist()],
     }
-
-
-def tensor_json(t: torch.Tensor) -> dict:
-    t = t.detach().cpu().float()
-    return {"shape": list(t.shape), "data": [float(f"{v:.9g}") for v in t.flatten().tolist()]}
 
 
 def sha256(path: Path) -> str:

@@ -19,16 +19,13 @@ What it does, all on the CPU in float32 compute:
 The only thing patched is width: ComfyUI's detection reads ``in_channels`` and the block count from
 the weights and takes the head count, head width, text width and rotary split from the 20B
 model's defaults, so the tiny widths are added to the detected config (``TINY_WIDTHS``). Nothing
-from this repository is imported. Files are written next to this script.
+from parallel_runtime is imported (only the sibling comfy_setup.py). Files are written next to this script.
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
-import importlib.abc
-import importlib.machinery
-import importlib.util
 import json
 import math
 import subprocess
@@ -39,8 +36,10 @@ from unittest import mock
 
 import torch
 
-OPTIONAL_IMPORTS = ("torchvision", "av", "torchaudio", "kornia", "spandrel", "soundfile", "comfyui_frontend_package")
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from comfy_setup import prepare_comfy, tensor_json  # noqa: E402 (the sibling helper, found through this folder)
+
 SEED = 20250807
 TINY_WIDTHS = {  # the 20B model: 24 heads x 128, text width 3584, rope (16, 56, 56)
     "num_attention_heads": 2,
@@ -58,34 +57,8 @@ FILES = {
 FP8_MAX = 448.0
 
 
-class _StubFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Import missing optional packages as MagicMock modules."""
-
-    def __init__(self, names: set[str]):
-        self.names = names
-
-    def find_spec(self, name, path, target=None):
-        if name.split(".")[0] in self.names:
-            return importlib.machinery.ModuleSpec(name, self, is_package=True)
-        return None
-
-    def create_module(self, spec):
-        module = mock.MagicMock()
-        module.__path__, module.__name__, module.__spec__ = [], spec.name, spec
-        return module
-
-    def exec_module(self, module):
-        pass
-
-
 def import_comfy(comfy_dir: Path) -> SimpleNamespace:
-    missing = {n for n in OPTIONAL_IMPORTS if importlib.util.find_spec(n) is None}
-    sys.meta_path.insert(0, _StubFinder(missing))
-    sys.path.insert(0, str(comfy_dir))
-    sys.argv = [sys.argv[0], "--cpu"]
-    import comfy.options
-
-    comfy.options.enable_args_parsing()
+    stubbed = prepare_comfy(comfy_dir)
     import comfy.ldm.qwen_image.model as qwen
     import comfy.model_detection
     import comfy.model_management
@@ -102,13 +75,8 @@ def import_comfy(comfy_dir: Path) -> SimpleNamespace:
         ops=comfy.ops,
         sd=comfy.sd,
         nodes=nodes,
-        stubbed=sorted(missing),
+        stubbed=stubbed,
     )
-
-
-def tensor_json(t: torch.Tensor) -> dict:
-    t = t.detach().cpu().float()
-    return {"shape": list(t.shape), "data": [float(f"{v:.9g}") for v in t.flatten().tolist()]}
 
 
 # -- the tiny model ---------------------------------------------------------------------------------

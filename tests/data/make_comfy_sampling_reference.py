@@ -6,60 +6,32 @@ einops, psutil and torchsde (ComfyUI's sampling imports), e.g. a throwaway venv 
     python tests/data/make_comfy_sampling_reference.py /path/to/ComfyUI --commit <ComfyUI git commit>
 
 Heavy ComfyUI imports that sampling never uses (torchvision, av, ...) are stubbed when missing.
-Nothing from this repository is imported: every number comes from ComfyUI's functions.
+Nothing from parallel_runtime is imported (only the sibling comfy_setup.py): every number comes from ComfyUI's functions.
 The test's analytic "network" is defined here and in tests/test_sampling.py (keep them identical).
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.abc
-import importlib.machinery
-import importlib.util
 import json
 import math
 import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
-from unittest import mock
 
 import torch
 
-OPTIONAL_IMPORTS = ("torchvision", "av", "torchaudio", "kornia", "spandrel", "soundfile", "comfyui_frontend_package")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from comfy_setup import prepare_comfy, tensor_json  # noqa: E402 (the sibling helper, found through this folder)
+
 SHAPE = [1, 3, 6, 6]
 BATCH_SHAPE = [2, 3, 6, 6]
 SEED = 42
 
 
-class _StubFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Import missing optional packages as MagicMock modules."""
-
-    def __init__(self, names: set[str]):
-        self.names = names
-
-    def find_spec(self, name, path, target=None):
-        if name.split(".")[0] in self.names:
-            return importlib.machinery.ModuleSpec(name, self, is_package=True)
-        return None
-
-    def create_module(self, spec):
-        module = mock.MagicMock()
-        module.__path__, module.__name__, module.__spec__ = [], spec.name, spec
-        return module
-
-    def exec_module(self, module):
-        pass
-
-
 def import_comfy(comfy_dir: Path) -> SimpleNamespace:
-    missing = {n for n in OPTIONAL_IMPORTS if importlib.util.find_spec(n) is None}
-    sys.meta_path.insert(0, _StubFinder(missing))
-    sys.path.insert(0, str(comfy_dir))
-    sys.argv = [sys.argv[0], "--cpu"]
-    import comfy.options
-
-    comfy.options.enable_args_parsing()
+    stubbed = prepare_comfy(comfy_dir)
     import comfy.k_diffusion.sampling as kds
     import comfy.model_base
     import comfy.model_sampling
@@ -76,13 +48,8 @@ def import_comfy(comfy_dir: Path) -> SimpleNamespace:
         samplers=comfy.samplers,
         supported=comfy.supported_models,
         nma=nma,
-        stubbed=sorted(missing),
+        stubbed=stubbed,
     )
-
-
-def tensor_json(t: torch.Tensor) -> dict:
-    t = t.detach().cpu().float()
-    return {"shape": list(t.shape), "data": [float(f"{v:.9g}") for v in t.flatten().tolist()]}
 
 
 def scalar(v) -> float:

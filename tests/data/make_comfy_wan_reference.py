@@ -28,6 +28,7 @@ from types import SimpleNamespace
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from comfy_setup import prepare_comfy, tensor_json  # noqa: E402
 from wan_tiny_weights import TinyWan, hashed_uniform, state_digest, tiny_wan_state_dict  # noqa: E402
 
 COMFY_COMMIT = "a125cd84b054a57729b5eecab930ca9408719832"  # ComfyUI 0.3.64 (shared/COMFYUI.md)
@@ -35,11 +36,7 @@ WIDTH, HEIGHT, LENGTH = 64, 48, 9  # 9 frames -> 3 latent frames of 6x8 (Wan 2.1
 
 
 def import_comfy(comfy_dir: Path, base: Path) -> SimpleNamespace:
-    sys.path.insert(0, str(comfy_dir))
-    sys.argv = [sys.argv[0], "--cpu", "--base-directory", str(base)]
-    import comfy.options
-
-    comfy.options.enable_args_parsing()
+    prepare_comfy(comfy_dir, base, stub_missing=False)
     import comfy.sd
     import comfy_extras.nodes_hunyuan as hunyuan
     import comfy_extras.nodes_model_advanced as advanced
@@ -48,11 +45,6 @@ def import_comfy(comfy_dir: Path, base: Path) -> SimpleNamespace:
     import nodes
 
     return SimpleNamespace(sd=comfy.sd, nodes=nodes, hunyuan=hunyuan, wan=wan, advanced=advanced)
-
-
-def tensor_json(t: torch.Tensor, digits: int = 9) -> dict:
-    t = t.detach().cpu().float()
-    return {"shape": list(t.shape), "data": [float(f"{v:.{digits}g}") for v in t.flatten().tolist()]}
 
 
 def dump_json(obj: object, indent: int = 0) -> str:
