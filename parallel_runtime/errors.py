@@ -72,3 +72,52 @@ class PoolClosed(RuntimeError):
 class PoolAborted(RuntimeError):
     """The workers were torn down on purpose (a job ignored cancel or ran past its limit); the
     next job starts a fresh pool."""
+
+
+class WorkerHung(RuntimeError):
+    """A worker stopped making progress (stopped, frozen, or stalled while its peers wait for it).
+    ``rank`` is None when no single rank is to blame (every rank waits on the others)."""
+
+    def __init__(self, rank: int | None, what: str, last_lines: list[str] | None = None):
+        self.rank, self.last_lines = rank, list(last_lines or [])
+        tail = "\n".join(f"    {line}" for line in self.last_lines[-20:]) or "    (no output)"
+        who = f"rank {rank}" if rank is not None else "the pool"
+        super().__init__(
+            explain(
+                f"worker {what}",
+                "a rank that makes no progress leaves the others waiting in a collective forever, so the pool "
+                "was torn down (nothing is left running)",
+                "if it was stopped on purpose (Ctrl-Z, a debugger) let it run; for a stalled GPU check "
+                "nvidia-smi and dmesg; the next job starts a fresh pool automatically (the limits are "
+                "WorkerPool(watchdog=WatchdogSettings(...)))",
+            )
+            + f"\n  last log lines of {who}:\n{tail}"
+        )
+
+
+class SharedMemoryFull(ConfigError):
+    """A shared-memory segment did not fit /dev/shm (nor the pool's fallback folder)."""
+
+
+class NonFiniteValues(RuntimeError):
+    """A computation produced NaN or infinite values; the message names where (which step, which
+    output), why it matters and what usually causes it."""
+
+    def __init__(self, where: str):
+        super().__init__(
+            explain(
+                f"{where} produced NaN or infinite values",
+                "once one value is NaN it spreads to every pixel (the image would come out black)",
+                "fp16 overflow is the usual cause: load the model in bf16 or fp32; also try a lower cfg, and "
+                "check the model file (and any LoRA) for damage",
+            )
+        )
+
+
+class PoolRestarted(RuntimeError):
+    """The pool was restarted since the caller looked at it (its loaded state is gone)."""
+
+
+class PeerFailed(RuntimeError):
+    """A rank stopped a job because another rank failed it (a symptom: the host reports the other
+    rank's error, not this one)."""

@@ -8,7 +8,7 @@ import uuid
 import pytest
 import torch
 
-from parallel_runtime.runtime import shm
+from parallel_runtime.runtime import segments, shm
 
 
 @pytest.fixture
@@ -20,7 +20,7 @@ def ring():
     for r in readers:
         r.close()
     writer.close(unlink=True)
-    assert not list(shm.SHM_DIR.glob(name + "*"))
+    assert not list(segments.SHM_DIR.glob(name + "*"))
 
 
 def _receive_all(readers):

@@ -84,7 +84,17 @@ class JobFuture:
         """Wait for the result as an interactive caller should: cancel the job once
         ``should_cancel()`` returns True (checked every ``poll_s``), and if the job ignores the
         cancel for ``cancel_grace_s`` or runs past ``timeout``, restart the workers so that the
-        next job does not queue behind it. Raises JobCancelled or RuntimeTimeout then."""
+        next job does not queue behind it. Raises JobCancelled or RuntimeTimeout then. A
+        KeyboardInterrupt while waiting cancels the job before it propagates."""
+        try:
+            return self._wait(should_cancel, timeout, cancel_grace_s, poll_s)
+        except KeyboardInterrupt:
+            # Ctrl-C: stop the job too (it would keep the workers busy), briefly wait for it to stop.
+            self.cancel()
+            self._wait_until(time.monotonic() + 1.0)
+            raise
+
+    def _wait(self, should_cancel, timeout, cancel_grace_s, poll_s) -> Any:
         timeout = self._default_timeout if timeout is None else timeout
         deadline = time.monotonic() + timeout
         cancel_deadline: float | None = None

@@ -97,10 +97,22 @@ class JobContext:
     emit_fn: Callable[[str, Any], None]
     cancel_flag_fn: Callable[[], bool]
     logger: logging.Logger
+    progress_fn: Callable[[], None] = lambda: None  # a progress point for the host's watchdog
 
     def emit(self, kind: str, payload: Any = None) -> None:
         """Send an event (progress, preview, log, memory...) to the host while the job runs."""
+        self.progress_fn()
         self.emit_fn(kind, payload)
+
+    def progress(self) -> None:
+        """Tell the host's watchdog this rank is moving (a step, a patch, a loaded component): the
+        bound on a silent rank scales with the time between these."""
+        self.progress_fn()
+
+    def cancel_requested(self) -> bool:
+        """This rank's own view of the cancel flag, with no communication. Only for stopping work
+        that involves no collective (e.g. loading weights); agree with :meth:`check_cancel` after."""
+        return self.cancel_flag_fn()
 
     def log(self, message: str) -> None:
         self.logger.info(message)
@@ -109,6 +121,7 @@ class JobContext:
     def check_cancel(self) -> None:
         """Collective: every rank must call it at the same point. Raises JobCancelled on every rank
         if the host asked any rank to cancel."""
+        self.progress_fn()  # this rank has arrived at the safe point
         if agree_any(self.cancel_flag_fn()):
             raise JobCancelled(f"job {self.job_id} cancelled")
 

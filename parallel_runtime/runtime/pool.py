@@ -11,12 +11,15 @@ import weakref
 from collections.abc import Sequence
 from typing import Any
 
-from ..errors import ConfigError, PoolClosed
+from ..errors import ConfigError, PoolClosed, PoolRestarted
 from ..parallel.config import ParallelConfig, parse_devices, validate_layout
 from .affinity import allowed_cpus
 from .futures import EventCallback, JobFuture
 from .jobs import Job, job_reference
 from .running import RunningPool
+from .watchdog import WatchdogSettings
+
+WorkerSetup = tuple[Job, tuple]  # (fn(rank, world, *args), args): run in every worker before it joins
 
 
 def _default_threads(devices: list[str]) -> int:
@@ -29,6 +32,10 @@ class WorkerPool:
     """One worker per device, alive between jobs.
 
     CPU ranks are pinned to disjoint cores when they fit (``pin_cpu_workers``; see :mod:`.affinity`).
+    A rank that stops making progress becomes a :class:`~parallel_runtime.errors.WorkerHung` within
+    the ``watchdog`` limits (see :mod:`.watchdog`). ``worker_setup`` runs a module-level function
+    ``fn(rank, world, *args)`` in every worker before it joins the process group (fault injection,
+    instrumentation).
 
     >>> with WorkerPool("cpu:2", ParallelConfig(ulysses=2)) as pool:
     ...     pool.submit(echo, 41).result()  # echo from parallel_runtime.runtime.builtin_jobs
@@ -48,6 +55,8 @@ class WorkerPool:
         log_level: str = "INFO",
         visible_cuda: int | None = None,
         pin_cpu_workers: bool = True,
+        watchdog: WatchdogSettings | None = None,
+        worker_setup: WorkerSetup | None = None,
     ):
         self.devices = parse_devices(devices)
         self.config = config or ParallelConfig(ulysses=len(self.devices))
@@ -67,11 +76,15 @@ class WorkerPool:
             "error_grace_s": error_grace_s,
             "log_level": log_level,
             "pin_cpu_workers": pin_cpu_workers,
+            "watchdog": watchdog or WatchdogSettings(),
+            "worker_setup": None if worker_setup is None else [job_reference(worker_setup[0]), list(worker_setup[1])],
         }
         self._runtime: RunningPool | None = None
         self._lock = threading.Lock()
         self._closed = False
         self.starts = 0
+        self.submitted = 0  # jobs sent since the pool was made (all restarts included)
+        self._last_failure: BaseException | None = None
         self._finalizer = weakref.finalize(self, _finalize, [None])
 
     # -- lifecycle --------------------------------------------------------------------------------
@@ -80,14 +93,20 @@ class WorkerPool:
         self._ensure_started()
         return self
 
-    def _ensure_started(self) -> RunningPool:
+    def ensure_started(self) -> int:
+        """Start the workers if they are not running; returns their generation (``starts``), which
+        changes whenever they are replaced (state loaded into them is then gone)."""
+        return self._ensure_started()[1]
+
+    def _ensure_started(self) -> tuple[RunningPool, int]:
         with self._lock:
             if self._closed:
                 raise PoolClosed("this WorkerPool was closed; create a new one")
             rt = self._runtime
             if rt is not None and rt.dead is None and not rt.closed:
-                return rt
+                return rt, self.starts
             if rt is not None:
+                self._last_failure = rt.dead or self._last_failure
                 rt.shutdown(graceful=False)
             rt = RunningPool(self.devices, self.config, self.opts)
             self._finalizer.detach()
@@ -95,7 +114,7 @@ class WorkerPool:
             rt.start()
             self._runtime = rt
             self.starts += 1
-            return rt
+            return rt, self.starts
 
     @property
     def closed(self) -> bool:
@@ -106,6 +125,12 @@ class WorkerPool:
     def is_alive(self) -> bool:
         rt = self._runtime
         return rt is not None and rt.dead is None and not rt.closed
+
+    @property
+    def last_failure(self) -> BaseException | None:
+        """What ended the workers last (a death, a hang, an abort), even between jobs; None if never."""
+        rt = self._runtime
+        return rt.dead if rt is not None and rt.dead is not None else self._last_failure
 
     @property
     def worker_info(self) -> dict[int, dict]:
@@ -128,13 +153,24 @@ class WorkerPool:
         *args: Any,
         result_rank: int | str = 0,
         on_event: EventCallback | None = None,
+        generation: int | None = None,
         **kwargs: Any,
     ) -> JobFuture:
         """Run ``job(ctx, *args, **kwargs)`` on every rank; ``job`` is a module-level function (the
         workers import it by its module and name). The future holds ``result_rank``'s return
-        value (or a list of every rank's with ``result_rank="all"``)."""
+        value (or a list of every rank's with ``result_rank="all"``). With ``generation`` (from
+        :meth:`ensure_started`) the job is sent only to those same workers: PoolRestarted otherwise."""
         reference = job_reference(job)  # a job the workers cannot import fails here, before anything starts
-        rt = self._ensure_started()
+        rt, _ = self._ensure_started()
+        if rt.settling():  # a failed job's other ranks may be stranded: let the pool settle first
+            rt.wait_settled(self.opts["error_grace_s"] + 1.0)
+        rt, starts = self._ensure_started()
+        if generation is not None and starts != generation:
+            raise PoolRestarted(
+                f"the workers were restarted (generation {generation} -> {starts}) since this job was prepared; "
+                "what was loaded into them is gone"
+            )
+        self.submitted += 1
         return rt.submit(reference, args, kwargs, result_rank, on_event)
 
     def run(self, job: Job, *args: Any, timeout: float | None = None, **kwargs: Any) -> Any:

@@ -1,9 +1,10 @@
 """RunningPool: the processes, shared-memory rings and monitor thread of one started WorkerPool.
 
 Lifecycle: launch -> READY handshake -> jobs -> shutdown. The monitor thread (the event loop)
-drains the workers' rings, resolves job futures and watches the processes: a dead worker fails
-every pending job with its rank, exit code and last log lines and tears the rest down; the
-WorkerPool then starts a fresh RunningPool on the next submit.
+drains the workers' rings, resolves job futures and watches the processes: a dead worker, a hung
+one (pool_watch.py) or a job failure that strands the other ranks fails every pending job with an
+error naming the rank and tears the pool down; the WorkerPool then starts a fresh RunningPool on
+the next submit. A message that cannot be decoded fails its job only.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ import contextlib
 import logging
 import os
 import shutil
-import struct
 import subprocess
 import tempfile
 import threading
@@ -21,12 +21,24 @@ import time
 import uuid
 from typing import Any
 
-from ..errors import ConfigError, JobCancelled, PoolAborted, PoolClosed, RuntimeTimeout, WorkerDied, WorkerError
+from ..errors import (
+    ConfigError,
+    JobCancelled,
+    PoolAborted,
+    PoolClosed,
+    RuntimeTimeout,
+    WorkerDied,
+    WorkerError,
+    explain,
+)
 from ..parallel.config import ParallelConfig
 from .affinity import allowed_cpus, plan_cpu_affinity
+from .control import ControlBlock
 from .futures import JobFuture
 from .lifeline import make_death_pipe
-from .shm import Segment, ShmRing, drain_doorbell, make_doorbell, sweep_segments
+from .pool_watch import PoolWatch
+from .segments import SHM_DIR, SHM_SIZE_FIX, free_bytes, sweep_segments
+from .shm import MESSAGE_KINDS, ShmRing, Undecodable, drain_doorbell, make_doorbell, ring_bytes
 from .spawn import kill_and_reap, start_log_pump, start_worker
 
 log = logging.getLogger(__name__)
@@ -55,7 +67,9 @@ class RunningPool:
         self.evt_doorbells_r: list[int] = []
         self.cmd_doorbells_w: list[int] = []
         self.cmd: ShmRing | None = None
-        self.ctrl: Segment | None = None
+        self.control: ControlBlock | None = None  # cancel table and the ranks' pulse rows
+        self.watch: PoolWatch | None = None
+        self.undecodable_logged: set[tuple[int, str]] = set()
         self.private_dir: str | None = None  # 0700: the rendezvous store (no network listener)
         self.death_r: int | None = None
         self.death_w: int | None = None  # the death pipe's write end: closed when this process ends
@@ -71,12 +85,12 @@ class RunningPool:
         try:
             self.private_dir = tempfile.mkdtemp(prefix=self.prefix + "private-")
             self.death_r, self.death_w = make_death_pipe()
-            self.ctrl = Segment.create(self.prefix + "ctrl", 64)
-            struct.pack_into("<q", self.ctrl.mm, 0, -1)
-            self.cmd = ShmRing.create(self.prefix + "cmd", n_readers=self.world)
+            self._check_shared_memory()
+            self.control = ControlBlock.create(self.prefix + "ctrl", self.world)
+            self.cmd = ShmRing.create(self.prefix + "cmd", n_readers=self.world, fallback_dir=self.private_dir)
             child_fds: list[list[int]] = []
             for rank in range(self.world):
-                evt = ShmRing.create(self.prefix + f"evt{rank}", n_readers=1)
+                evt = ShmRing.create(self.prefix + f"evt{rank}", n_readers=1, fallback_dir=self.private_dir)
                 evt.reader_index = 0
                 self.evt_rings.append(evt)
                 cmd_r, cmd_w = make_doorbell()
@@ -93,6 +107,9 @@ class RunningPool:
                     os.close(fd)
             os.close(self.death_r)  # only the workers hold the read end
             self.death_r = None
+            self.watch = PoolWatch(
+                self.opts["watchdog"], self.control, self.procs, self.logs, self.opts["error_grace_s"]
+            )
             self.thread = threading.Thread(target=self._event_loop, name=f"{self.prefix}events", daemon=True)
             self.thread.start()
             self._wait_ready()
@@ -115,7 +132,9 @@ class RunningPool:
             "cmd_doorbell_r": fds[0],
             "evt_ring": self.evt_rings[rank].segment.name,
             "evt_doorbell_w": fds[1],
-            "ctrl": self.ctrl.name,
+            "ctrl": self.control.segment.name,
+            "beat_s": self.opts["watchdog"].beat_s,
+            "setup": self.opts.get("worker_setup"),
             "death_fd": fds[2],
             "private_dir": self.private_dir,
             "store_path": os.path.join(self.private_dir, "store"),
@@ -126,6 +145,22 @@ class RunningPool:
         proc = start_worker(spec, fds)
         self.log_threads.append(start_log_pump(rank, proc, self.logs[rank], f"{self.prefix}log{rank}"))
         return proc
+
+    def _check_shared_memory(self) -> None:
+        """Warn (what/why/fix) when /dev/shm cannot hold this pool's rings: they then live in the
+        private folder (segments.py falls back), which works but is slower."""
+        need = (self.world + 1) * ring_bytes(32, 64 * 1024)
+        free = free_bytes(SHM_DIR)
+        if free is not None and free < need:
+            log.warning(
+                "%s",
+                explain(
+                    f"/dev/shm has {free / 2**20:.1f} MiB free; this pool's queues need {need / 2**20:.1f} MiB",
+                    "the host and the workers exchange messages through /dev/shm; what does not fit goes "
+                    f"through {self.private_dir} instead, which is slower",
+                    SHM_SIZE_FIX,
+                ),
+            )
 
     def _wait_ready(self) -> None:
         timeout = self.opts["start_timeout_s"]
@@ -159,6 +194,7 @@ class RunningPool:
                 timeout=self.opts["send_timeout_s"],
                 what=f"job '{reference}'",
                 alive=lambda: self.dead is None,
+                tag=(MESSAGE_KINDS["job"], job_id),
             )
         except BaseException:
             with self.jobs_lock:
@@ -172,8 +208,27 @@ class RunningPool:
             self._fail(PoolAborted(f"{reason}; the workers were restarted"))
 
     def request_cancel(self, job_id: int) -> None:
-        if self.ctrl is not None and not self.closed:
-            struct.pack_into("<q", self.ctrl.mm, 0, job_id)
+        """Raise job ``job_id``'s cancel flag. A job no rank has started yet (queued behind another)
+        ends "cancelled" at once: the workers skip it at its first safe point."""
+        if self.control is None or self.closed:
+            return
+        self.control.request_cancel(job_id)
+        fut = self.jobs.get(job_id)
+        if fut is None or fut.done() or len(fut._pending_ranks) < self.world:
+            return
+        if all(p.job_id < job_id for p in self.control.pulses()):
+            fut._finish("cancelled", JobCancelled(f"job '{fut.name}' (id {job_id}) was cancelled before it started"))
+
+    def settling(self) -> bool:
+        """A job failed on one rank while others still run it: the pool may be torn down any moment."""
+        return any(f.error_deadline is not None and f._pending_ranks for f in list(self.jobs.values()))
+
+    def wait_settled(self, timeout: float) -> None:
+        """Wait (up to ``timeout``) until no failed job has ranks still running, or the pool is dead:
+        a job sent before that could land behind a job that will never finish."""
+        deadline = time.monotonic() + timeout
+        while self.settling() and self.dead is None and not self.closed and time.monotonic() < deadline:
+            time.sleep(0.01)
 
     # -- the event loop -------------------------------------------------------------------------
     def drain(self) -> bool:
@@ -183,14 +238,13 @@ class RunningPool:
         try:
             for rank, ring in enumerate(self.evt_rings):
                 while True:
-                    try:
-                        ok, msg = ring.poll()
-                    except Exception as exc:  # a malformed message must not kill the monitor
-                        log.error("could not read a message from rank %d: %s", rank, exc)
-                        break
+                    ok, msg = ring.poll()
                     if not ok:
                         break
-                    self._dispatch(msg)
+                    if isinstance(msg, Undecodable):
+                        self._undecodable(rank, msg)
+                    else:
+                        self._dispatch(msg)
         finally:
             self.drain_lock.release()
         return True
@@ -246,7 +300,9 @@ class RunningPool:
                 next_check = now + 0.02
                 self.cmd.collect()
                 self._check_processes()
-                self._check_error_grace()
+                failure = self.watch.check(list(self.jobs.values())) if self.dead is None else None
+                if failure is not None and self.dead is None:
+                    self._fail(failure)
 
     def _dispatch(self, msg: tuple) -> None:
         kind = msg[0]
@@ -272,6 +328,8 @@ class RunningPool:
             if status == "ok":
                 fut._values[rank] = payload
             elif status == "error":
+                if payload["type"] == "PeerFailed" and fut._pending_ranks:
+                    return  # a symptom: the failing rank's own error is on its way
                 if self._peer_died(payload["message"]):
                     return  # the death itself is the error; _check_processes has failed the job
                 err = WorkerError(fut.name, rank, payload["type"], payload["message"], payload["traceback"])
@@ -285,10 +343,38 @@ class RunningPool:
                     fut._finish("ok")
                 with self.jobs_lock:
                     self.jobs.pop(job_id, None)
-                if self.ctrl is not None:
-                    (cid,) = struct.unpack_from("<q", self.ctrl.mm, 0)
-                    if cid == job_id:
-                        struct.pack_into("<q", self.ctrl.mm, 0, -1)
+
+    def _undecodable(self, rank: int, msg: Undecodable) -> None:
+        """A message from ``rank`` that could not be decoded (already consumed): fail its job."""
+        key = (rank, msg.error.split(":", 1)[0])
+        if key not in self.undecodable_logged:  # once per rank and kind of error, not per message
+            self.undecodable_logged.add(key)
+            log.error("could not decode a message from rank %d (job %s): %s", rank, msg.job_id, msg.error)
+        fut = self.jobs.get(msg.job_id)
+        if fut is None:
+            return
+        if msg.kind == MESSAGE_KINDS["result"]:
+            fut._pending_ranks.discard(rank)
+        what = "result" if msg.kind == MESSAGE_KINDS["result"] else "event"
+        err = WorkerError(
+            fut.name,
+            rank,
+            "UndecodableMessage",
+            explain(
+                f"the {what} rank {rank} sent could not be decoded on the host ({msg.error})",
+                "the host unpickles what a job returns or emits, so every class in it must be importable on "
+                "the host too",
+                "return or emit tensors and plain data (numbers, strings, lists, dicts), or objects of classes "
+                "defined in modules both sides import",
+            ),
+            "",
+        )
+        fut._finish("error", err)  # no grace deadline: the ranks are healthy and finish on their own
+        if not fut._pending_ranks:
+            with self.jobs_lock:
+                self.jobs.pop(msg.job_id, None)
+        elif what == "event":
+            self.control.request_cancel(msg.job_id)  # nobody waits for the rest of it
 
     _LINK_ERRORS = ("Connection reset", "Connection closed", "Broken pipe", "pair.cc", "NCCL", "connection")
 
@@ -313,27 +399,6 @@ class RunningPool:
                 for t in self.log_threads[rank : rank + 1]:
                     t.join(timeout=1.0)  # collect the last lines it printed
                 self._fail(WorkerDied(rank, code, list(self.logs[rank])))
-                return
-
-    def _check_error_grace(self) -> None:
-        """A rank that raised may leave the others waiting in a collective forever: if they have not
-        finished within the grace period, the pool is torn down (the next job restarts it)."""
-        now = time.monotonic()
-        for fut in list(self.jobs.values()):
-            if fut.error_deadline is not None and fut._pending_ranks and now > fut.error_deadline:
-                log.warning(
-                    "job '%s' failed on one rank and ranks %s did not finish within %.0f s (stuck in a "
-                    "collective); restarting the pool",
-                    fut.name,
-                    sorted(fut._pending_ranks),
-                    self.opts["error_grace_s"],
-                )
-                self._fail(
-                    RuntimeError(
-                        f"the pool was restarted because job '{fut.name}' failed on one rank and the "
-                        f"others (ranks {sorted(fut._pending_ranks)}) could not finish"
-                    )
-                )
                 return
 
     def _fail(self, exc: BaseException) -> None:
@@ -389,9 +454,8 @@ class RunningPool:
             ring.close(unlink=True)
         if self.cmd is not None:
             self.cmd.close(unlink=True)
-        if self.ctrl is not None:
-            self.ctrl.unlink()
-            self.ctrl.close()
+        if self.control is not None:
+            self.control.close(unlink=True)
         # Every creator is dead now: remove anything a killed worker could not unlink.
         sweep_segments(self.prefix)
         if self.private_dir is not None:

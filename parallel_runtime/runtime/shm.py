@@ -1,7 +1,6 @@
 """Shared-memory queues between the host and the workers.
 
-* ``Segment``: a named POSIX shared-memory segment (a file under /dev/shm). Only its creator
-  unlinks it; attaching processes just map it.
+* ``Segment`` (segments.py): a named shared-memory segment, its space reserved at creation.
 * ``encode``/``read_encoded``: a message is pickled with every torch.Tensor replaced by a
   reference; the tensor bytes follow the pickle in the same buffer (aligned), never inside the
   pickle. A message without tensors (most control messages) is a plain pickle, loaded with
@@ -16,11 +15,14 @@
   on first touch, several times slower than a copy; recycled segments are warm). Idle cached
   segments are unlinked after a while. Readers sleep on a pipe ("doorbell") instead of spinning,
   so an idle worker costs no CPU.
+* A slot's header carries the message's kind and job id, so a message that cannot be decoded is
+  still consumed and reported for its job (:class:`Undecodable`) instead of wedging the ring.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import mmap
 import os
@@ -31,94 +33,48 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 
 from ..errors import RuntimeTimeout
 from .fence import full_fence
+from .segments import Segment, map_private
 
-SHM_DIR = Path("/dev/shm")
 ALIGN = 64
 _RING_MAGIC = 0x44505231  # "DPR1"
 _REL_ENTRIES = 256  # data segments a writer can have in flight (not yet released by every reader)
 _REL_STRIDE = 64
 _RING_HEADER = 64 + _REL_ENTRIES * _REL_STRIDE
-_SLOT_HEADER = 64  # byte 0: written, bytes 1..47: reader flags, bytes 48..55: payload length
+_SLOT_HEADER = 64  # byte 0: written, bytes 1..47: reader flags, byte 48: kind tag, bytes 56..63: job id tag
 _MAX_READERS = 47
+_TAG_KIND, _TAG_JOB = 48, 56
+MESSAGE_KINDS = {"job": 1, "shutdown": 2, "ready": 3, "event": 4, "result": 5}
+"""Kind tags of the host <-> worker messages (a slot's tag byte)."""
 _MODE_INLINE, _MODE_SEGMENT, _MODE_PLAIN = 0, 1, 2  # PLAIN: a tensor-free pickle, loaded by pickle.loads
+
+
+def ring_bytes(n_slots: int, slot_size: int) -> int:
+    """Size of a ring's segment."""
+    return _RING_HEADER + n_slots * (_SLOT_HEADER + slot_size)
 
 
 def _align(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
 
 
-class Segment:
-    """A named shared-memory segment mapped into this process."""
+@dataclasses.dataclass(frozen=True)
+class Undecodable:
+    """What a reader gets for a message it could not decode: the slot's tags and the error."""
 
-    def __init__(self, name: str, mm: mmap.mmap, size: int, owner: bool):
-        self.name, self.mm, self.size, self.owner = name, mm, size, owner
-
-    @classmethod
-    def create(cls, name: str, size: int) -> Segment:
-        path = SHM_DIR / name
-        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
-        try:
-            os.ftruncate(fd, max(size, 1))
-            mm = mmap.mmap(fd, max(size, 1))
-        except BaseException:
-            os.close(fd)
-            path.unlink(missing_ok=True)
-            raise
-        os.close(fd)
-        return cls(name, mm, size, owner=True)
-
-    @classmethod
-    def attach(cls, name: str) -> Segment:
-        """Map an existing segment (shared, read-write)."""
-        fd = os.open(SHM_DIR / name, os.O_RDWR)
-        try:
-            size = os.fstat(fd).st_size
-            mm = mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
-        finally:
-            os.close(fd)
-        return cls(name, mm, size, owner=False)
-
-    def close(self) -> None:
-        with contextlib.suppress(BufferError, ValueError):
-            self.mm.close()
-
-    def unlink(self) -> None:
-        """Remove the name (creator only). Mappings stay valid until closed."""
-        if self.owner:
-            (SHM_DIR / self.name).unlink(missing_ok=True)
-
-
-def map_private(name: str) -> mmap.mmap:
-    """Map a segment copy-on-write: reads share the pages, writes stay in this process."""
-    fd = os.open(SHM_DIR / name, os.O_RDONLY)
-    try:
-        size = os.fstat(fd).st_size
-        return mmap.mmap(fd, size, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
-    finally:
-        os.close(fd)
+    kind: int  # the writer's tag (e.g. result / event), 0 if untagged
+    job_id: int  # -1 if untagged
+    error: str  # "ExceptionType: message"
 
 
 def _set_flag(mm: mmap.mmap, offset: int) -> None:
     full_fence()  # this reader's last reads of the data happen before the writer may reuse it
     with contextlib.suppress(ValueError, IndexError):  # the ring may be closed by now
         mm[offset] = 1
-
-
-def sweep_segments(prefix: str) -> list[str]:
-    """Unlink every segment whose name starts with ``prefix`` (used only after their creators are
-    dead, e.g. a killed worker). Returns the names removed."""
-    removed = []
-    for path in SHM_DIR.glob(prefix + "*"):
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()
-            removed.append(path.name)
-    return removed
 
 
 # -- message encoding ---------------------------------------------------------------------------
@@ -267,8 +223,9 @@ def make_doorbell() -> tuple[int, int]:
 class ShmRing:
     """A one-writer, N-reader ring of message slots in one shared-memory segment."""
 
-    def __init__(self, segment: Segment, reader_index: int | None, name_prefix: str):
+    def __init__(self, segment: Segment, reader_index: int | None, name_prefix: str, fallback_dir: str | None = None):
         self.segment = segment
+        self.fallback_dir = fallback_dir  # where data segments go when /dev/shm is full
         self.mm = segment.mm
         magic, self.n_slots, self.slot_size, self.n_readers = struct.unpack_from("<IIII", self.mm, 0)
         if magic != _RING_MAGIC:
@@ -276,6 +233,7 @@ class ShmRing:
         self.reader_index = reader_index
         self.name_prefix = name_prefix  # data segments created by this side start with it
         self._cursor = 0
+        self._what = "a message"
         self._lock = threading.Lock()
         self._in_flight: dict[int, Segment] = {}  # release-table entry -> segment readers still use
         self._rel_free = list(range(_REL_ENTRIES))
@@ -289,17 +247,21 @@ class ShmRing:
 
     # construction
     @classmethod
-    def create(cls, name: str, n_readers: int, n_slots: int = 32, slot_size: int = 256 * 1024) -> ShmRing:
+    def create(
+        cls, name: str, n_readers: int, n_slots: int = 32, slot_size: int = 64 * 1024, fallback_dir: str | None = None
+    ) -> ShmRing:
+        """A new ring (2 MiB by default: nine of them, for eight GPUs, fit Docker's 64 MB /dev/shm).
+        Messages that do not fit a slot travel in data segments."""
         if not 1 <= n_readers <= _MAX_READERS:
             raise ValueError(f"a ring supports 1..{_MAX_READERS} readers, not {n_readers}")
-        size = _RING_HEADER + n_slots * (_SLOT_HEADER + slot_size)
-        seg = Segment.create(name, size)
+        size = ring_bytes(n_slots, slot_size)
+        seg = Segment.create(name, size, fallback_dir, what="a message ring")
         struct.pack_into("<IIII", seg.mm, 0, _RING_MAGIC, n_slots, slot_size, n_readers)
-        return cls(seg, None, name + "-d")
+        return cls(seg, None, name.rsplit("/", 1)[-1] + "-d", fallback_dir)
 
     @classmethod
-    def attach(cls, name: str, reader_index: int | None, name_prefix: str) -> ShmRing:
-        return cls(Segment.attach(name), reader_index, name_prefix)
+    def attach(cls, name: str, reader_index: int | None, name_prefix: str, fallback_dir: str | None = None) -> ShmRing:
+        return cls(Segment.attach(name), reader_index, name_prefix, fallback_dir)
 
     def set_doorbells(self, write_fds: list[int]) -> None:
         """Writer side: the pipes to ring after each message (one per reader)."""
@@ -370,11 +332,21 @@ class ShmRing:
             self._free.remove(best)
             return best[1]
         self._seq += 1
-        return Segment.create(f"{self.name_prefix}{self._seq}", (nbytes + (1 << 20) - 1) >> 20 << 20)
+        size = (nbytes + (1 << 20) - 1) >> 20 << 20
+        return Segment.create(f"{self.name_prefix}{self._seq}", size, self.fallback_dir, self._what)
 
-    def put(self, obj: object, timeout: float, what: str = "message", alive: Callable[[], bool] | None = None) -> None:
-        """Publish ``obj`` to every reader; waits (up to ``timeout``) for a free slot."""
+    def put(
+        self,
+        obj: object,
+        timeout: float,
+        what: str = "message",
+        alive: Callable[[], bool] | None = None,
+        tag: tuple[int, int] = (0, -1),
+    ) -> None:
+        """Publish ``obj`` to every reader; waits (up to ``timeout``) for a free slot. ``tag`` (kind,
+        job id) lets a reader report a message it cannot decode for the right job."""
         header, tensors = encode(obj)
+        self._what = what
         total = encoded_size(header, tensors)
         mm = self.mm
         with self._lock:
@@ -393,6 +365,8 @@ class ShmRing:
                 write_encoded(mm, payload + 1, header, tensors)
             else:
                 self._put_segment(payload, header, tensors, total, timeout, what)
+            mm[base + _TAG_KIND] = tag[0]
+            struct.pack_into("<q", mm, base + _TAG_JOB, tag[1])
             mm[base + 1 : base + 1 + self.n_readers] = self._none_read
             full_fence()
             mm[base] = 1
@@ -449,25 +423,32 @@ class ShmRing:
         if mm[base] != 1 or mm[base + 1 + me] != 0:
             return False, None
         full_fence()
-        payload = base + _SLOT_HEADER
+        try:
+            obj = self._decode(base + _SLOT_HEADER)
+        except Exception as exc:  # noqa: BLE001 - consume the slot all the same and report it
+            (job_id,) = struct.unpack_from("<q", mm, base + _TAG_JOB)
+            obj = Undecodable(mm[base + _TAG_KIND], job_id, f"{type(exc).__name__}: {exc}")
+        finally:
+            full_fence()
+            mm[base + 1 + me] = 1
+            self._cursor = (self._cursor + 1) % self.n_slots
+        return True, obj
+
+    def _decode(self, payload: int) -> object:
+        mm, me = self.mm, self.reader_index
         mode = mm[payload]
         if mode == _MODE_PLAIN:
             (n,) = struct.unpack_from("<Q", mm, payload + 1)
-            obj = pickle.loads(mm[payload + 9 : payload + 9 + n])
-        elif mode == _MODE_INLINE:
-            obj = read_encoded(mm, payload + 1, copy=True)
-        else:
-            (n,) = struct.unpack_from("<I", mm, payload + 1)
-            name, entry = pickle.loads(mm[payload + 5 : payload + 5 + n])
-            mapping = map_private(name)
-            obj = read_encoded(mapping, 0, copy=False)
-            # Released (flag set) when the last tensor viewing this mapping is garbage collected.
-            weakref.finalize(mapping, _set_flag, mm, 64 + entry * _REL_STRIDE + me)
-            del mapping
-        full_fence()
-        mm[base + 1 + me] = 1
-        self._cursor = (self._cursor + 1) % self.n_slots
-        return True, obj
+            return pickle.loads(mm[payload + 9 : payload + 9 + n])
+        if mode == _MODE_INLINE:
+            return read_encoded(mm, payload + 1, copy=True)
+        (n,) = struct.unpack_from("<I", mm, payload + 1)
+        name, entry = pickle.loads(mm[payload + 5 : payload + 5 + n])
+        mapping = map_private(name)
+        # Released (flag set) when the last tensor viewing this mapping is garbage collected — or
+        # at once if decoding fails and nothing views it.
+        weakref.finalize(mapping, _set_flag, mm, 64 + entry * _REL_STRIDE + me)
+        return read_encoded(mapping, 0, copy=False)
 
     def get(self, timeout: float, what: str = "message") -> object:
         """Block (sleeping on the doorbell) until a message arrives; RuntimeTimeout after ``timeout``.

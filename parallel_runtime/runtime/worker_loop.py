@@ -11,7 +11,6 @@ import contextlib
 import datetime
 import logging
 import os
-import struct
 import sys
 import traceback
 from collections.abc import Callable
@@ -19,12 +18,15 @@ from typing import Any
 
 import torch
 
-from ..errors import JobCancelled
+from ..errors import JobCancelled, explain
 from ..parallel.config import ParallelConfig
 from ..parallel.mesh import ParallelMesh
 from .affinity import apply_affinity
+from .control import ControlBlock, ProgressRecorder
 from .jobs import JobContext, memory_info, resolve_job
-from .shm import Segment, ShmRing, sweep_segments
+from .segments import sweep_segments
+from .shm import MESSAGE_KINDS, ShmRing, Undecodable
+from .watchdog import Heartbeat
 
 IDLE_TICK_S = 1.0
 # gloo's TCP loop thread wakes from epoll_wait every 10 ms even when idle (a fixed timeout in gloo),
@@ -66,11 +68,14 @@ class Worker:
         self.device = torch.device(spec["device"])
         self.log = logging.getLogger(f"parallel_runtime.worker.r{self.rank}")
         self.prefix: str = spec["prefix"]
-        self.cmd = ShmRing.attach(spec["cmd_ring"], reader_index=self.rank, name_prefix="")
+        fallback = spec.get("private_dir")  # where our data segments go when /dev/shm is full
+        self.cmd = ShmRing.attach(spec["cmd_ring"], reader_index=self.rank, name_prefix="", fallback_dir=fallback)
         self.cmd.set_reader_doorbell(spec["cmd_doorbell_r"])
-        self.evt = ShmRing.attach(spec["evt_ring"], reader_index=None, name_prefix=f"{self.prefix}r{self.rank}-")
+        self.evt = ShmRing.attach(spec["evt_ring"], None, f"{self.prefix}r{self.rank}-", fallback)
         self.evt.set_doorbells([spec["evt_doorbell_w"]])
-        self.ctrl = Segment.attach(spec["ctrl"])
+        self.control = ControlBlock.attach(spec["ctrl"], self.world)
+        self.progress = ProgressRecorder(self.control, self.rank)
+        Heartbeat(self.control, self.rank, spec.get("beat_s", 0.25)).start()
         self.state: dict[str, Any] = {}
         self.jobs: dict[str, Callable[..., Any]] = {}  # job reference -> imported function
         self.mesh: ParallelMesh | None = None
@@ -78,11 +83,23 @@ class Worker:
 
     # -- messaging ------------------------------------------------------------------------------
     def send(self, msg: tuple) -> None:
-        self.evt.put(msg, timeout=self.spec.get("send_timeout_s", 600), what=f"{msg[0]} from rank {self.rank}")
+        job_id = msg[1] if msg[0] in ("event", "result") else -1
+        self.evt.put(
+            msg,
+            timeout=self.spec.get("send_timeout_s", 600),
+            what=f"{msg[0]} from rank {self.rank}",
+            tag=(MESSAGE_KINDS[msg[0]], job_id),
+        )
 
     def cancel_flag(self) -> bool:
-        (cancel_id,) = struct.unpack_from("<q", self.ctrl.mm, 0)
-        return cancel_id == self.current_job
+        return self.control.is_cancelled(self.current_job)
+
+    def run_setup_hook(self) -> None:
+        """The pool's ``worker_setup`` function, if any: ``fn(rank, world, *args)`` before joining."""
+        hook = self.spec.get("setup")
+        if hook:
+            reference, args = hook
+            resolve_job(reference)(self.rank, self.world, *args)
 
     def parent_alive(self) -> bool:
         return os.getppid() == self.parent_pid
@@ -91,6 +108,7 @@ class Worker:
     def setup(self) -> None:
         import torch.distributed as dist
 
+        self.run_setup_hook()
         apply_affinity(self.spec.get("cpus"))  # before torch starts its thread pool
         torch.set_num_threads(self.spec["threads"])
         if self.device.type == "cuda":
@@ -133,6 +151,9 @@ class Worker:
                     self.log.warning("host process is gone; exiting")
                     return
                 continue
+            if isinstance(msg, Undecodable):
+                self.refuse_undecodable(msg)
+                continue
             kind = msg[0]
             if kind == "shutdown":
                 return
@@ -143,8 +164,26 @@ class Worker:
             msg = None
             self.evt.collect()
 
+    def refuse_undecodable(self, msg: Undecodable) -> None:
+        """A job this rank cannot decode fails (every rank decodes the same bytes the same way, so
+        they all refuse it and none waits for another in a collective)."""
+        self.log.error("could not decode job %s: %s", msg.job_id, msg.error)
+        if msg.job_id >= 0:
+            err = {
+                "type": "UndecodableJob",
+                "message": explain(
+                    f"the job's arguments could not be decoded on the worker ({msg.error})",
+                    "workers unpickle a job's arguments by importing their classes, and this one is not "
+                    "importable there",
+                    "pass tensors and plain data, or objects of classes defined in importable modules",
+                ),
+                "traceback": "",
+            }
+            self.send(("result", msg.job_id, self.rank, "error", err))
+
     def run_job(self, job_id: int, reference: str, args: tuple, kwargs: dict, result_rank: int | str) -> None:
         self.current_job = job_id
+        self.progress.job_started(job_id)
         assert self.mesh is not None
         self.mesh.stats.reset()
 
@@ -161,6 +200,7 @@ class Worker:
             emit_fn=emit,
             cancel_flag_fn=self.cancel_flag,
             logger=self.log,
+            progress_fn=self.progress.tick,
         )
         try:
             fn = self.jobs.get(reference) or self.jobs.setdefault(reference, resolve_job(reference))
@@ -177,6 +217,7 @@ class Worker:
                 raise
         finally:
             self.current_job = -1
+            self.progress.job_ended()
         try:
             self.send(("result", job_id, self.rank, status, payload))
         except Exception as exc:  # e.g. an unpicklable return value
@@ -193,5 +234,5 @@ class Worker:
             return
         self.evt.close()
         self.cmd.close()
-        self.ctrl.close()
+        self.control.close()
         sweep_segments(f"{self.prefix}r{self.rank}-")  # our own data segments (we are their creator)

@@ -2,10 +2,92 @@
 
 from __future__ import annotations
 
+import sys
 import time
+import types
+
+import torch
+import torch.distributed as dist
 
 
 def ignore_cancel(ctx, seconds: float) -> float:
     """A job that never reaches a safe point (no check_cancel): only a restart can stop it."""
     time.sleep(seconds)
     return seconds
+
+
+def stall_on_rank(ctx, rank: int, seconds: float) -> int:
+    """``rank`` computes (sleeps) for ``seconds`` without progress while the others wait for it in
+    an all-reduce: a stalled rank as a driver hang would make it."""
+    if ctx.rank == rank:
+        time.sleep(seconds)
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    return int(t.item())
+
+
+def fail_then_collective(ctx, rank: int) -> int:
+    """``rank`` raises before an all-reduce the others enter: they wait for it forever."""
+    if ctx.rank == rank:
+        raise ValueError(f"deliberate failure on rank {rank}")
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    return ctx.rank
+
+
+WORKER_ONLY = "dpar_test_worker_only_module"
+
+
+class _OnlyOnWorkers:
+    """Pickles as a call into a module that exists only in the worker process."""
+
+    def __reduce__(self):
+        return (sys.modules[WORKER_ONLY].make, ())
+
+
+def _worker_only_module() -> None:
+    if WORKER_ONLY not in sys.modules:
+        module = types.ModuleType(WORKER_ONLY)
+
+        def make() -> None:
+            return None
+
+        make.__module__, make.__qualname__ = WORKER_ONLY, "make"
+        module.make = make
+        sys.modules[WORKER_ONLY] = module
+
+
+def undecodable_result(ctx, rank: int):
+    """``rank`` returns (as result rank) a value the host cannot unpickle."""
+    _worker_only_module()
+    return _OnlyOnWorkers() if ctx.rank == rank else ctx.rank
+
+
+def undecodable_event(ctx, rank: int) -> int:
+    """``rank`` sends an event the host cannot unpickle, then returns normally."""
+    _worker_only_module()
+    if ctx.rank == rank:
+        ctx.emit("progress", _OnlyOnWorkers())
+    return ctx.rank
+
+
+def slow_component_loads(rank: int, world: int, seconds: float) -> None:
+    """``worker_setup`` hook: every model component takes ``seconds`` longer to load (a large model
+    on a slow disk), so a load takes long enough to be cancelled between two components."""
+    import diffusers
+    import transformers
+
+    import parallel_runtime.service.load_job  # noqa: F401 - imported now, not while the test times the load
+    from parallel_runtime.models import loading
+
+    for name in ("FluxTransformer2DModel", "AutoencoderKL"):
+        getattr(diffusers, name)
+    for name in ("CLIPTextModel", "T5EncoderModel", "CLIPTokenizer", "T5TokenizerFast"):
+        getattr(transformers, name)
+    real = loading.component_class
+
+    def slow(*args, **kwargs):
+        time.sleep(seconds)
+        return real(*args, **kwargs)
+
+    loading.component_class = slow

@@ -1,0 +1,84 @@
+"""A full /dev/shm, in a private mount namespace with a small tmpfs (root only; elsewhere skipped
+with the reason): messages that do not fit go through the pool's private folder instead of
+killing the writer with SIGBUS, and when that is full too the error names /dev/shm and
+docker's --shm-size."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+
+def _namespaces_work() -> str | None:
+    """None if this process can mount a tmpfs in a private mount namespace, else why not."""
+    if os.geteuid() != 0:
+        return "needs root to mount a small tmpfs over /dev/shm in a private mount namespace (unshare -m)"
+    if shutil.which("unshare") is None:
+        return "needs unshare (util-linux) for a private mount namespace"
+    probe = subprocess.run(
+        ["unshare", "-m", "sh", "-c", "mount -t tmpfs -o size=1m tmpfs /dev/shm"], capture_output=True, text=True
+    )
+    return None if probe.returncode == 0 else f"cannot mount in a private namespace here: {probe.stderr.strip()}"
+
+
+REASON = _namespaces_work()
+pytestmark = pytest.mark.skipif(REASON is not None, reason=str(REASON))
+
+
+def _run_small_shm(script: str, shm_mb: int, tmp_mb: int | None = None) -> dict:
+    """Run ``script`` (prints one JSON line) with /dev/shm of ``shm_mb`` MiB, and with TMPDIR on a
+    tmpfs of ``tmp_mb`` MiB when given (the pool's private folder lives there)."""
+    mounts = [f"mount -t tmpfs -o size={shm_mb}m tmpfs /dev/shm"]
+    env = dict(os.environ)
+    if tmp_mb is not None:
+        mounts.append(f"mkdir -p /tmp/dpar-small-tmp && mount -t tmpfs -o size={tmp_mb}m tmpfs /tmp/dpar-small-tmp")
+        env["TMPDIR"] = "/tmp/dpar-small-tmp"
+    command = " && ".join([*mounts, f"exec {shlex.quote(sys.executable)} -c {shlex.quote(script)}"])
+    proc = subprocess.run(["unshare", "-m", "sh", "-c", command], capture_output=True, text=True, timeout=300, env=env)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    assert proc.returncode == 0 and lines, f"rc={proc.returncode}\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
+    return json.loads(lines[-1])
+
+
+SCRIPT = textwrap.dedent(
+    """
+    import json, logging, io, torch
+    from parallel_runtime.errors import SharedMemoryFull
+    from parallel_runtime.parallel.config import ParallelConfig
+    from parallel_runtime.runtime.builtin_jobs import echo, tensor_sink
+    from parallel_runtime.runtime.pool import WorkerPool
+    log = io.StringIO()
+    logging.basicConfig(stream=log, level=logging.WARNING)
+    out = {}
+    with WorkerPool("cpu:1", ParallelConfig(), threads_per_worker=1) as pool:
+        big = torch.arange(4 << 20, dtype=torch.int32)  # 16 MiB: more than /dev/shm holds
+        try:
+            out["sink"] = pool.submit(tensor_sink, big).result(120)["nbytes"]  # host -> worker
+            out["echo"] = bool(torch.equal(pool.submit(echo, big).result(120), big))  # both ways
+        except SharedMemoryFull as exc:
+            out["error"] = str(exc)
+        out["small_after"] = pool.submit(echo, 7).result(60)
+    out["log"] = log.getvalue()
+    print(json.dumps(out))
+    """
+)
+
+
+def test_messages_larger_than_dev_shm_go_through_the_private_folder():
+    out = _run_small_shm(SCRIPT, shm_mb=12)  # used to kill the host with SIGBUS
+    assert out.get("error") is None, out
+    assert out["sink"] == 16 << 20 and out["echo"] is True and out["small_after"] == 7
+    assert "/dev/shm" in out["log"] and "--shm-size" in out["log"]
+
+
+def test_when_nothing_has_room_the_error_names_dev_shm_and_shm_size():
+    out = _run_small_shm(SCRIPT, shm_mb=12, tmp_mb=8)
+    assert "/dev/shm" in out["error"] and "--shm-size" in out["error"] and "fix:" in out["error"]
+    assert out["small_after"] == 7  # the pool is still usable for what fits
