@@ -55,12 +55,18 @@ class ParallelModelHandle:
     def model(self, room_made: bool = False) -> ParallelModel:
         """The runtime model (warm pool reused; started again after an unload). Before workers
         start, ComfyUI's own models leave their GPUs (unless the caller just did that: ``room_made``)."""
+        from parallel_runtime.errors import JobCancelled
         from parallel_runtime.service.api import load_parallel_model
 
         last_pool = getattr(self._last, "pool", None)
         if not room_made and not getattr(last_pool, "is_alive", False):
             self.context.bridge.free_memory_for(self.devices)
-        model = load_parallel_model(self.request, self.context.registry, reason=self.reason)
+        bridge = self.context.bridge
+        try:  # ComfyUI's Cancel stops a load too (a real model takes minutes)
+            model = load_parallel_model(self.request, self.context.registry, self.reason, bridge.interrupted)
+        except JobCancelled as exc:
+            bridge.raise_interrupted(exc)
+            raise
         self._last = model
         self.context.status.pool_loaded(self.pool_id, self.name, self.family, self.devices, self.layout, self.reason)
         memory = getattr(model, "info", {}).get("memory")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -175,6 +175,7 @@ def load_pipeline_components(
     device: DeviceSpec = "cpu",
     dtype: torch.dtype = torch.float32,
     parts: Iterable[str] = PARTS,
+    before_each: Callable[[str], None] | None = None,
 ) -> PipelineComponents:
     """Load the selected ``parts`` of the diffusers folder ``path`` (local files only).
 
@@ -182,7 +183,8 @@ def load_pipeline_components(
     "text_encoder_2", ...) or part name ("text") to device; unnamed components go to the CPU. A text
     encoder mapped to ``{gpu: bytes, ...}`` is spread over those GPUs by layers, at most that many bytes
     on each (accelerate's device map).
-    Tokenizers and the scheduler config are always read (small)."""
+    Tokenizers and the scheduler config are always read (small). ``before_each(name)`` is called
+    before each weighted component (a progress point; it may raise to stop the load)."""
     parts = _check_parts(parts)
     path = Path(path).expanduser()
     index = read_model_index(path)
@@ -206,6 +208,8 @@ def load_pipeline_components(
     )
 
     def load_model(name: str, part: str) -> nn.Module:
+        if before_each is not None:
+            before_each(name)
         cls = component_class(name, index[name], path)
         kw: dict[str, Any] = {"torch_dtype": dtype} if index[name][0] == "diffusers" else {"dtype": dtype}
         if part == "text":

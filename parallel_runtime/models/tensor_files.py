@@ -149,25 +149,12 @@ class SafetensorsFile:
 
 
 def read_header(path: str | os.PathLike) -> tuple[dict[str, dict], dict[str, str]]:
-    """(tensor name -> {"dtype", "shape", "data_offsets"}, metadata) of a .safetensors file."""
-    with open(path, "rb") as f:
-        raw = f.read(8)
-        if len(raw) != 8:
-            raise ConfigError(
-                f"{path} is empty or truncated",
-                "a .safetensors file starts with its header size",
-                "download the file again",
-            )
-        (size,) = struct.unpack("<Q", raw)
-        if size > MAX_HEADER:
-            raise ConfigError(
-                f"{path} has an implausible header ({size} bytes)",
-                "the file is not a safetensors file",
-                "check that the file is a .safetensors model",
-            )
-        header = json.loads(f.read(size))
-    metadata = header.pop("__metadata__", None) or {}
-    return header, metadata
+    """(tensor name -> {"dtype", "shape", "data_offsets"}, metadata) of a .safetensors file (a damaged
+    header is a ConfigError; the tensors' bytes are checked by ``safetensors_header.read_header``, which
+    the host runs before a load: header-only stand-ins are read here for their shapes)."""
+    from .safetensors_header import read_checked
+
+    return read_checked(path, data=False)
 
 
 def write_tensors(path: str | os.PathLike, shapes: Mapping[str, tuple[torch.dtype, tuple[int, ...]]], make) -> Path:

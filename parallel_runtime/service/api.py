@@ -16,7 +16,7 @@ import torch
 
 from ..denoise.entries import Branch, as_branch
 from ..denoise.settings import SamplingSettings
-from ..errors import ConfigError
+from ..errors import ConfigError, PoolRestarted
 from ..models.base import Conditioning
 from ..models.lora.keymap import ModelKeys
 from ..models.sampling_spec import ModelSamplingSpec
@@ -26,10 +26,14 @@ from ..runtime.futures import EventCallback
 from ..runtime.jobs import Job
 from ..runtime.pool import WorkerPool
 from ..runtime.pools import PoolRegistry
+from . import input_checks
+from .host_checks import check_load_request, host_geometry
 from .load_job import load_model
 from .lora import LoraSpec, stack_entries
 from .model_jobs import decode, encode_text, encode_text_file, generate
 from .sampling_checks import check_branches_for_layout, check_latent_size, check_sampling_args
+
+LOAD_CANCEL_GRACE_S = 2.0  # a cancelled load that has not stopped by then is abandoned (nothing is lost)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,6 +53,7 @@ class LoadRequest:
     vae: str | None = None  # a VAE .safetensors file to decode with instead of the model's own
     vae_norm_groups: int = 32  # GroupNorm groups of that VAE (32 in every published one)
     storage: str = "auto"  # Linear weights: "auto" (fp8 files stay fp8), "compute" (all in dtype), "fp8_e4m3fn"
+    load_timeout_s: float = 1800.0  # a load running longer is abandoned (the workers are restarted)
 
     def load_kwargs(self) -> dict[str, Any]:
         """Keyword arguments of the load_model job beyond (path, dtype, attention)."""
@@ -94,11 +99,14 @@ class ParallelModel:
     ``with_model_sampling`` gives a view on the same pool that samples with another model sampling
     (what ComfyUI's ModelSampling* nodes do to a MODEL)."""
 
-    def __init__(self, request: LoadRequest, path: Path, pool: WorkerPool, info: dict[str, Any], reason: str):
+    def __init__(
+        self, request: LoadRequest, path: Path, pool: WorkerPool, info: dict[str, Any], reason: str, generation: int
+    ):
         self.request, self.path, self.pool, self.info = request, path, pool, info
         self.layout_reason = reason
         self.model_sampling_override: ModelSamplingSpec | None = None
         self._lock = threading.Lock()  # one job at a time per model (shared by its views)
+        self._loaded = _LoadedIn(generation)  # the workers' generation holding the model (shared by its views)
         self.loras: tuple[LoraSpec, ...] = ()  # the LoRA stack this view's jobs carry
 
     def with_model_sampling(self, spec: ModelSamplingSpec) -> ParallelModel:
@@ -188,26 +196,35 @@ class ParallelModel:
     # -- jobs --------------------------------------------------------------------------------------
     def _run(self, job: Job, *args: Any, on_event: EventCallback | None = None, should_cancel=None, **kwargs: Any):
         with self._lock:
-            self._ensure_loaded()
-            fut = self.pool.submit(job, *args, on_event=on_event, **kwargs)
-            return fut.wait(should_cancel=should_cancel)
+            for attempt in (1, 2):
+                generation = self._ensure_loaded(should_cancel)
+                try:
+                    fut = self.pool.submit(job, *args, on_event=on_event, generation=generation, **kwargs)
+                except PoolRestarted:  # the workers were replaced between the load and this job
+                    if attempt == 2:
+                        raise
+                    continue
+                return fut.wait(should_cancel=should_cancel)
 
-    def _ensure_loaded(self) -> None:
-        """A restarted pool (after a worker death) has lost the model: load it again."""
-        if self.pool.starts != self.info.get("_pool_start"):
-            info = self.pool.submit(
-                load_model,
-                str(self.path),
-                self.request.dtype,
-                self.request.attention,
-                **self.request.load_kwargs(),
-            ).wait()
-            self.info.update(info, _pool_start=self.pool.starts)
+    def _ensure_loaded(self, should_cancel=None) -> int:
+        """The workers' generation, with this model loaded in them: workers restarted after a death,
+        a hang or an abort have lost it, so it is loaded again first. What a view adds (its LoRA
+        stack, its model sampling) travels with each job, so the job itself re-applies it."""
+        generation = self.pool.ensure_started()
+        if generation != self._loaded.generation:
+            self.info.update(_load_into(self.pool, self.path, self.request, generation, should_cancel))
+            self._loaded.generation = generation
+        return generation
 
-    def encode_text(self, prompt: str | list[str], text_encoder: tuple[str, str] | None = None) -> Conditioning:
+    def encode_text(
+        self,
+        prompt: str | list[str],
+        text_encoder: tuple[str, str] | None = None,
+        should_cancel: Callable[[], bool] | None = None,
+    ) -> Conditioning:
         """Conditioning of ``prompt`` with the model's own text encoders, or with ``text_encoder`` = (a
         text-encoder file from ComfyUI's models/text_encoders, its tokenizer folder)."""
-        prompts = [prompt] if isinstance(prompt, str) else list(prompt)
+        prompts = input_checks.prompts(prompt)
         if text_encoder is not None:
             if self.family != "qwen-image":
                 raise ConfigError(
@@ -215,8 +232,10 @@ class ParallelModel:
                     "Parallel Text Encode reads only Qwen-Image's Qwen2.5-VL from models/text_encoders so far",
                     "choose \"(the model's own)\" with a diffusers folder, or ComfyUI's own text-encode nodes",
                 )
-            return _stack(self._run(encode_text_file, text_encoder[0], text_encoder[1], prompts))
-        conds = self._run(encode_text, prompts, loras=stack_entries(self.loras))
+            return _stack(
+                self._run(encode_text_file, text_encoder[0], text_encoder[1], prompts, should_cancel=should_cancel)
+            )
+        conds = self._run(encode_text, prompts, loras=stack_entries(self.loras), should_cancel=should_cancel)
         return _stack(conds)
 
     def sample(
@@ -250,6 +269,22 @@ class ParallelModel:
         ``denoise`` 0 returns the latent unchanged, as KSampler does. ``noise_mask``: the LATENT's
         (Wan22ImageToVideoLatent). ``advanced``: KSamplerAdvanced's add_noise / start_at_step /
         end_at_step / return_with_leftover_noise (as SamplingSettings fields)."""
+        values = input_checks.sampling_values(
+            width=width,
+            height=height,
+            batch_size=batch_size,
+            seed=seed,
+            steps=steps,
+            cfg=cfg,
+            denoise=denoise,
+            guidance=guidance,
+            sigmas=sigmas,
+            latent=latent,
+        )
+        input_checks.conditioning("positive", positive, required=True)
+        input_checks.conditioning("negative", negative, required=False)
+        input_checks.finite_tensor("noise mask", noise_mask)
+        steps, seed, denoise = values["steps"], values["seed"], values["denoise"]
         check_sampling_args(sampler_name, scheduler, steps, denoise)
         if latent is None and self.latent_dims == 3:
             raise ConfigError(
@@ -322,6 +357,7 @@ class ParallelModel:
     def decode(self, latent: torch.Tensor) -> torch.Tensor:
         """Raw VAE latent [B,C,H,W] -> IMAGE [B,H,W,3] in 0..1 (exact parallel decode); a video latent
         [B,C,T,H,W] -> its frames [B*(4*T-3),H,W,3] (Wan), what ComfyUI's video save nodes take."""
+        latent = input_checks.decode_latent(latent, self.latent_channels)
         return self._run(decode, latent.float().contiguous())
 
     def unload(self) -> None:
@@ -330,6 +366,13 @@ class ParallelModel:
     def __repr__(self) -> str:
         loras = f", LoRAs {', '.join(s.describe() for s in self.loras)}" if self.loras else ""
         return f"ParallelModel({self.describe()}{loras})"
+
+
+@dataclasses.dataclass
+class _LoadedIn:
+    """Which generation of the pool's workers holds the model (0 before the first load)."""
+
+    generation: int
 
 
 def _stack(conds: list[Conditioning]) -> Conditioning:
@@ -378,8 +421,39 @@ def default_layout(devices: list[str], request: LoadRequest) -> tuple[ParallelCo
     return ParallelConfig(ulysses=len(devices)), f"Ulysses sequence parallelism over {len(devices)} devices (default)"
 
 
-def load_parallel_model(request: LoadRequest, registry: PoolRegistry, reason: str | None = None) -> ParallelModel:
-    """Start (or reuse) the pool for this model and layout, and load the model into it."""
+def check_sample_request(request: LoadRequest, width: object, height: object, **values: Any) -> None:
+    """A sample's settings checked against the model's files and the layout before any worker starts
+    (the CLI checks everything before it loads): ``values`` are sampling_values' (steps, seed, cfg,
+    ...) plus ``sampler`` and ``scheduler``."""
+    sampler, scheduler = values.pop("sampler"), values.pop("scheduler")
+    checked = input_checks.sampling_values(width=width, height=height, **values)
+    check_sampling_args(sampler, scheduler, checked["steps"], checked["denoise"])
+    info = host_geometry(resolve_model_path(request.model))
+    config = request.layout or default_layout(parse_devices(request.devices), request)[0]
+    f = info["spatial_factor"]
+    check_latent_size(info, config, checked["height"] // f, checked["width"] // f)
+
+
+def _load_into(
+    pool: WorkerPool, path: Path, request: LoadRequest, generation: int, should_cancel: Callable[[], bool] | None
+) -> dict[str, Any]:
+    """Run the load job on those workers; a cancelled load stops at its next component, or is
+    abandoned after LOAD_CANCEL_GRACE_S (a half-loaded pool holds nothing worth keeping)."""
+    fut = pool.submit(
+        load_model, str(path), request.dtype, request.attention, generation=generation, **request.load_kwargs()
+    )
+    return fut.wait(should_cancel=should_cancel, timeout=request.load_timeout_s, cancel_grace_s=LOAD_CANCEL_GRACE_S)
+
+
+def load_parallel_model(
+    request: LoadRequest,
+    registry: PoolRegistry,
+    reason: str | None = None,
+    should_cancel: Callable[[], bool] | None = None,
+) -> ParallelModel:
+    """Start (or reuse) the pool for this model and layout, and load the model into it. Every
+    setting and the model files are checked first, before any worker starts; ``should_cancel``
+    (polled) stops the load."""
     path = resolve_model_path(request.model)
     devices = parse_devices(request.devices)
     config, why = (
@@ -387,17 +461,18 @@ def load_parallel_model(request: LoadRequest, registry: PoolRegistry, reason: st
     )
     opts = {} if request.threads_per_worker is None else {"threads_per_worker": request.threads_per_worker}
     check_pipefusion_request(request, config)
+    check_load_request(request, path)
     if request.vae:
         from ..vae.file import inspect_vae_file
 
         inspect_vae_file(request.vae, request.vae_norm_groups)  # a bad file fails before any worker starts
     pool = registry.get(devices, config, key=(str(path), request.dtype), **opts)
-    info = pool.submit(load_model, str(path), request.dtype, request.attention, **request.load_kwargs()).wait()
-    info["_pool_start"] = pool.starts
+    generation = pool.ensure_started()
+    info = _load_into(pool, path, request, generation, should_cancel)
     if request.family and request.family != info["family"]:
         raise ConfigError(
             f"{path} holds a {info['family']} model, not {request.family}",
             "the family chosen on the loader must match the weights",
             f"choose family '{info['family']}' or 'auto'",
         )
-    return ParallelModel(request, path, pool, info, why)
+    return ParallelModel(request, path, pool, info, why, generation)

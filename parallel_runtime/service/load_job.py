@@ -11,9 +11,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..errors import ConfigError
+from ..errors import ConfigError, PeerFailed
 from ..models.base import ModelAdapter
 from ..models.loading import PipelineComponents, has_second_expert, load_pipeline_components, read_model_index
+from ..parallel.collectives import agree_any
 from ..runtime.jobs import JobContext
 from .lora_state import lora_keys
 
@@ -80,46 +81,31 @@ def load_model(
     if model is None or model.key != key:
         ctx.state.pop("model", None)
         devices = _world_devices(ctx)  # collective: every rank takes part
-        stages = stage_weights = None
-        text: tuple[str, ...] = ()  # text encoders are loaded below, spread over the pool's devices
-        if Path(path).is_file() and pp > 1:  # a single-file transformer: no VAE or text encoders
-            from ..pipefusion.stage_loading import load_single_file_stage
-
-            comps, stages, stage_weights = load_single_file_stage(
-                path, pp, ctx.mesh.rank("pp"), ctx.device, torch_dtype(dtype), weights, storage=storage
+        failure: Exception | None = None
+        stopped = False  # this rank saw the cancel between two components
+        comps = stages = stage_weights = None
+        try:
+            comps, stages, stage_weights = _load_transformer_and_vae(
+                ctx, path, dtype, pp, weights, vae_path, vae_norm_groups, storage
             )
-        elif Path(path).is_file():
-            from ..models.single_file import load_single_file_components
-
-            comps = load_single_file_components(path, ctx.device, torch_dtype(dtype), storage=storage)
-        elif pp > 1 or storage != "auto":  # stages, or weights stored other than as the folder has them
-            from ..pipefusion.stage_loading import load_pipeline_stage
-
-            if has_second_expert(read_model_index(path)):
-                raise ConfigError(
-                    f"{Path(path).name} has two experts (transformer and transformer_2) and the layout has PipeFusion",
-                    "PipeFusion stages load one transformer's blocks; a second expert would be left out",
-                    "use Ulysses / Ring / CFG parallelism for this model, or load each expert's file as its own "
-                    "model and chain two Parallel Sampler (Advanced) nodes (high noise, then low noise)",
-                )
-            comps, stages, stage_weights = load_pipeline_stage(
-                path, pp, ctx.mesh.rank("pp"), ctx.device, torch_dtype(dtype), weights, ("vae", *text), storage
-            )
-            if pp == 1:
-                stages = stage_weights = None
-        else:
-            comps = load_pipeline_components(path, ctx.device, torch_dtype(dtype), ("transformer", "vae", *text))
-        if vae_path is not None:
-            comps.vae = _vae_from_file(comps, vae_path, ctx.device, vae_norm_groups)
-        elif Path(path).is_file():
-            comps.vae = _embedded_vae(comps, path, ctx.device)
-        if comps.vae is not None:
-            comps.vae.to(torch.float32 if dtype == "fp16" else torch_dtype(dtype))
+        except _LoadStopped:
+            stopped = True
+        except Exception as exc:  # noqa: BLE001 - raised below, once every rank knows
+            failure = exc
         if ctx.world_size > 1 and Path(path).is_dir():
             dist.barrier()  # every rank's transformer share is in place: what the GPUs have left is known
-        if ctx.rank == TEXT_RANK and Path(path).is_dir():
-            placement = text_encoder_placement(_encoder_bytes(Path(path)), devices, free_gpu_bytes(devices))
-            comps.text_encoders = load_pipeline_components(path, placement, torch_dtype(dtype), ("text",)).text_encoders
+        if comps is not None:
+            try:
+                _load_text_encoders(ctx, comps, path, dtype, devices)
+            except _LoadStopped:
+                stopped = True
+            except Exception as exc:  # noqa: BLE001 - raised below, once every rank knows
+                failure = exc
+        # Collectives: every rank reaches them whether it finished, stopped early or failed.
+        if agree_any(failure is not None):
+            raise failure if failure is not None else PeerFailed("the model load failed on another rank")
+        ctx.check_cancel()
+        assert comps is not None and not stopped  # a stopped rank raised JobCancelled just above
         model = LoadedModel(
             key, comps, comps.adapter(), attention, stages, stage_weights, expert_2=comps.second_expert()
         )
@@ -156,6 +142,73 @@ def load_model(
         "memory": ctx.report_memory(),
         "lora_keys": lora_keys(model) if ctx.rank == 0 else None,  # what a LoRA may patch (names and shapes)
     }
+
+
+class _LoadStopped(Exception):
+    """Raised between two components of a load when this rank sees its job cancelled."""
+
+
+def _checkpoint(ctx: JobContext) -> None:
+    """Between two loaded components: a progress point, and a local stop when cancelled (no
+    collective happens while loading, so ranks may stop at different points; they agree after)."""
+    ctx.progress()
+    if ctx.cancel_requested():
+        raise _LoadStopped
+
+
+def _load_transformer_and_vae(ctx, path, dtype, pp, weights, vae_path, vae_norm_groups, storage):
+    """(components, stages, stage weights) with this rank's transformer (share) and the VAE."""
+    stages = stage_weights = None
+    text: tuple[str, ...] = ()  # text encoders are loaded after, spread over the pool's devices
+    _checkpoint(ctx)
+    if Path(path).is_file() and pp > 1:  # a single-file transformer: no VAE or text encoders
+        from ..pipefusion.stage_loading import load_single_file_stage
+
+        comps, stages, stage_weights = load_single_file_stage(
+            path, pp, ctx.mesh.rank("pp"), ctx.device, torch_dtype(dtype), weights, storage=storage
+        )
+    elif Path(path).is_file():
+        from ..models.single_file import load_single_file_components
+
+        comps = load_single_file_components(path, ctx.device, torch_dtype(dtype), storage=storage)
+    elif pp > 1 or storage != "auto":  # stages, or weights stored other than as the folder has them
+        from ..pipefusion.stage_loading import load_pipeline_stage
+
+        if has_second_expert(read_model_index(path)):
+            raise ConfigError(
+                f"{Path(path).name} has two experts (transformer and transformer_2) and the layout has PipeFusion",
+                "PipeFusion stages load one transformer's blocks; a second expert would be left out",
+                "use Ulysses / Ring / CFG parallelism for this model, or load each expert's file as its own "
+                "model and chain two Parallel Sampler (Advanced) nodes (high noise, then low noise)",
+            )
+        comps, stages, stage_weights = load_pipeline_stage(
+            path, pp, ctx.mesh.rank("pp"), ctx.device, torch_dtype(dtype), weights, ("vae", *text), storage
+        )
+        if pp == 1:
+            stages = stage_weights = None
+    else:
+        comps = load_pipeline_components(
+            path, ctx.device, torch_dtype(dtype), ("transformer", "vae", *text), lambda _: _checkpoint(ctx)
+        )
+    _checkpoint(ctx)
+    if vae_path is not None:
+        comps.vae = _vae_from_file(comps, vae_path, ctx.device, vae_norm_groups)
+    elif Path(path).is_file():
+        comps.vae = _embedded_vae(comps, path, ctx.device)
+    if comps.vae is not None:
+        comps.vae.to(torch.float32 if dtype == "fp16" else torch_dtype(dtype))
+    _checkpoint(ctx)
+    return comps, stages, stage_weights
+
+
+def _load_text_encoders(ctx, comps, path, dtype, devices) -> None:
+    """The text encoders, on TEXT_RANK only, spread over the GPUs' room left after the transformer."""
+    if ctx.rank == TEXT_RANK and Path(path).is_dir():
+        placement = text_encoder_placement(_encoder_bytes(Path(path)), devices, free_gpu_bytes(devices))
+        comps.text_encoders = load_pipeline_components(
+            path, placement, torch_dtype(dtype), ("text",), lambda _: _checkpoint(ctx)
+        ).text_encoders
+    _checkpoint(ctx)
 
 
 def _vae_from_file(comps: PipelineComponents, file: str, device: torch.device, norm_groups: int) -> torch.nn.Module:

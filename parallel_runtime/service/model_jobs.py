@@ -18,7 +18,7 @@ from ..denoise.entries import Branch
 from ..denoise.loop import denoise_latent
 from ..denoise.model_sampling import model_sampling_for
 from ..denoise.settings import SamplingSettings
-from ..errors import ConfigError
+from ..errors import ConfigError, NonFiniteValues
 from ..models.base import Conditioning, ModelAdapter
 from ..models.lora.patcher import StackEntry
 from ..runtime.jobs import JobContext
@@ -55,6 +55,9 @@ def encode_text(
     with torch.no_grad():
         for prompt in prompts:
             cond = encode_prompt(model.components, model.adapter.plan.family, prompt, max_sequence_length)
+            for part, tensor in (("embeddings", cond.prompt_embeds), ("pooled output", cond.pooled)):
+                if tensor is not None and not torch.isfinite(tensor).all():
+                    raise NonFiniteValues(f"the text encoders' {part} for prompt {prompt[:60]!r}")
             out.append(cond.to("cpu", torch.float32))
     return out
 
@@ -136,7 +139,11 @@ def generate(
     if model.stages is not None:
         from ..pipefusion.pipeline import PipeFusionSettings, run_pipefusion
 
+        first_bad: list[str] = []  # the last stage's first step with non-finite values
+
         def on_patch_step(step: int, total: int, denoised: torch.Tensor) -> None:
+            if not first_bad and not torch.isfinite(denoised).all():
+                first_bad.append(f"denoising step {step + 1}/{total}")  # raised after the pipeline ends
             if preview:
                 ctx.emit("preview", {"step": step + 1, "total": total, "latent": _preview(adapter, denoised)})
 
@@ -163,10 +170,16 @@ def generate(
             on_patch=on_patch,
             message_tag=ctx.job_id,
         )
+        if first_bad:
+            raise NonFiniteValues(first_bad[0])
+        if out is not None and not torch.isfinite(out).all():
+            raise NonFiniteValues("denoising (PipeFusion)")
         return out
 
     def on_step(step: int, total: int, x: torch.Tensor, denoised: torch.Tensor) -> None:
         ctx.check_cancel()  # collective: every rank calls it at the same step
+        if not torch.isfinite(denoised).all():  # every rank holds the same prediction: all raise here
+            raise NonFiniteValues(f"denoising step {step + 1}/{total}")
         if ctx.rank == 0 and preview:
             ctx.emit("preview", {"step": step + 1, "total": total, "latent": _preview(adapter, denoised)})
         memory.maybe(step + 1 == total)  # before the progress: the panel shows both from the first step
@@ -241,4 +254,6 @@ def decode(ctx: JobContext, latent: torch.Tensor) -> torch.Tensor | None:
         elif is_frame_vae(vae) and not is_wan_vae(vae):  # Qwen-Image's VAE: its own classes, one device
             return band_to_image(vae.decode(z.unsqueeze(2)).sample[:, :, 0]).cpu() if ctx.rank == 0 else None
         image = decode_to_image_tensor(vae, z, ctx.mesh, group, result_rank=0)
+    if image is not None and not torch.isfinite(image).all():
+        raise NonFiniteValues("the VAE decode")
     return None if image is None else image.float().cpu()

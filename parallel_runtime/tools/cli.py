@@ -93,6 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"])
     p.add_argument("--attention", default="auto")
     p.add_argument("--out", default="out.png")
+    p.add_argument("--debug", action="store_true", help="show the workers' tracebacks with their errors")
     p.set_defaults(func=_generate)
     return parser
 

@@ -3,15 +3,25 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 
 import torch
 
-from ..errors import ConfigError
+from ..errors import (
+    ConfigError,
+    JobCancelled,
+    NonFiniteValues,
+    PoolAborted,
+    RuntimeTimeout,
+    WorkerDied,
+    WorkerError,
+    WorkerHung,
+)
 from ..parallel.config import ParallelConfig
 from ..runtime.pools import PoolRegistry
-from ..service.api import LoadRequest, load_parallel_model
+from ..service.api import LoadRequest, check_sample_request, load_parallel_model
 
 DEFAULT_CFG = {"flux": 1.0, "sd3": 5.0, "pixart": 4.5}
 
@@ -34,59 +44,82 @@ def save_png(image: torch.Tensor, path: str) -> None:
 def main(args: argparse.Namespace) -> int:
     registry = PoolRegistry()
     try:
-        t0 = time.perf_counter()
-        request = LoadRequest(
-            args.model,
-            args.devices,
-            _layout(args),
-            args.dtype,
-            args.attention,
-            pp_patches=getattr(args, "patches", None),
-            pp_warmup=getattr(args, "warmup", 1),
-        )
-        model = load_parallel_model(request, registry)
-        print(f"loaded {model.describe()} in {time.perf_counter() - t0:.1f} s")
-        stages = model.info.get("pipefusion")
-        if stages:
-            per_rank = ", ".join(f"rank {r['rank']}: {r['param_bytes'] / 2**20:.1f} MiB" for r in stages["ranks"])
-            print(f"  PipeFusion stages (blocks) {stages['stages']}; weights loaded {per_rank}")
-        cfg = args.cfg_scale if args.cfg_scale is not None else DEFAULT_CFG.get(model.family, 1.0)
-        positive = model.encode_text(args.prompt)
-        negative = model.encode_text(args.negative) if cfg != 1.0 else None
-
-        done: dict[int, int] = {}  # every rank reports its own steps: show the slowest
-
-        def on_event(rank: int, kind: str, payload) -> None:
-            if kind == "progress":
-                done[rank] = payload["step"]
-                print(f"\r  step {min(done.values())}/{payload['total']}", end="", flush=True)
-
-        t1 = time.perf_counter()
-        latent = model.sample(
-            positive,
-            negative,
-            None,
-            args.width,
-            args.height,
-            seed=args.seed,
-            steps=args.steps,
-            cfg=cfg,
-            sampler_name=args.sampler,
-            scheduler=args.scheduler,
-            guidance=args.guidance,
-            on_event=on_event,
-        )
-        t2 = time.perf_counter()
-        image = model.decode(latent)
-        t3 = time.perf_counter()
-        save_png(image, args.out)
-        print(
-            f"\nsampled {args.steps} steps in {t2 - t1:.2f} s, decoded in {t3 - t2:.2f} s "
-            f"-> {args.out} ({image.shape[2]}x{image.shape[1]})"
-        )
-        return 0
+        return _generate(args, registry)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        registry.close_all()
+        print("\ninterrupted: the job was cancelled", file=sys.stderr)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(130)  # now: the interpreter's own teardown of torch and diffusers takes seconds more
+    except (WorkerError, WorkerDied, WorkerHung, RuntimeTimeout, JobCancelled, PoolAborted, NonFiniteValues) as exc:
+        print(f"\nerror: {_one_message(exc, args.debug)}", file=sys.stderr)
+        return 1
     finally:
         registry.close_all()
+
+
+def _one_message(exc: BaseException, debug: bool) -> str:
+    """The error as the user needs it: a worker's error once, its remote traceback only with --debug."""
+    if isinstance(exc, WorkerError) and not debug:
+        return f"job '{exc.job}' failed on rank {exc.rank}: {exc.exc_type}: {exc.remote_message}\n(run with --debug for the worker's traceback)"
+    return str(exc)
+
+
+def _generate(args: argparse.Namespace, registry: PoolRegistry) -> int:
+    t0 = time.perf_counter()
+    request = LoadRequest(
+        args.model,
+        args.devices,
+        _layout(args),
+        args.dtype,
+        args.attention,
+        pp_patches=getattr(args, "patches", None),
+        pp_warmup=getattr(args, "warmup", 1),
+    )
+    sampling = dict(
+        seed=args.seed, steps=args.steps, guidance=args.guidance, sampler_name=args.sampler, scheduler=args.scheduler
+    )
+    check_sample_request(
+        request,
+        args.width,
+        args.height,
+        batch_size=1,
+        seed=args.seed,
+        steps=args.steps,
+        cfg=1.0 if args.cfg_scale is None else args.cfg_scale,
+        denoise=1.0,
+        guidance=args.guidance,
+        sampler=args.sampler,
+        scheduler=args.scheduler,
+    )
+    model = load_parallel_model(request, registry)
+    print(f"loaded {model.describe()} in {time.perf_counter() - t0:.1f} s")
+    stages = model.info.get("pipefusion")
+    if stages:
+        per_rank = ", ".join(f"rank {r['rank']}: {r['param_bytes'] / 2**20:.1f} MiB" for r in stages["ranks"])
+        print(f"  PipeFusion stages (blocks) {stages['stages']}; weights loaded {per_rank}")
+    cfg = args.cfg_scale if args.cfg_scale is not None else DEFAULT_CFG.get(model.family, 1.0)
+    positive = model.encode_text(args.prompt)
+    negative = model.encode_text(args.negative) if cfg != 1.0 else None
+
+    done: dict[int, int] = {}  # every rank reports its own steps: show the slowest
+
+    def on_event(rank: int, kind: str, payload) -> None:
+        if kind == "progress":
+            done[rank] = payload["step"]
+            print(f"\r  step {min(done.values())}/{payload['total']}", end="", flush=True)
+
+    t1 = time.perf_counter()
+    latent = model.sample(positive, negative, None, args.width, args.height, cfg=cfg, on_event=on_event, **sampling)
+    t2 = time.perf_counter()
+    image = model.decode(latent)
+    t3 = time.perf_counter()
+    save_png(image, args.out)
+    print(
+        f"\nsampled {args.steps} steps in {t2 - t1:.2f} s, decoded in {t3 - t2:.2f} s "
+        f"-> {args.out} ({image.shape[2]}x{image.shape[1]})"
+    )
+    return 0

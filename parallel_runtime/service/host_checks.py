@@ -1,0 +1,59 @@
+"""Checks of a load or sample request that read the model's files on the host, before any worker
+starts: dtype and attention names, time limits, every safetensors header (a truncated download
+fails here), and the geometry a latent size is checked against."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from . import input_checks
+from .load_job import torch_dtype
+
+if TYPE_CHECKING:
+    from .api import LoadRequest
+
+
+def check_load_request(request: LoadRequest, path: Path) -> None:
+    """Everything about a load that can be checked on the host, before any worker starts: dtype,
+    attention backend, limits, and the model files' headers (a truncated download fails here)."""
+    from ..attention.kernels import check_backend_name
+    from ..models.safetensors_header import read_header
+
+    torch_dtype(request.dtype)
+    check_backend_name(request.attention)
+    input_checks.positive_seconds("load_timeout_s", request.load_timeout_s)
+    if path.is_file():
+        from ..models.single_file import inspect_single_file
+
+        read_header(path)  # every tensor's bytes inside the file (a truncated download fails here)
+        inspect_single_file(path, request.family)
+    else:
+        for file in sorted(path.glob("*/*.safetensors")):
+            read_header(file)
+
+
+def host_geometry(path: Path) -> dict[str, Any]:
+    """The load info fields ``check_latent_size`` reads, told on the host from the model's config
+    (an adapter built on a transformer with no weights): no worker needed."""
+    import json
+
+    import diffusers
+
+    from ..models.registry import get_adapter
+    from ..models.weights import meta_model
+
+    if path.is_file():
+        from ..models.single_file import inspect_single_file
+
+        config = inspect_single_file(path).config
+    else:
+        config = json.loads((path / "transformer" / "config.json").read_text(encoding="utf-8"))
+    plan = get_adapter(meta_model(getattr(diffusers, str(config["_class_name"])), dict(config))).plan
+    return {
+        "family": plan.family,
+        "patch_size": plan.patch_size,
+        "spatial_factor": plan.vae_scale_factor,
+        "pads_to_patch": plan.pads_to_patch,
+        "max_grid_side": plan.max_grid_side,
+    }

@@ -1,0 +1,186 @@
+"""The model API after failures and on bad input (real workers, tiny models): the next job after
+a death reloads and runs, a load stops when cancelled, non-finite numbers and out-of-range work
+are refused before any job, a step that turns NaN is named, and every error says what, why and
+how to fix it."""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import signal
+import threading
+import time
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from parallel_runtime.errors import ConfigError, JobCancelled, WorkerDied, WorkerError
+from parallel_runtime.models.base import Conditioning
+from parallel_runtime.models.tiny import ensure_tiny_model
+from parallel_runtime.parallel.config import ParallelConfig
+from parallel_runtime.runtime.pool import WorkerPool
+from parallel_runtime.runtime.pools import PoolRegistry
+from parallel_runtime.service.api import LoadRequest, load_parallel_model
+from parallel_runtime.service.load_job import load_model
+from tests.dist_jobs.runtime_jobs import slow_component_loads
+
+FLUX = LoadRequest("tiny-flux", "cpu:2", threads_per_worker=1)
+
+
+@pytest.fixture(scope="module")
+def registry():
+    registry = PoolRegistry(max_pools=2)
+    yield registry
+    registry.close_all()
+
+
+@pytest.fixture(scope="module")
+def flux(registry):
+    model = load_parallel_model(FLUX, registry)
+    return model, model.encode_text("a fox")
+
+
+def _sample(model, positive, **overrides):
+    args = dict(negative=None, latent=None, width=64, height=64, steps=2, seed=3)
+    args.update(overrides)
+    return model.sample(positive, **args)
+
+
+@pytest.mark.parametrize("how", ["idle kill", "kill mid-sample", "abort"])
+def test_the_next_job_after_a_death_reloads_and_runs(flux, how):
+    model, positive = flux
+    expected = _sample(model, positive)
+    if how == "idle kill":
+        os.kill(model.pool.pids[1], signal.SIGKILL)
+        time.sleep(0.3)
+    elif how == "abort":
+        model.pool.abort("test")
+    else:
+        pid = model.pool.pids[1]
+        threading.Timer(0.5, os.kill, (pid, signal.SIGKILL)).start()
+        with pytest.raises(WorkerDied):
+            _sample(model, positive, steps=500)
+    assert torch.equal(_sample(model, positive), expected)  # same seed, freshly reloaded weights
+
+
+@pytest.mark.parametrize(
+    "overrides, needle",
+    [
+        ({"cfg": math.nan}, "cfg is nan"),
+        ({"cfg": math.inf}, "cfg is inf"),
+        ({"guidance": math.nan}, "guidance is nan"),
+        ({"latent": torch.full((1, 16, 8, 8), math.nan)}, "LATENT holds 1024 NaN"),
+        ({"sigmas": torch.tensor([1.0, math.nan, 0.0])}, "SIGMAS input holds 1 NaN"),
+        ({"steps": 10_000_000}, "steps=10000000 is out of range"),
+        ({"steps": "3"}, "steps='3' is not a whole number"),
+        ({"denoise": 1e-9}, "schedule of 2e+09 sigmas"),
+        ({"seed": -1}, "seed=-1 is out of range"),
+        ({"batch_size": 0}, "batch_size=0 is out of range"),
+        ({"width": 1 << 20}, "width=1048576 is out of range"),
+    ],
+)
+def test_bad_numbers_are_refused_before_any_job(flux, overrides, needle):
+    model, positive = flux
+    before = model.pool.submitted
+    with pytest.raises(ConfigError) as info:
+        _sample(model, positive, **overrides)
+    assert needle in str(info.value) and "fix:" in str(info.value)
+    assert model.pool.submitted == before
+
+
+def test_missing_or_broken_conditioning_and_prompts_are_named(flux):
+    model, positive = flux
+    before = model.pool.submitted
+    with pytest.raises(ConfigError, match="no positive conditioning was given"):
+        model.sample(None, None, None, 64, 64, steps=2)
+    bad = Conditioning(positive.prompt_embeds * math.nan, positive.pooled)
+    with pytest.raises(ConfigError, match="positive conditioning's embeddings holds"):
+        _sample(model, bad)
+    with pytest.raises(ConfigError, match="no prompt to encode"):
+        model.encode_text([])
+    with pytest.raises(ConfigError, match="cannot decode a LATENT"):
+        model.decode(torch.zeros(1, 16, 0, 4))
+    assert model.pool.submitted == before
+
+
+def test_a_step_that_turns_nan_is_named(registry, tmp_path):
+    folder = tmp_path / "nan-flux"
+    shutil.copytree(ensure_tiny_model("tiny-flux"), folder)
+    weights = folder / "transformer" / "diffusion_pytorch_model.safetensors"
+    state = load_file(weights)
+    state["proj_out.weight"] = torch.full_like(state["proj_out.weight"], math.inf)
+    save_file(state, weights)
+    model = load_parallel_model(LoadRequest(str(folder), "cpu:2", threads_per_worker=1), registry)
+    positive = model.encode_text("a fox")
+    with pytest.raises(WorkerError) as info:
+        _sample(model, positive)
+    assert info.value.exc_type == "NonFiniteValues"
+    assert "denoising step 1/2 produced NaN or infinite values" in str(info.value) and "fix:" in str(info.value)
+    assert model.pool.is_alive  # every rank raised at the same step: nobody was left in a collective
+
+
+def test_load_settings_are_checked_before_any_worker_starts():
+    registry = PoolRegistry()
+    try:
+        for request, needle in [
+            (LoadRequest("tiny-flux", "cpu:2", attention="bogus"), "unknown attention backend 'bogus'"),
+            (LoadRequest("tiny-flux", "cpu:2", dtype="fp13"), "unknown dtype 'fp13'"),
+        ]:
+            t0 = time.monotonic()
+            with pytest.raises(ConfigError, match=needle):
+                load_parallel_model(request, registry)
+            assert time.monotonic() - t0 < 2.0 and registry.pools() == []
+    finally:
+        registry.close_all()
+
+
+def test_a_damaged_single_file_is_refused_on_the_host(tmp_path):
+    good = tmp_path / "flux.safetensors"
+    save_file({"double_blocks.0.img_attn.qkv.weight": torch.zeros(12, 4)}, good)
+    cut = tmp_path / "cut.safetensors"
+    cut.write_bytes(good.read_bytes()[:-8])
+    registry = PoolRegistry()
+    try:
+        with pytest.raises(ConfigError, match="cut.safetensors: tensor .* ends at byte"):
+            load_parallel_model(LoadRequest(str(cut), "cpu:2"), registry)
+        assert registry.pools() == []
+    finally:
+        registry.close_all()
+
+
+def test_cancel_during_a_model_load_stops_it_at_the_next_component():
+    """Each component takes 3 s more to load (5 of them on each rank: >= 15 s a load). A load
+    cancelled 1 s in stops at the next component: well under half the time of a whole load,
+    measured in the same test."""
+    path = str(ensure_tiny_model("tiny-flux"))
+    with WorkerPool(
+        "cpu:2", ParallelConfig(ulysses=2), threads_per_worker=1, worker_setup=(slow_component_loads, (3.0,))
+    ) as pool:
+        fut = pool.submit(load_model, path)
+        time.sleep(1.0)
+        t0 = time.monotonic()
+        with pytest.raises(JobCancelled):
+            fut.wait(should_cancel=lambda: True)  # the default grace (60 s): the load itself must stop
+        cancelled_s = time.monotonic() - t0
+        assert pool.starts == 1  # stopped cooperatively, not by restarting the workers
+        t0 = time.monotonic()
+        assert pool.submit(load_model, path).result(300)["family"] == "flux"
+        whole_s = time.monotonic() - t0
+        assert cancelled_s < 0.5 * whole_s, (cancelled_s, whole_s)
+
+
+def test_load_parallel_model_takes_a_cancel_request():
+    registry = PoolRegistry()
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(JobCancelled):
+            load_parallel_model(
+                LoadRequest("tiny-flux", "cpu:2", threads_per_worker=1), registry, should_cancel=lambda: True
+            )
+        assert time.monotonic() - t0 < 15.0  # pool start included
+        model = load_parallel_model(LoadRequest("tiny-flux", "cpu:2", threads_per_worker=1), registry)
+        assert model.family == "flux"
+    finally:
+        registry.close_all()
