@@ -23,6 +23,16 @@ def alive(pid: int) -> bool:
         return False
 
 
+def exited(child: int) -> bool:
+    """True once this process's child ``child`` can be reaped (its exit status is waiting; it is
+    not reaped here). A killed process shows "Z" in /proc a moment before that: its other threads
+    are still exiting, and until they have, waitpid() reports it as running."""
+    try:
+        return os.waitid(os.P_PID, child, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:  # reaped already (by the pool's own check)
+        return True
+
+
 def segments(prefix: str) -> list[str]:
     return sorted(p.name for p in Path("/dev/shm").glob(prefix + "*"))
 

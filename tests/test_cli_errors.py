@@ -12,6 +12,7 @@ import time
 import pytest
 
 from parallel_runtime.models.tiny import ensure_tiny_model
+from tests.leftovers import assert_gone
 
 
 def _generate(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -74,3 +75,4 @@ def test_ctrl_c_cancels_and_exits_130_at_once(tmp_path):
     assert proc.returncode == 130, err[-2000:]
     assert time.monotonic() - t0 < 3.0
     assert "interrupted" in err and "Traceback" not in err
+    assert_gone([], f"dpar-{proc.pid}-", within=3.0)  # workers, segments, private folder of its pool

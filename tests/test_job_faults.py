@@ -14,17 +14,20 @@ from parallel_runtime.errors import JobCancelled, WorkerError
 from parallel_runtime.parallel.config import ParallelConfig
 from parallel_runtime.runtime.builtin_jobs import echo, sleep_steps
 from tests.dist_jobs.runtime_jobs import fail_then_collective, undecodable_event, undecodable_result
+from tests.leftovers import assert_gone
 
 TWO = ParallelConfig(ulysses=2)
 
 
 def test_a_valid_job_right_after_a_failure_runs(cpu_pool):
     pool = cpu_pool(TWO)
+    old_pids, old_prefix = pool.pids, pool.shm_prefix
     with pytest.raises(WorkerError, match="deliberate failure on rank 1"):
         pool.submit(fail_then_collective, 1).result(30)
     # rank 0 is still stuck in the all-reduce rank 1 never entered: this job must not land behind it
     assert pool.submit(echo, "fine").result(60) == "fine"
     assert "fail_then_collective" in str(pool.last_failure)  # the stranded pool was replaced first
+    assert_gone(old_pids, old_prefix, within=3.0)
 
 
 def test_an_undecodable_result_fails_its_job_once_and_the_pool_goes_on(cpu_pool, caplog):

@@ -25,6 +25,7 @@ from parallel_runtime.runtime.pools import PoolRegistry
 from parallel_runtime.service.api import LoadRequest, load_parallel_model
 from parallel_runtime.service.load_job import load_model
 from tests.dist_jobs.runtime_jobs import slow_component_loads
+from tests.leftovers import assert_gone, exited
 
 FLUX = LoadRequest("tiny-flux", "cpu:2", threads_per_worker=1)
 
@@ -52,9 +53,13 @@ def _sample(model, positive, **overrides):
 def test_the_next_job_after_a_death_reloads_and_runs(flux, how):
     model, positive = flux
     expected = _sample(model, positive)
+    old_pids, old_prefix = model.pool.pids, model.pool.shm_prefix
     if how == "idle kill":
-        os.kill(model.pool.pids[1], signal.SIGKILL)
-        time.sleep(0.3)
+        pid = model.pool.pids[1]
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10.0  # gone before the next job is sent: killed while idle
+        while not exited(pid) and time.monotonic() < deadline:
+            time.sleep(0.02)
     elif how == "abort":
         model.pool.abort("test")
     else:
@@ -63,6 +68,7 @@ def test_the_next_job_after_a_death_reloads_and_runs(flux, how):
         with pytest.raises(WorkerDied):
             _sample(model, positive, steps=500)
     assert torch.equal(_sample(model, positive), expected)  # same seed, freshly reloaded weights
+    assert_gone(old_pids, old_prefix, within=3.0)
 
 
 @pytest.mark.parametrize(
@@ -172,14 +178,14 @@ def test_cancel_during_a_model_load_stops_it_at_the_next_component():
 
 
 def test_load_parallel_model_takes_a_cancel_request():
+    """The API passes should_cancel to the load: it ends JobCancelled (cooperatively, or by a restart
+    when the load does not reach a safe point within LOAD_CANCEL_GRACE_S), and the next load works."""
     registry = PoolRegistry()
     try:
-        t0 = time.monotonic()
         with pytest.raises(JobCancelled):
             load_parallel_model(
                 LoadRequest("tiny-flux", "cpu:2", threads_per_worker=1), registry, should_cancel=lambda: True
             )
-        assert time.monotonic() - t0 < 15.0  # pool start included
         model = load_parallel_model(LoadRequest("tiny-flux", "cpu:2", threads_per_worker=1), registry)
         assert model.family == "flux"
     finally:

@@ -48,6 +48,7 @@ def test_a_stopped_rank_fails_the_job_naming_it_within_seconds(pool):
 
 
 def test_cancel_with_a_stopped_rank_ends_in_seconds(pool):
+    old_pids, prefix = pool.pids, pool.shm_prefix
     fut = pool.submit(sleep_steps, 10_000, 0.02)
     time.sleep(0.5)
     _stop(pool.pids[0])
@@ -55,10 +56,12 @@ def test_cancel_with_a_stopped_rank_ends_in_seconds(pool):
     with pytest.raises((WorkerHung, Exception)):
         fut.wait(should_cancel=lambda: True)
     assert time.monotonic() - t0 < 5.0
+    assert_gone(old_pids, prefix, within=3.0)
     assert pool.submit(echo, 1).result(60) == 1
 
 
 def test_a_stalled_rank_is_blamed_not_the_one_waiting_for_it(pool):
+    old_pids, prefix = pool.pids, pool.shm_prefix
     t0 = time.monotonic()
     with pytest.raises(WorkerHung) as info:
         pool.submit(stall_on_rank, 0, 120.0).result(60)
@@ -66,17 +69,19 @@ def test_a_stalled_rank_is_blamed_not_the_one_waiting_for_it(pool):
     message = str(info.value)
     assert "rank 0 made no progress" in message and "rank(s) 1 waited" in message
     assert time.monotonic() - t0 < 2.0 + 4.0  # the bound (2 s here) plus detection
+    assert_gone(old_pids, prefix, within=3.0)
     assert pool.submit(echo, 2).result(60) == 2
 
 
 def test_a_stopped_idle_worker_is_replaced_before_the_next_job(pool):
-    old = pool.pids
+    old, prefix = pool.pids, pool.shm_prefix
     _stop(old[0])
     deadline = time.monotonic() + 5.0
     while pool.is_alive and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not pool.is_alive
     assert isinstance(pool.last_failure, WorkerHung) and pool.last_failure.rank == 0
+    assert_gone(old, prefix, within=3.0)
     assert pool.submit(echo, 3).result(60) == 3
     assert set(pool.pids).isdisjoint(old)
 

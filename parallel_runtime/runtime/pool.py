@@ -103,7 +103,7 @@ class WorkerPool:
             if self._closed:
                 raise PoolClosed("this WorkerPool was closed; create a new one")
             rt = self._runtime
-            if rt is not None and rt.dead is None and not rt.closed:
+            if rt is not None and rt.dead is None and not rt.closed and rt.check_processes_now():
                 return rt, self.starts
             if rt is not None:
                 self._last_failure = rt.dead or self._last_failure

@@ -69,6 +69,7 @@ class RunningPool:
         self.cmd: ShmRing | None = None
         self.control: ControlBlock | None = None  # cancel table and the ranks' pulse rows
         self.watch: PoolWatch | None = None
+        self._process_check_lock = threading.Lock()
         self.undecodable_logged: set[tuple[int, str]] = set()
         self.private_dir: str | None = None  # 0700: the rendezvous store (no network listener)
         self.death_r: int | None = None
@@ -390,7 +391,17 @@ class RunningPool:
                 return False
             time.sleep(0.01)
 
+    def check_processes_now(self) -> bool:
+        """Look at the processes now (not at the monitor's next tick): a worker that died while the
+        pool sat idle fails the pool before a job is sent to it. True if the pool is alive."""
+        self._check_processes()
+        return self.dead is None and not self.closed
+
     def _check_processes(self) -> None:
+        with self._process_check_lock:  # the monitor thread and a submitting thread
+            self._check_processes_locked()
+
+    def _check_processes_locked(self) -> None:
         if self.dead is not None:
             return
         for rank, proc in enumerate(self.procs):
