@@ -5,12 +5,14 @@ how to fix it."""
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import shutil
 import signal
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -18,15 +20,18 @@ from safetensors.torch import load_file, save_file
 
 from parallel_runtime.errors import ConfigError, JobCancelled, WorkerDied, WorkerError
 from parallel_runtime.models.base import Conditioning
+from parallel_runtime.models.sampling_spec import flux_sampling
 from parallel_runtime.models.tiny import ensure_tiny_model
 from parallel_runtime.parallel.config import ParallelConfig
 from parallel_runtime.runtime.pool import WorkerPool
 from parallel_runtime.runtime.pools import PoolRegistry
 from parallel_runtime.service.api import LoadRequest, load_parallel_model
 from parallel_runtime.service.load_job import load_model
+from parallel_runtime.service.lora import LoraSpec
 from tests.dist_jobs.runtime_jobs import slow_component_loads
 from tests.leftovers import assert_gone, exited
 
+DATA = Path(__file__).parent / "data"
 FLUX = LoadRequest("tiny-flux", "cpu:2", threads_per_worker=1)
 
 
@@ -190,3 +195,41 @@ def test_load_parallel_model_takes_a_cancel_request():
         assert model.family == "flux"
     finally:
         registry.close_all()
+
+
+def test_a_reload_after_a_death_brings_back_the_lora_stack_and_model_sampling(registry, tmp_path):
+    """A view with a LoRA stack and its own model sampling, whose worker is killed: its next sample
+    reloads the model and equals the one before, bit for bit (the stack and the sampling travel with
+    every job, so the reloaded workers apply both again); the plain model's output is unchanged too."""
+    import lora_files as lf
+
+    ref = json.loads((DATA / "comfy_lora_reference.json").read_text())
+    path = lf.write_model(ref["models"]["flux"]["skeleton"], str(tmp_path / "tiny_flux.safetensors"))
+    model = load_parallel_model(LoadRequest(path, "cpu:2", threads_per_worker=1), registry)
+    loras = [LoraSpec.of(DATA / "lora" / f"{stem}.safetensors", s, 0.0) for stem, s in ref["cases"]["flux"]["stack"]]
+    shifted = flux_sampling(3.0, "test")
+    views = {
+        "plain": model,
+        "lora": model.with_loras(*loras),
+        "sampling": model.with_model_sampling(shifted),
+        "both": model.with_loras(*loras).with_model_sampling(shifted),
+    }
+    positive = Conditioning(*lf.conditioning("flux.positive", ref["tokens"], 32, 32))
+    latent = torch.zeros(ref["latent_shape"])
+    side = latent.shape[-1] * 8
+
+    def run(view) -> torch.Tensor:
+        return view.sample(positive, None, latent, side, side, steps=2, seed=3)
+
+    before = {name: run(view) for name, view in views.items()}
+    for name in ("plain", "lora", "sampling"):
+        assert not torch.equal(before[name], before["both"]), f"{name}: the LoRA and the sampling both change it"
+    pid = model.pool.pids[1]
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10.0
+    while not exited(pid) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    generation = model.pool.starts
+    assert torch.equal(run(views["both"]), before["both"])
+    assert model.pool.starts == generation + 1  # reloaded once, into fresh workers
+    assert torch.equal(run(views["plain"]), before["plain"])  # the stack left the weights again
