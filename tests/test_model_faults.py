@@ -18,14 +18,14 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from parallel_runtime.errors import ConfigError, JobCancelled, WorkerDied, WorkerError
+from parallel_runtime.errors import ConfigError, JobCancelled, RuntimeTimeout, WorkerDied, WorkerError
 from parallel_runtime.models.base import Conditioning
 from parallel_runtime.models.sampling_spec import flux_sampling
 from parallel_runtime.models.tiny import ensure_tiny_model
 from parallel_runtime.parallel.config import ParallelConfig
 from parallel_runtime.runtime.pool import WorkerPool
 from parallel_runtime.runtime.pools import PoolRegistry
-from parallel_runtime.service.api import LoadRequest, load_parallel_model
+from parallel_runtime.service.api import LoadRequest, _load_into, load_parallel_model
 from parallel_runtime.service.load_job import load_model
 from parallel_runtime.service.lora import LoraSpec
 from tests.dist_jobs.runtime_jobs import slow_component_loads
@@ -233,3 +233,19 @@ def test_a_reload_after_a_death_brings_back_the_lora_stack_and_model_sampling(re
     assert torch.equal(run(views["both"]), before["both"])
     assert model.pool.starts == generation + 1  # reloaded once, into fresh workers
     assert torch.equal(run(views["plain"]), before["plain"])  # the stack left the weights again
+
+
+def test_a_load_past_load_timeout_s_is_abandoned_naming_the_setting():
+    """Each component takes 3 s more to load (>= 15 s a load): with load_timeout_s=2 the load ends
+    after about 2 s with an error naming the setting, and the workers are replaced."""
+    path = ensure_tiny_model("tiny-flux")
+    request = LoadRequest(str(path), "cpu:2", threads_per_worker=1, load_timeout_s=2.0)
+    with WorkerPool(
+        "cpu:2", ParallelConfig(ulysses=2), threads_per_worker=1, worker_setup=(slow_component_loads, (3.0,))
+    ) as pool:
+        generation = pool.ensure_started()
+        t0 = time.monotonic()
+        with pytest.raises(RuntimeTimeout, match=r"ran past load_timeout_s=2 s.*raise LoadRequest.load_timeout_s"):
+            _load_into(pool, path, request, generation, None)
+        assert time.monotonic() - t0 < 6.0
+        assert not pool.is_alive  # the workers are replaced before the next job

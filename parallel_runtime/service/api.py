@@ -16,7 +16,7 @@ import torch
 
 from ..denoise.entries import Branch, as_branch
 from ..denoise.settings import SamplingSettings
-from ..errors import ConfigError, PoolRestarted
+from ..errors import ConfigError, PoolRestarted, RuntimeTimeout
 from ..models.base import Conditioning
 from ..models.lora.keymap import ModelKeys
 from ..models.sampling_spec import ModelSamplingSpec
@@ -442,7 +442,13 @@ def _load_into(
     fut = pool.submit(
         load_model, str(path), request.dtype, request.attention, generation=generation, **request.load_kwargs()
     )
-    return fut.wait(should_cancel=should_cancel, timeout=request.load_timeout_s, cancel_grace_s=LOAD_CANCEL_GRACE_S)
+    try:
+        return fut.wait(should_cancel=should_cancel, timeout=request.load_timeout_s, cancel_grace_s=LOAD_CANCEL_GRACE_S)
+    except RuntimeTimeout as exc:
+        raise RuntimeTimeout(
+            f"loading {path.name} ran past load_timeout_s={request.load_timeout_s:g} s, so the workers were "
+            "restarted; raise LoadRequest.load_timeout_s if this model loads that slowly (a cold or network disk)"
+        ) from exc
 
 
 def load_parallel_model(
