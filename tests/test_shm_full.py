@@ -82,3 +82,30 @@ def test_when_nothing_has_room_the_error_names_dev_shm_and_shm_size():
     out = _run_small_shm(SCRIPT, shm_mb=12, tmp_mb=8)
     assert "/dev/shm" in out["error"] and "--shm-size" in out["error"] and "fix:" in out["error"]
     assert out["small_after"] == 7  # the pool is still usable for what fits
+
+
+START_SCRIPT = textwrap.dedent(
+    """
+    import json, logging, io
+    from parallel_runtime.parallel.config import ParallelConfig
+    from parallel_runtime.runtime.builtin_jobs import echo
+    from parallel_runtime.runtime.pool import WorkerPool
+    log = io.StringIO()
+    logging.basicConfig(stream=log, level=logging.WARNING)
+    with WorkerPool("cpu:2", ParallelConfig(ulysses=2), threads_per_worker=1) as pool:
+        out = {"echo": pool.submit(echo, 7).result(60)}
+        payload = bytes(range(256)) * 800  # 200 KiB a message, 8 round trips: far more than 1 MiB in all
+        out["big"] = all(pool.submit(echo, payload).result(60) == payload for _ in range(8))
+    out["log"] = log.getvalue()
+    print(json.dumps(out))
+    """
+)
+
+
+def test_a_pool_starts_when_its_queues_do_not_fit_dev_shm():
+    """1 MiB of /dev/shm cannot hold the pool's rings (2 MiB each): they go to the private folder
+    with one warning naming /dev/shm and --shm-size, and messages of 200 KiB go through, instead of
+    the host or a worker dying with SIGBUS when a page of a ring or segment is first touched."""
+    out = _run_small_shm(START_SCRIPT, shm_mb=1)
+    assert out["echo"] == 7 and out["big"] is True
+    assert "/dev/shm has" in out["log"] and "--shm-size" in out["log"]
