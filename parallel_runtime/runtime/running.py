@@ -40,6 +40,7 @@ from .pool_watch import PoolWatch
 from .segments import SHM_DIR, SHM_SIZE_FIX, free_bytes, sweep_segments
 from .shm import MESSAGE_KINDS, ShmRing, Undecodable, drain_doorbell, make_doorbell, ring_bytes
 from .spawn import kill_and_reap, start_log_pump, start_worker
+from .stale_pools import sweep_dead_hosts
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +84,9 @@ class RunningPool:
     # -- start ------------------------------------------------------------------------------------
     def start(self) -> None:
         t0 = time.monotonic()
+        removed = sweep_dead_hosts()  # what SIGKILLed hosts left (RAM-backed, there until a reboot)
+        if removed:
+            log.info("removed %d segment(s)/folder(s) of pools whose host died: %s", len(removed), removed[:8])
         try:
             self.private_dir = tempfile.mkdtemp(prefix=self.prefix + "private-")
             self.death_r, self.death_w = make_death_pipe()
