@@ -47,7 +47,7 @@ def matrix():
 def test_fault_cell(matrix, cell: Cell):
     result = matrix.run(cell)
     assert result.outcome == "pass", result
-    assert result.detection_s is not None and result.detection_s <= BOUND_S
+    assert result.detection_s is not None and result.detection_s <= BOUND_S  # (load.raise has its own bound)
     assert result.next_job == "same result"
     replaced = result.old_prefix not in {m.pool.shm_prefix for m in matrix.models.values()}
     if replaced:  # the faulted pool was torn down: its processes, segments and folder are gone
@@ -67,3 +67,18 @@ def test_summary_counts_and_worst_detection():
     assert (s["cells"], s["ran"], s["passed"], s["not_applicable"]) == (4, 3, 2, 1)
     assert s["failed"] == ["load.stop.rank0"]
     assert s["max_detection_s_by_fault"] == {"kill": 0.05, "stop": 2.5}
+
+
+def test_a_full_dev_shm_cell_runs_in_a_private_namespace_or_says_why_not():
+    from parallel_runtime.tools.shm_cells import namespace_problem, run_shm_cells
+
+    (result,) = run_shm_cells([Cell("decode", "shm-full", 1)])
+    problem = namespace_problem()
+    if problem is None:  # root: /dev/shm is a 64 MiB tmpfs of the child's, filled by rank 1 mid-job
+        assert result.outcome == "pass", result
+        assert result.next_job == "same result" and not any(result.leftovers.values())
+        assert result.note.startswith("warned")  # the 768 KiB image went through the private folder
+    else:
+        assert (
+            result.outcome.startswith("not applicable: needs a private mount namespace") and problem in result.outcome
+        )

@@ -27,6 +27,7 @@ BENCHES: dict[str, tuple[str, str]] = {
     "bigmodels": ("bench_bigmodels", "big models: weights per rank, per-stage and fp8 loading"),
     "lora": ("bench_lora", "LoRA apply/swap on a warm pool vs reloading the model"),
     "video": ("bench_video", "Wan video: sequence parallelism and the parallel video VAE"),
+    "soak": ("bench_soak", "soak: 1,000 small jobs on warm pools (resource slopes, latency), then the fault matrix"),
 }
 
 
@@ -38,7 +39,13 @@ def _bench(args: argparse.Namespace) -> int:
     if args.model and "models" not in inspect.signature(run).parameters:
         print(f"error: bench {args.kind} takes no --model (bench pipefusion does)", file=sys.stderr)
         return 2
-    emit(run(quick=args.quick, **({"models": args.model} if args.model else {})), title, args.json)
+    if args.no_matrix and "matrix" not in inspect.signature(run).parameters:
+        print(f"error: bench {args.kind} takes no --no-matrix (bench soak does)", file=sys.stderr)
+        return 2
+    extra = {"models": args.model} if args.model else {}
+    if args.no_matrix:
+        extra["matrix"] = False
+    emit(run(quick=args.quick, **extra), title, args.json)
     return 0
 
 
@@ -66,6 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         help="pipefusion: also report the stale-K/V error on this model (tiny name or diffusers folder; repeatable)",
     )
+    p.add_argument("--no-matrix", action="store_true", help="soak: skip the fault matrix after the jobs")
     p.set_defaults(func=_bench)
 
     p = sub.add_parser("generate", help="generate one image with a parallel layout")

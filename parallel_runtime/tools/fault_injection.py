@@ -9,7 +9,8 @@ wins), so a pool restarted after the fault runs clean; it also writes ``fired-<c
 wall-clock time, from which the matrix measures how long detection took.
 
 Faults: ``kill`` / ``stop`` (the rank sends itself SIGKILL / SIGSTOP at that exact point), ``raise``
-(an :class:`InjectedFault`), ``nan`` (NaN in the model's output / the decoder's input / the text
+(an :class:`InjectedFault`), ``shm-full`` (the rank fills /dev/shm to the last byte, refused unless
+/dev/shm is a small private tmpfs: see :func:`shm_is_private`), ``nan`` (NaN in the model's output / the decoder's input / the text
 embeddings), ``undecodable`` (the job's result on rank 0, an event elsewhere: a value the host
 cannot unpickle). Pools without this hook run none of it.
 """
@@ -27,7 +28,9 @@ from pathlib import Path
 from typing import Any
 
 INJECTED_PHASES = ("start", "load", "denoise", "decode", "encode")
-FAULTS = ("kill", "stop", "raise", "nan", "undecodable")
+FAULTS = ("kill", "stop", "raise", "nan", "undecodable", "shm-full")
+FILLER = Path("/dev/shm/dpar-fault-filler")  # what a shm-full fault writes until /dev/shm is full
+PRIVATE_SHM_MAX_BYTES = 256 * 2**20  # /dev/shm is filled only when it is a tmpfs this small
 RESULT_RANK = 0  # the rank whose return value the model API's jobs send back
 
 
@@ -61,6 +64,35 @@ def fired_at(plan_dir: str | os.PathLike, cell: str) -> float | None:
         return float((Path(plan_dir) / f"fired-{cell}").read_text())
     except (OSError, ValueError):
         return None
+
+
+def shm_is_private() -> bool:
+    """True when /dev/shm is small enough to be the matrix's own tmpfs (in a private mount
+    namespace): the machine's real /dev/shm is never filled."""
+    try:
+        st = os.statvfs("/dev/shm")
+    except OSError:
+        return False
+    return st.f_blocks * st.f_frsize <= PRIVATE_SHM_MAX_BYTES
+
+
+def fill_shared_memory() -> int:
+    """Claim every free byte of /dev/shm in FILLER; returns the bytes claimed."""
+    if not shm_is_private():
+        raise RuntimeError("refusing to fill /dev/shm: it is not a small private tmpfs")
+    st = os.statvfs("/dev/shm")
+    size = st.f_bavail * st.f_frsize
+    fd = os.open(FILLER, os.O_CREAT | os.O_RDWR, 0o600)
+    try:
+        while size > 0:
+            try:
+                os.posix_fallocate(fd, 0, size)
+                break
+            except OSError:
+                size -= 4096  # the last pages may be taken meanwhile
+    finally:
+        os.close(fd)
+    return max(size, 0)
 
 
 class InjectedFault(RuntimeError):
@@ -116,14 +148,16 @@ class Injector:
         return True
 
     def fire(self, phase: str) -> None:
-        """Do a kill / stop / raise planned for ``phase`` here and now."""
-        plan = self.plan(phase, ("kill", "stop", "raise"))
+        """Do a kill / stop / raise / shm-full planned for ``phase`` here and now."""
+        plan = self.plan(phase, ("kill", "stop", "raise", "shm-full"))
         if plan is None or not self.take(plan):
             return
         if plan.fault == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
         elif plan.fault == "stop":
             os.kill(os.getpid(), signal.SIGSTOP)
+        elif plan.fault == "shm-full":
+            fill_shared_memory()
         else:
             raise InjectedFault(f"injected fault: rank {self.rank} raised during {phase} (cell {plan.cell})")
 

@@ -13,7 +13,9 @@ A full /dev/shm has its own cells (:mod:`.shm_full_cells`): they need a private 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import logging
 import os
 import signal
 import tempfile
@@ -28,12 +30,15 @@ from ..errors import WorkerDied, WorkerError, WorkerHung
 from ..parallel.config import ParallelConfig
 from ..runtime.pools import PoolRegistry
 from ..service.api import LoadRequest, ParallelModel, load_parallel_model
-from .fault_injection import FaultPlan, disarm, fired_at, install
+from .fault_injection import FILLER, FaultPlan, disarm, fired_at, install, shm_is_private
 
 LAYOUTS = {"usp": ParallelConfig(ulysses=2), "cfg": ParallelConfig(cfg=2), "pp": ParallelConfig(pp=2)}
 PHASES = ("start", "load", "denoise-usp", "denoise-cfg", "denoise-pp", "decode", "encode", "idle")
-FAULTS = ("kill", "stop", "raise", "nan", "undecodable")
+FAULTS = ("kill", "stop", "raise", "nan", "undecodable")  # shm-full cells: shm_cells.py
 BOUND_S = 10.0  # the error must come this soon after the fault fired (a loaded 2-core machine)
+# A load failing on one rank is raised once every rank has finished its part of the load (the ranks
+# agree on failures after loading, so none waits in a collective forever): up to a whole load later.
+LOAD_RAISE_BOUND_S = 60.0
 SETTLE_S = 10.0  # a torn-down pool's processes and files must be gone this soon after the next job
 POOL_OPTIONS = {"job_timeout_s": 120.0, "start_timeout_s": 180.0}  # a cell never hangs the run
 
@@ -44,7 +49,12 @@ NOT_APPLICABLE = {
     ("idle", "raise"): "no job code runs while idle",
     ("idle", "nan"): "no model runs while idle",
     ("idle", "undecodable"): "no result is sent while idle",
+    ("idle", "shm-full"): "nothing is written to /dev/shm while idle",
+    ("load", "shm-full"): "its messages fit the ring slots reserved at pool start",
+    ("encode", "shm-full"): "its messages fit the ring slots reserved at pool start",
 }
+NEEDS_NAMESPACE = "not applicable: needs a private mount namespace (a small tmpfs over /dev/shm: root, unshare -m)"
+SHM_WARNING = ("/dev/shm", "--shm-size")  # a shm-full cell's job must work and warn with both
 EXPECTED = {"kill": (WorkerDied, "SIGKILL"), "stop": (WorkerHung, "stopped")}
 
 
@@ -79,6 +89,7 @@ class CellResult:
     problems: list[str] = dataclasses.field(default_factory=list)
     old_pids: list[int] = dataclasses.field(default_factory=list)
     old_prefix: str = ""
+    note: str = ""  # shm-full cells: whether the fallback warning was given
 
 
 def all_cells(world: int = 2) -> list[Cell]:
@@ -164,6 +175,8 @@ class Matrix:
         why = cell.not_applicable()
         if why is not None:
             return CellResult(cell.name, f"not applicable: {why}")
+        if cell.fault == "shm-full" and not shm_is_private():
+            return CellResult(cell.name, NEEDS_NAMESPACE)
         result = CellResult(cell.name, "fail")
         expected = self.oracle(cell)  # healthy run first: a warm pool, and the oracle for the next job
         model = self.loaded(cell.layout)
@@ -172,14 +185,21 @@ class Matrix:
         FaultPlan(cell.name, cell.rank, cell.phase.split("-")[0], cell.fault).arm(self.plan_dir)
         if cell.phase in ("start", "load"):
             model.pool.abort("fault matrix: restart the workers so that the next job starts and loads them")
-        error, raised_at = self._provoke(cell, model)
+        with _captured_warnings() as warnings:
+            error, raised_at, value = self._provoke(cell, model)
         fired = fired_at(self.plan_dir, cell.name)
         disarm(self.plan_dir)
+        FILLER.unlink(missing_ok=True)
         if error is not None:
             result.error = f"{type(error).__name__}: {_first_line(error)}"
         if fired is not None and raised_at is not None:
             result.detection_s = round(max(0.0, raised_at - fired), 3)
-        result.problems += _judge(cell, error, fired, result.detection_s)
+        if cell.fault == "shm-full":
+            result.problems += _judge_shm_full(error, fired, value, expected)
+            warned = any(all(w in line for w in SHM_WARNING) for line in warnings)
+            result.note = "warned: /dev/shm full, using the private folder" if warned else "no new segment was needed"
+        else:
+            result.problems += _judge(cell, error, fired, result.detection_s)
         try:
             again = self.job(cell.phase, cell.layout)
             result.next_job = "same result" if _same(again, expected) else "a different result"
@@ -193,19 +213,20 @@ class Matrix:
         result.outcome = "pass" if not result.problems else "fail"
         return result
 
-    def _provoke(self, cell: Cell, model: ParallelModel) -> tuple[BaseException | None, float | None]:
+    def _provoke(self, cell: Cell, model: ParallelModel) -> tuple[BaseException | None, float | None, Any]:
+        """(the error, when it reached us, the job's value when there was no error)."""
         if cell.phase == "idle":
             (Path(self.plan_dir) / f"fired-{cell.name}").write_text(repr(time.time()))
             os.kill(model.pool.pids[cell.rank], signal.SIGKILL if cell.fault == "kill" else signal.SIGSTOP)
             deadline = time.monotonic() + BOUND_S * 3
             while model.pool.is_alive and time.monotonic() < deadline:
                 time.sleep(0.01)
-            return (None, None) if model.pool.is_alive else (model.pool.last_failure, time.time())
+            return (None, None, None) if model.pool.is_alive else (model.pool.last_failure, time.time(), None)
         try:
-            self.job(cell.phase, cell.layout)
+            value = self.job(cell.phase, cell.layout)
         except Exception as exc:  # noqa: BLE001 - the error under test
-            return exc, time.time()
-        return None, None
+            return exc, time.time(), None
+        return None, None, value
 
     def wait_for_leftovers(self, before: dict[str, set], old_pids: list[int], old_prefix: str) -> dict[str, list]:
         """What the cell left, once it had ``SETTLE_S`` to go: of what this host has now and did not
@@ -288,9 +309,49 @@ def _judge(cell: Cell, error: BaseException | None, fired: float | None, seconds
             problems.append(f"expected a WorkerError of {wanted_type[cell.fault]}, got {got}")
     if cell.fault != "nan" and getattr(error, "rank", None) != cell.rank:
         problems.append(f"the error names rank {getattr(error, 'rank', None)}, not rank {cell.rank}")
-    if seconds is not None and seconds > BOUND_S:
-        problems.append(f"the error came {seconds:.1f} s after the fault (bound {BOUND_S:.0f} s)")
+    bound = LOAD_RAISE_BOUND_S if (cell.phase, cell.fault) == ("load", "raise") else BOUND_S
+    if seconds is not None and seconds > bound:
+        problems.append(f"the error came {seconds:.1f} s after the fault (bound {bound:.0f} s)")
     return problems
+
+
+def _judge_shm_full(error, fired, value, expected) -> list[str]:
+    """A full /dev/shm: the job still works and gives the same result (a message needing a new
+    segment goes through the private folder, with a warning; recycled segments need no room)."""
+    if fired is None:
+        return ["the fault never fired"]
+    if error is not None:
+        return [f"the job failed: {type(error).__name__}: {_first_line(error)}"]
+    return [] if _same(value, expected) else ["the job's result differs from the healthy one"]
+
+
+class _ListHandler(logging.Handler):
+    def __init__(self, lines: list[str]):
+        super().__init__(logging.DEBUG)
+        self.lines = lines
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+@contextlib.contextmanager
+def _captured_warnings():
+    """The host's warnings and every line the workers print, while the block runs."""
+    lines: list[str] = []
+    handler = _ListHandler(lines)
+    host, workers = logging.getLogger("parallel_runtime"), logging.getLogger("parallel_runtime.worker")
+    level, propagate = workers.level, workers.propagate
+    host.addHandler(handler)
+    workers.addHandler(handler)
+    workers.setLevel(logging.DEBUG)  # worker lines reach the host's log at debug level:
+    workers.propagate = False  # taken here, not printed by the root logger
+    try:
+        yield lines
+    finally:
+        host.removeHandler(handler)
+        workers.removeHandler(handler)
+        workers.setLevel(level)
+        workers.propagate = propagate
 
 
 def _first_line(exc: BaseException) -> str:
