@@ -77,7 +77,9 @@ def test_a_full_dev_shm_cell_runs_in_a_private_namespace_or_says_why_not():
     if problem is None:  # root: /dev/shm is a 64 MiB tmpfs of the child's, filled by rank 1 mid-job
         assert result.outcome == "pass", result
         assert result.next_job == "same result" and not any(result.leftovers.values())
-        assert result.note.startswith("warned")  # the 768 KiB image went through the private folder
+        # (whether the 768 KiB image needed a new segment, which then went through the private folder
+        # with a warning, or reused a warm one depends on timing: result.note says which; the warning
+        # itself is tested in test_shm_full.py)
     else:
         assert (
             result.outcome.startswith("not applicable: needs a private mount namespace") and problem in result.outcome
