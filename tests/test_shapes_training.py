@@ -116,3 +116,18 @@ def test_focused_scenes_are_one_shape_of_six_colours_never_held_out_and_detected
         assert len(request.shapes) == 1 and caption not in held
         assert {request.shapes[0][0], request.background} <= set(data.FOCUSED_COLOURS)
         assert judge((image.transpose(1, 2, 0) + 1) / 2, caption).ok, caption
+
+
+def test_centred_scenes_are_large_near_the_middle_and_name_the_background_mostly():
+    rng = np.random.default_rng(3)
+    scenes = [data.sample_centred_scene(rng) for _ in range(200)]
+    for scene in scenes:
+        (shape,) = scene.shapes
+        assert abs(shape.cx - 0.5) <= data.CENTRE_JITTER and abs(shape.cy - 0.5) <= data.CENTRE_JITTER
+        assert 0.27 <= shape.half <= 0.33 and {shape.colour, scene.background} <= set(data.FOCUSED_COLOURS)
+        assert not data.is_held_out(shape.colour, shape.kind, scene.background)
+    named = np.mean([scene.caption.endswith("background") for scene in scenes])
+    assert 0.7 <= named <= 0.9
+    images, caps = data.make_batch(5, 0, 24, 128, focused=True, centred=True)
+    for image, caption in zip(images, caps):
+        assert judge((image.transpose(1, 2, 0) + 1) / 2, caption).ok, caption

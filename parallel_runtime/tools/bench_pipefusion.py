@@ -232,6 +232,7 @@ def stale_kv_error(pools: dict[str, WorkerPool], model: str, quick: bool) -> dic
                 pools["pp2"].submit(generate_with_stats, *args, patches, warmup, stale, result_rank="all").result(3600)
             )
             errors[label] = _mean_diff(per_rank[0]["latent"], ref) / yardstick
+            errors[f"{label}_psnr_db"] = _psnr(per_rank[0]["latent"], ref)  # final latent against one device
         errors["patch_local_over_stale_kv"] = errors["patch_local"] / errors["stale_kv"]
         out[f"M{patches}_warmup{warmup}"] = errors
     return out
@@ -256,7 +257,8 @@ def run(quick: bool = False, models: Sequence[str] = ()) -> dict[str, Any]:
         "baseline": "timing: the ordinary engine on 1 rank x 1 thread (so pp=2 x 1 thread models 2 GPUs against 1) "
         "and on 1 rank x 2 threads (what a CPU user compares with), medians of interleaved rounds with the "
         "per-round range; error: mean |pp=2 - single device| / mean |single device seed 3 - seed 4| (the "
-        "seed-to-seed difference), with stale K/V and with each patch attending only to its own tokens",
+        "seed-to-seed difference), with stale K/V and with each patch attending only to its own tokens; PSNR of "
+        "the pp=2 final latent against the single device's",
         "rounds": repeats,
         "timing": timed,
         "stale_kv_error": errors,

@@ -4,7 +4,7 @@ judge each picture with the shapes detector.
     python -m parallel_runtime.tools.shapes_eval DIR [--size 128] [--steps 12] [--seeds 3] [--grid out.png]
         [--grammar full|focused]
 
-``--grammar focused`` keeps the prompts that the focused grammar of stage 2 can say (one shape, six colours).
+``--grammar focused`` keeps the prompts that the one-shape grammars of stages 2 and 3 can say (six colours).
 """
 
 from __future__ import annotations

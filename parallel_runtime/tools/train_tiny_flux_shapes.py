@@ -12,9 +12,9 @@
    Sampling uses shift 1.0 (FLUX.1-schnell's setting; the model has no guidance input).
 5. Save an exponential moving average of the weights in fp16 with ``training.json`` (command, times, losses).
 
-This is stage 1: it learns the VAE, the words and the backgrounds, but not yet shapes. Stage 2
-(``finetune_tiny_flux_shapes``) fine-tunes the result on the focused one-shape grammar at 128 px; the
-shipped weights are stage 2's.
+This is stage 1: it learns the VAE, the words and the backgrounds, but not yet shapes. Stages 2 and 3
+(``finetune_tiny_flux_shapes``) fine-tune the result on one-shape grammars at 128 px; the shipped
+weights are stage 3's.
 
 One thread by default: the result then does not depend on the machine's core count, and on a shared
 machine a single thread loses far less to waiting than two.
