@@ -8,27 +8,15 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import shutil
 import subprocess
 import sys
 import textwrap
 
 import pytest
 
+from parallel_runtime.tools.shm_cells import namespace_problem
 
-def _namespaces_work() -> str | None:
-    """None if this process can mount a tmpfs in a private mount namespace, else why not."""
-    if os.geteuid() != 0:
-        return "needs root to mount a small tmpfs over /dev/shm in a private mount namespace (unshare -m)"
-    if shutil.which("unshare") is None:
-        return "needs unshare (util-linux) for a private mount namespace"
-    probe = subprocess.run(
-        ["unshare", "-m", "sh", "-c", "mount -t tmpfs -o size=1m tmpfs /dev/shm"], capture_output=True, text=True
-    )
-    return None if probe.returncode == 0 else f"cannot mount in a private namespace here: {probe.stderr.strip()}"
-
-
-REASON = _namespaces_work()
+REASON = namespace_problem()
 pytestmark = pytest.mark.skipif(REASON is not None, reason=str(REASON))
 
 
