@@ -1,4 +1,4 @@
-"""dit-parallel: run one Flux / SD3 / PixArt generation across several GPUs, from ComfyUI.
+"""dit-parallel: one Flux.1, FLUX.2, SD3, PixArt, Qwen-Image or Wan 2.1/2.2 generation on several GPUs, from ComfyUI.
 
 ComfyUI imports this file from custom_nodes/. It stays light: the nodes import torch and the
 worker runtime only when they run. Relative imports only (ComfyUI has its own ``nodes`` module).

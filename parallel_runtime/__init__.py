@@ -1,4 +1,4 @@
-"""dit-parallel's engine: run one diffusion-transformer generation across several devices.
+"""dit-parallel's engine: one Flux.1, FLUX.2, SD3, PixArt, Qwen-Image or Wan 2.1/2.2 generation on several devices.
 
 Importing this package imports nothing heavy. One wing (sub-package) per part of the architecture,
 lowest layer first: ``parallel`` (config, mesh, collectives, layout planner), ``runtime`` (the worker
