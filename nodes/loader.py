@@ -254,9 +254,9 @@ def manual_layout(
 
 
 def _local_path(target: str) -> str:
-    """A tiny model name -> its local folder (shipped, or built once); paths unchanged."""
+    """A built-in model name -> its folder (shipped, or built once by the pack's dit_devtools); paths unchanged."""
     if target in TINY_MODELS:
-        from parallel_runtime.models.tiny import builtin_model_path
+        from parallel_runtime.models.builtin import builtin_model_path
 
         return str(builtin_model_path(target))
     return target

@@ -4,8 +4,8 @@
   relative to that folder, e.g. ``FLUX.1-dev``;
 - single ``.safetensors`` transformer files under ``models/diffusion_models`` (and ``unet``);
 - the embedded ``tiny-flux-shapes`` (trained: draws the coloured shapes its prompt names, e.g. "a red
-  circle on a blue background") and ``tiny-flux`` / ``tiny-sd3`` / ``tiny-pixart`` (random weights, built
-  once locally) for trying the pack without downloads;
+  circle on a blue background") and random-weight ``tiny-*`` models of every family (built once locally
+  by the pack's ``dit_devtools``) for trying the pack without downloads;
 - VAE ``.safetensors`` files under ``models/vae``, for decoding with another VAE than the model's
   own (or at all, for a transformer-only file);
 - text-encoder files under ``models/text_encoders`` (Qwen-Image's Qwen2.5-VL), for Parallel Text Encode;
@@ -18,21 +18,11 @@ import os
 from pathlib import Path
 
 from parallel_runtime.errors import ConfigError
+from parallel_runtime.models.builtin import BUILTIN_MODELS
 
 from .bridge import SHIPPED_TOKENIZERS, Bridge
 
-TINY_MODELS: tuple[str, ...] = (
-    "tiny-flux-shapes",
-    "tiny-flux",
-    "tiny-sd3",
-    "tiny-pixart",
-    "tiny-qwen-image",
-    "tiny-flux2",
-    "tiny-wan",
-    "tiny-wan-i2v",
-    "tiny-wan-a14b",
-    "tiny-wan-ti2v",
-)  # models.tiny.BUILTIN_MODELS
+TINY_MODELS: tuple[str, ...] = BUILTIN_MODELS
 SINGLE_FILE_SUFFIXES: tuple[str, ...] = (".safetensors", ".sft")
 VAE_FROM_MODEL = "(the model's own)"
 

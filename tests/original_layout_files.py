@@ -10,8 +10,8 @@ import struct
 import torch
 from safetensors.torch import save_file
 
+from dit_devtools.tiny import ensure_tiny_model
 from parallel_runtime.models.loading import load_pipeline_components
-from parallel_runtime.models.tiny import ensure_tiny_model
 
 PREFIX = "model.diffusion_model."
 TINY = {"flux": "tiny-flux", "sd3": "tiny-sd3", "pixart": "tiny-pixart"}

@@ -6,12 +6,12 @@ import dataclasses
 
 import torch
 
+from dit_devtools.tiny import ensure_tiny_model
 from parallel_runtime.denoise.loop import denoise_latent
 from parallel_runtime.denoise.model_sampling import model_sampling_for
 from parallel_runtime.denoise.settings import SamplingSettings
 from parallel_runtime.models.loading import load_pipeline_components
 from parallel_runtime.models.text_encoding import encode_prompts
-from parallel_runtime.models.tiny import ensure_tiny_model
 from parallel_runtime.parallel.mesh import ParallelMesh
 from parallel_runtime.service.load_job import load_model
 from parallel_runtime.service.model_jobs import generate

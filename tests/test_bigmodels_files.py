@@ -11,6 +11,7 @@ import pytest
 import torch
 from bigmodel_files import flux2_to_bfl, save, to_fp8
 
+from dit_devtools.tiny import ensure_tiny_model
 from parallel_runtime.denoise.loop import denoise_latent
 from parallel_runtime.denoise.model_sampling import model_sampling_for
 from parallel_runtime.denoise.settings import SamplingSettings
@@ -18,7 +19,6 @@ from parallel_runtime.models import Conditioning, get_adapter
 from parallel_runtime.models.fp8 import Fp8Linear, dequantise_model, fp8_layers
 from parallel_runtime.models.loading import load_pipeline_components
 from parallel_runtime.models.single_file import inspect_single_file, load_single_file_transformer
-from parallel_runtime.models.tiny import ensure_tiny_model
 from parallel_runtime.parallel.mesh import ParallelMesh
 from parallel_runtime.pipefusion.stage_loading import load_single_file_stage
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 from pack_import import load_pack  # tests/ helper
 
-from parallel_runtime.models.tiny import ensure_tiny_model
+from dit_devtools.tiny import ensure_tiny_model
 from parallel_runtime.parallel.config import ParallelConfig
 
 PACK = load_pack()

@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from dit_devtools.tiny import ensure_tiny_model
 from parallel_runtime.denoise.loop import denoise_latent
 from parallel_runtime.denoise.model_sampling import model_sampling_for
 from parallel_runtime.denoise.settings import SamplingSettings
 from parallel_runtime.models.loading import load_pipeline_components
 from parallel_runtime.models.text_encoding import encode_prompt
-from parallel_runtime.models.tiny import ensure_tiny_model
 from parallel_runtime.parallel.mesh import ParallelMesh
 
 DATA = Path(__file__).parent / "data"
@@ -175,7 +175,7 @@ def test_flux2_text_model_keeps_only_the_layers_it_reads(tmp_path):
     encodes exactly as the whole one."""
     from transformers import Mistral3ForConditionalGeneration
 
-    from parallel_runtime.models import tiny_big
+    from dit_devtools.tiny import big as tiny_big
     from parallel_runtime.models.loading import text_encoder_options
     from parallel_runtime.models.text_big import encode_flux2
 

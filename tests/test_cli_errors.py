@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from parallel_runtime.models.tiny import ensure_tiny_model
+from dit_devtools.tiny import ensure_tiny_model
 from tests.leftovers import assert_gone
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from parallel_runtime.tools.fault_matrix import (
+from dit_devtools.faults.matrix import (
     BOUND_S,
     FAULTS,
     PHASES,
@@ -55,7 +55,7 @@ def test_fault_cell(matrix, cell: Cell):
 
 
 def test_summary_counts_and_worst_detection():
-    from parallel_runtime.tools.fault_matrix import CellResult
+    from dit_devtools.faults.matrix import CellResult
 
     results = [
         CellResult("decode.kill.rank0", "pass", detection_s=0.05),
@@ -70,7 +70,7 @@ def test_summary_counts_and_worst_detection():
 
 
 def test_a_full_dev_shm_cell_runs_in_a_private_namespace_or_says_why_not():
-    from parallel_runtime.tools.shm_cells import namespace_problem, run_shm_cells
+    from dit_devtools.faults.shm_cells import namespace_problem, run_shm_cells
 
     (result,) = run_shm_cells([Cell("decode", "shm-full", 1)])
     problem = namespace_problem()

@@ -4,6 +4,9 @@ Layering, lowest first (a wing may import from the wings below it and from the s
 modules ``errors`` and ``exports``):
 errors < parallel < runtime < attention < models < sampling < denoise < pipefusion < vae < service < tools.
 ``sampling`` is pure math: it imports nothing of the engine but the shared modules, and no torch.distributed.
+The engine never imports the checkout's ``dit_devtools`` (nor the tests) by name: only through
+``parallel_runtime.checkout``, which says what to do when an installed package has no checkout beside it.
+No import circles in the engine or the dev tools.
 Imports inside functions count too (a lazy import is still a dependency).
 """
 
@@ -17,7 +20,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "parallel_runtime"
 WINGS = ("parallel", "runtime", "attention", "models", "sampling", "denoise", "pipefusion", "vae", "service", "tools")
-SHARED = ("errors", "exports")  # top-level modules every wing may use
+SHARED = ("errors", "exports", "checkout")  # top-level modules every wing may use
 ENTRY = ("__main__",)  # python -m parallel_runtime: may import the tools wing
 
 
@@ -90,3 +93,90 @@ def test_sampling_is_pure_math():
     assert not problems, "sampling imports only errors, torch (no torch.distributed), scipy, torchsde:\n" + "\n".join(
         problems
     )
+
+
+def test_the_engine_names_no_dev_tools_or_tests():
+    problems = [
+        f"{path.relative_to(ROOT)}:{line} imports {target}"
+        for path in SOURCES
+        for target, _, line in _imports(path)
+        if target.split(".")[0] in ("dit_devtools", "tests")
+    ]
+    assert not problems, "reach dit_devtools through parallel_runtime.checkout.devtools_module:\n" + "\n".join(problems)
+
+
+# Circles other work is removing (issue 23); a new circle anywhere else fails.
+KNOWN_CIRCLES = (
+    {"models.files", "models.single_file", "models.weight_budget", "models.weights"},
+    {"runtime.futures", "runtime.pool_watch", "runtime.running"},
+)
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """module -> the modules of the engine and the dev tools it imports (a package's ``from . import x``
+    counts as importing ``x``)."""
+    paths = {_module_name(p): p for p in (*SOURCES, *sorted((ROOT / "dit_devtools").rglob("*.py")))}
+    graph: dict[str, set[str]] = {}
+    for module, path in paths.items():
+        found = set()
+        for target, name, _ in _imports(path):
+            target = f"{target}.{name}" if f"{target}.{name}" in paths else target
+            while target and target not in paths:
+                target = target.rpartition(".")[0]
+            if target and target != module and not module.startswith(target + "."):  # not its own package
+                found.add(target)
+        graph[module] = found
+    return graph
+
+
+def _circles(graph: dict[str, set[str]]) -> list[set[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    circles = []
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = set()
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.add(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    circles.append(component)
+    return circles
+
+
+def test_circle_finder_finds_a_circle():
+    assert _circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [{"a", "b", "c"}]
+    assert _circles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_circles():
+    known = [{f"parallel_runtime.{m}" for m in circle} for circle in KNOWN_CIRCLES]
+    new = [sorted(c) for c in _circles(_import_graph()) if c not in known]
+    assert not new, f"modules importing each other (split out what both need): {new}"

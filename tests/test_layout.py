@@ -124,7 +124,7 @@ def test_detect_without_gpu_degrades_to_cpu():
 
 
 def test_model_info_from_tiny_diffusers_folder():
-    from parallel_runtime.models.tiny import ensure_tiny_model
+    from dit_devtools.tiny import ensure_tiny_model
 
     info = model_info_from_path(ensure_tiny_model("tiny-flux"), dtype="fp32")
     assert info.family == "flux" and info.num_heads == 4 and info.num_layers == 4 and info.weight_bytes > 0

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from dit_devtools.tiny import TINY_MODELS, TINY_VIDEO_MODELS, build_tiny_pipeline, ensure_tiny_model
 from parallel_runtime.errors import ConfigError
 from parallel_runtime.models.loading import load_pipeline_components
-from parallel_runtime.models.tiny import TINY_MODELS, build_tiny_pipeline, ensure_tiny_model
 
 torch.set_num_threads(1)
 
@@ -123,6 +123,19 @@ def test_concurrent_ensure_is_atomic(tmp_path):
     assert ensure_tiny_model("tiny-pixart", tmp_path) == final  # cached: not rebuilt
     assert (final / "model_index.json").stat().st_mtime_ns == before
     load_pipeline_components(final, parts=("transformer",))
+
+
+def test_the_engine_offers_by_name_every_model_the_dev_tools_build(tmp_path, monkeypatch):
+    """The engine lists the random-weight models itself (the pack lists them without importing the factory)
+    and builds them through the checkout's dit_devtools; other names are refused."""
+    from parallel_runtime.models.builtin import RANDOM_MODELS, builtin_model_path
+
+    assert (*TINY_MODELS, *TINY_VIDEO_MODELS) == RANDOM_MODELS
+    monkeypatch.setenv("DIT_PARALLEL_TINY_ROOT", str(tmp_path))
+    assert builtin_model_path("tiny-pixart") == tmp_path / "tiny-pixart-v1"
+    assert load_pipeline_components(tmp_path / "tiny-pixart-v1", parts=()).family == "pixart"
+    with pytest.raises(ConfigError, match="'tiny-nothing' is not a built-in model"):
+        builtin_model_path("tiny-nothing")
 
 
 def test_missing_folder(tmp_path):

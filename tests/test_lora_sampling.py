@@ -117,8 +117,8 @@ def test_stacked_loras_on_every_layout_equal_one_rank(tiny_files, pool_registry,
 @pytest.fixture(scope="module")
 def flux_folder(tiny_files, tmp_path_factory) -> Path:
     """A diffusers folder (tiny-flux's text encoders, VAE, tokenizers) holding the tiny original file's weights."""
+    from dit_devtools.tiny import ensure_tiny_model
     from parallel_runtime.models.single_file import load_single_file_transformer
-    from parallel_runtime.models.tiny import ensure_tiny_model
 
     folder = tmp_path_factory.mktemp("lora-folder") / "flux"
     shutil.copytree(ensure_tiny_model("tiny-flux"), folder)

@@ -18,10 +18,10 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from dit_devtools.tiny import ensure_tiny_model
 from parallel_runtime.errors import ConfigError, JobCancelled, RuntimeTimeout, WorkerDied, WorkerError
 from parallel_runtime.models.base import Conditioning
 from parallel_runtime.models.sampling_spec import flux_sampling
-from parallel_runtime.models.tiny import ensure_tiny_model
 from parallel_runtime.parallel.config import ParallelConfig
 from parallel_runtime.runtime.pool import WorkerPool
 from parallel_runtime.runtime.pools import PoolRegistry

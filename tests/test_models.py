@@ -10,12 +10,12 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
+from dit_devtools.tiny import ensure_tiny_model
 from parallel_runtime.attention.usp import SequenceParallelAttention
 from parallel_runtime.errors import ConfigError
 from parallel_runtime.models import Conditioning, LatentFormat, get_adapter, supported_class_names
 from parallel_runtime.models.flux import image_ids
 from parallel_runtime.models.loading import load_pipeline_components
-from parallel_runtime.models.tiny import ensure_tiny_model
 from parallel_runtime.parallel.config import MESH_DIMS, ParallelConfig
 from parallel_runtime.parallel.mesh import ParallelMesh
 from parallel_runtime.parallel.sharding import split_sizes

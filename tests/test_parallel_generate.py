@@ -7,13 +7,13 @@ import time
 import pytest
 import torch
 
+from dit_devtools.tiny import build_tiny_pipeline, ensure_tiny_model
 from parallel_runtime.denoise.loop import denoise_latent
 from parallel_runtime.denoise.model_sampling import model_sampling_for
 from parallel_runtime.denoise.settings import SamplingSettings
 from parallel_runtime.errors import JobCancelled, WorkerError
 from parallel_runtime.models.loading import load_pipeline_components
 from parallel_runtime.models.text_encoding import encode_prompts
-from parallel_runtime.models.tiny import build_tiny_pipeline, ensure_tiny_model
 from parallel_runtime.parallel.config import ParallelConfig
 from parallel_runtime.parallel.mesh import ParallelMesh
 from parallel_runtime.runtime.builtin_jobs import echo

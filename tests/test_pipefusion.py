@@ -14,13 +14,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from dit_devtools.tiny import build_tiny_pipeline
 from parallel_runtime.denoise.loop import denoise_latent
 from parallel_runtime.denoise.model_sampling import model_sampling_for
 from parallel_runtime.denoise.settings import SamplingSettings
 from parallel_runtime.errors import ConfigError, JobCancelled, WorkerDied, WorkerError
 from parallel_runtime.models.loading import load_pipeline_components
 from parallel_runtime.models.text_encoding import encode_prompts
-from parallel_runtime.models.tiny import build_tiny_pipeline
 from parallel_runtime.parallel.config import ParallelConfig
 from parallel_runtime.parallel.mesh import ParallelMesh
 from parallel_runtime.parallel.stages import plan_stages

@@ -1,6 +1,6 @@
 """tiny-flux-shapes draws what the prompt asks for: the README's first command, and every layout.
 
-The oracle is a simple colour/shape detector (``tools/shapes_detector``: nearest palette colour per pixel,
+The oracle is a simple colour/shape detector (``dit_devtools/training/shapes_detector``: nearest palette colour per pixel,
 connected blobs, shape from how much of its bounding box a blob fills). The contrast prompts (same seed,
 only the shape word changed) show that the shape comes from the prompt, not from a blob that happens to
 be round."""
@@ -15,14 +15,14 @@ import pytest
 import torch
 from PIL import Image
 
+from dit_devtools.training.shapes_detector import detect
 from parallel_runtime.denoise.settings import SamplingSettings
+from parallel_runtime.models.builtin import builtin_model_path
 from parallel_runtime.models.loading import load_pipeline_components
 from parallel_runtime.models.text_encoding import encode_prompts
-from parallel_runtime.models.tiny import builtin_model_path
 from parallel_runtime.parallel.config import ParallelConfig
 from parallel_runtime.service.load_job import load_model
 from parallel_runtime.service.model_jobs import decode, generate
-from parallel_runtime.tools.shapes_detector import detect
 
 README_PROMPT = "a red circle on a blue background"
 PX, STEPS, CFG = 128, 12, 2.0  # the README command's size, steps and guidance

@@ -6,17 +6,17 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from dit_devtools.training.shapes_detector import detect
 from parallel_runtime.denoise.loop import denoise_latent
 from parallel_runtime.denoise.model_sampling import model_sampling_for
 from parallel_runtime.denoise.settings import SamplingSettings
+from parallel_runtime.models.builtin import BUILTIN_MODELS, builtin_model_path
 from parallel_runtime.models.loading import load_pipeline_components
 from parallel_runtime.models.text_encoding import encode_prompts
-from parallel_runtime.models.tiny import BUILTIN_MODELS, builtin_model_path
 from parallel_runtime.parallel.config import ParallelConfig
 from parallel_runtime.parallel.mesh import ParallelMesh
 from parallel_runtime.service.load_job import load_model
 from parallel_runtime.service.model_jobs import decode, generate
-from parallel_runtime.tools.shapes_detector import detect
 
 PROMPT = "a red circle on a blue background"
 PX = 64

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 import torch
 
-from parallel_runtime.tools import shapes_dataset as data
-from parallel_runtime.tools import shapes_model as parts
-from parallel_runtime.tools.shapes_detector import detect, judge, parse_caption
+from dit_devtools.training import shapes_dataset as data
+from dit_devtools.training import shapes_model as parts
+from dit_devtools.training.shapes_detector import detect, judge, parse_caption
 
 
 def test_scenes_are_reproducible_and_never_held_out():

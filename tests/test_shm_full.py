@@ -14,7 +14,7 @@ import textwrap
 
 import pytest
 
-from parallel_runtime.tools.shm_cells import namespace_problem
+from dit_devtools.faults.shm_cells import namespace_problem
 
 REASON = namespace_problem()
 pytestmark = pytest.mark.skipif(REASON is not None, reason=str(REASON))

@@ -14,8 +14,8 @@ from original_layout_files import (  # tests/ helpers
     write_original,
 )
 
+from dit_devtools.tiny import ensure_tiny_model
 from parallel_runtime.models.single_file import inspect_single_file, load_single_file_transformer, shipped_config
-from parallel_runtime.models.tiny import ensure_tiny_model
 from parallel_runtime.pipefusion.stage_loading import load_single_file_stage, load_stage_transformer
 
 

@@ -9,11 +9,11 @@ from ldm_vae_layout import to_ldm  # tests/ helpers
 from original_layout_files import PREFIX, TINY, write_original
 from safetensors.torch import save_file
 
+from dit_devtools.tiny import ensure_tiny_model
 from parallel_runtime.denoise.settings import SamplingSettings
 from parallel_runtime.errors import WorkerError
 from parallel_runtime.models.loading import load_pipeline_components
 from parallel_runtime.models.text_encoding import encode_prompts
-from parallel_runtime.models.tiny import ensure_tiny_model
 from parallel_runtime.parallel.config import ParallelConfig
 from parallel_runtime.service.load_job import load_model
 from parallel_runtime.service.model_jobs import decode, encode_text, generate

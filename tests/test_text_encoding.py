@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from dit_devtools.tiny import ensure_tiny_model
 from parallel_runtime.errors import ConfigError
 from parallel_runtime.models.loading import load_pipeline_components
 from parallel_runtime.models.text_encoding import default_max_sequence_length, encode_prompt, encode_prompts
-from parallel_runtime.models.tiny import ensure_tiny_model
 
 torch.set_num_threads(1)
 

@@ -8,9 +8,9 @@ import torch
 from ldm_vae_layout import to_ldm  # tests/ helper
 from safetensors.torch import save_file
 
+from dit_devtools.tiny import ensure_tiny_model
 from parallel_runtime.errors import ConfigError
 from parallel_runtime.models.loading import load_pipeline_components
-from parallel_runtime.models.tiny import ensure_tiny_model
 from parallel_runtime.vae.file import inspect_vae_file, load_vae_file
 
 torch.set_num_threads(1)

@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from dit_devtools.tiny import ensure_tiny_model
 from parallel_runtime.denoise import SamplingSettings, denoise_latent, model_sampling_for
 from parallel_runtime.models.latent_formats import WAN21, WAN22
 from parallel_runtime.models.loading import load_pipeline_components
 from parallel_runtime.models.text_encoding import encode_prompts
-from parallel_runtime.models.tiny import ensure_tiny_model
 from parallel_runtime.parallel.mesh import ParallelMesh
 
 STEPS, FRAMES, PX = 3, 9, 32  # 3 latent frames of 4x4

@@ -211,10 +211,10 @@ def _wrap_job(module: Any, name: str, phase: str, inj: Injector, fire_first: boo
 
 def install(rank: int, world: int, plan_dir: str) -> None:
     """``worker_setup`` entry: fire a start fault now, wrap the other phases' functions."""
-    from ..models import base, text_encoding
-    from ..pipefusion import pipeline
-    from ..service import load_job, model_jobs
-    from ..vae import decode as vae_decode
+    from parallel_runtime.models import base, text_encoding
+    from parallel_runtime.pipefusion import pipeline
+    from parallel_runtime.service import load_job, model_jobs
+    from parallel_runtime.vae import decode as vae_decode
 
     _register_worker_only_module()
     inj = Injector(rank, plan_dir)

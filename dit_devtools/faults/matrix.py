@@ -2,13 +2,13 @@
 
 A cell kills (SIGKILL), stops (SIGSTOP) or breaks (raise, NaN, an undecodable result) one rank in one
 phase — pool start, model load, denoising under USP (ulysses=2), CFG (cfg=2) and PipeFusion (pp=2),
-VAE decode, text encode, idle — through :mod:`.fault_injection`, and checks: the error has the
+VAE decode, text encode, idle — through :mod:`.injection`, and checks: the error has the
 expected type and names the rank (NaN: the step), within ``BOUND_S`` of the fault firing; the host
 is alive (it is the process running this); the next job on the same ParallelModel succeeds and
 equals the healthy result for the same seed; nothing of a torn-down pool is left (worker
 processes, /dev/shm segments, private folders). Cells that cannot happen are listed as not
 applicable, with the reason. ``bench soak`` runs the whole matrix, the test suite a quick subset.
-A full /dev/shm has its own cells (:mod:`.shm_full_cells`): they need a private mount namespace.
+A full /dev/shm has its own cells (:mod:`.shm_cells`): they need a private mount namespace.
 """
 
 from __future__ import annotations
@@ -26,11 +26,12 @@ from typing import Any
 
 import torch
 
-from ..errors import WorkerDied, WorkerError, WorkerHung
-from ..parallel.config import ParallelConfig
-from ..runtime.pools import PoolRegistry
-from ..service.api import LoadRequest, ParallelModel, load_parallel_model
-from .fault_injection import FILLER, FaultPlan, disarm, fired_at, install, shm_is_private
+from parallel_runtime.errors import WorkerDied, WorkerError, WorkerHung
+from parallel_runtime.parallel.config import ParallelConfig
+from parallel_runtime.runtime.pools import PoolRegistry
+from parallel_runtime.service.api import LoadRequest, ParallelModel, load_parallel_model
+
+from .injection import FILLER, FaultPlan, disarm, fired_at, install, shm_is_private
 
 LAYOUTS = {"usp": ParallelConfig(ulysses=2), "cfg": ParallelConfig(cfg=2), "pp": ParallelConfig(pp=2)}
 PHASES = ("start", "load", "denoise-usp", "denoise-cfg", "denoise-pp", "decode", "encode", "idle")

@@ -1,6 +1,6 @@
 """The fault matrix's full-/dev/shm cells, run in a private mount namespace.
 
-A cell's rank fills /dev/shm to the last byte at the phase's point (fault_injection.py); the job must
+A cell's rank fills /dev/shm to the last byte at the phase's point (injection.py); the job must
 still work — its messages larger than a ring slot go through the pool's private folder — with a
 warning naming /dev/shm and docker's ``--shm-size``, and the next job too. Filling the machine's
 real /dev/shm would break every other program using it, so the cells run in a child process with a
@@ -8,7 +8,7 @@ small tmpfs of its own over /dev/shm (``unshare -m``, which needs root); elsewhe
 reported "not applicable" with the reason. Messages must exceed a slot (64 KiB), so the images are
 256x256 (a 64 KiB latent, a 768 KiB decoded image).
 
-``python -m parallel_runtime.tools.shm_cells CELL...`` runs the named cells here (inside the
+``python -m dit_devtools.faults.shm_cells CELL...`` runs the named cells here (inside the
 namespace) and prints one JSON line per result.
 """
 
@@ -22,12 +22,14 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
-from .fault_matrix import NEEDS_NAMESPACE, PHASES, Cell, CellResult, Matrix
+from .matrix import NEEDS_NAMESPACE, PHASES, Cell, CellResult, Matrix
 
 SHM_MIB = 64  # Docker's default /dev/shm
 IMAGE_SIDE = 256
 CHILD_TIMEOUT_S = 1800
+CHECKOUT = Path(__file__).resolve().parents[2]
 
 
 def shm_cells(world: int = 2) -> list[Cell]:
@@ -60,10 +62,10 @@ def run_shm_cells(cells: Sequence[Cell]) -> list[CellResult]:
             for c in cells
         ]
     names = [c.name for c in cells]
-    inner = " ".join([shlex.quote(sys.executable), "-m", "parallel_runtime.tools.shm_cells", *map(shlex.quote, names)])
+    inner = " ".join([shlex.quote(sys.executable), "-m", "dit_devtools.faults.shm_cells", *map(shlex.quote, names)])
     script = f"mount -t tmpfs -o size={SHM_MIB}m tmpfs /dev/shm && exec {inner}"
-    proc = subprocess.run(
-        ["unshare", "-m", "sh", "-c", script], capture_output=True, text=True, timeout=CHILD_TIMEOUT_S
+    proc = subprocess.run(  # from the checkout's root, where python -m finds dit_devtools and parallel_runtime
+        ["unshare", "-m", "sh", "-c", script], capture_output=True, text=True, timeout=CHILD_TIMEOUT_S, cwd=CHECKOUT
     )
     found = {}
     for line in proc.stdout.splitlines():

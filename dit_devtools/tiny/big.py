@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from .vocab import CORPUS, bytes_to_unicode, learn_bpe_merges
+
 SEED = 0
 QWEN_TEXT_WIDTH = 24  # Qwen2.5-VL hidden size of the tiny encoder = the transformer's joint_attention_dim
 MISTRAL_WIDTH = 16  # FLUX.2 text width = 3 x this (three hidden layers stacked)
@@ -37,17 +39,13 @@ relationships, object attribution and actions without speculation.
 
 
 def _corpus() -> str:
-    from .tiny import _CORPUS  # the tiny models' shared corpus
-
-    return _CORPUS + _EXTRA_CORPUS
+    return CORPUS + _EXTRA_CORPUS
 
 
 def byte_level_bpe(corpus: str, num_merges: int = 300) -> tuple[dict[str, int], list[tuple[str, str]]]:
     """A GPT-2-style byte-level BPE vocabulary (256 byte symbols, then learned merges; spaces attach to the
     following word) learned deterministically from ``corpus``."""
-    from .tiny import _bytes_to_unicode, learn_bpe_merges
-
-    table = _bytes_to_unicode()
+    table = bytes_to_unicode()
     vocab = list(table.values())
     words: collections.Counter[tuple[str, ...]] = collections.Counter()
     for word in re.findall(r" ?[A-Za-z]+| ?[0-9]| ?[^\sA-Za-z0-9]+|\s+", corpus):

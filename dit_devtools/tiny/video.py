@@ -1,6 +1,6 @@
 """Tiny random-weight Wan pipelines (diffusers folders) for tests and benchmarks.
 
-Same rules as :mod:`.tiny`: complete diffusers folders (model_index.json, safetensors, real tokenizer
+Same rules as :mod:`.factory`: complete diffusers folders (model_index.json, safetensors, real tokenizer
 files) built from configs with a fixed seed. Structure follows the real models, sizes do not:
 
 - ``tiny-wan``: Wan 2.1 / 2.2 A14B text-to-video (WanPipeline: UMT5 + WanTransformer3DModel + 16-channel
@@ -17,6 +17,8 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+
+from .vocab import build_t5_tokenizer
 
 HEADS, HEAD_DIM = 4, 16  # rope splits the head as t 8, h 4, w 4
 TEXT_DIM = 32
@@ -50,7 +52,7 @@ def wan_vae(wan22: bool = False):
     """Tiny AutoencoderKLWan: Wan 2.1's (16 channels, 8x) or Wan 2.2's (48 channels, patch 2, 16x)."""
     from diffusers import AutoencoderKLWan
 
-    from .latent_formats import WAN21, WAN22
+    from parallel_runtime.models.latent_formats import WAN21, WAN22
 
     torch.manual_seed(SEED)
     if wan22:
@@ -104,8 +106,6 @@ def _scheduler():
 
 
 def _common(wan22_vae: bool = False) -> dict[str, Any]:
-    from .tiny import build_t5_tokenizer
-
     tokenizer = build_t5_tokenizer(512)
     return dict(tokenizer=tokenizer, text_encoder=_umt5(tokenizer), vae=wan_vae(wan22_vae), scheduler=_scheduler())
 
@@ -160,7 +160,6 @@ def tiny_wan_ti2v(overrides: dict[str, Any]) -> dict[str, Any]:
     return dict(cls=WanPipeline, transformer=transformer, expand_timesteps=True, **_common(True))
 
 
-TINY_VIDEO_MODELS: tuple[str, ...] = ("tiny-wan", "tiny-wan-i2v", "tiny-wan-a14b", "tiny-wan-ti2v")
 BUILDERS = {
     "tiny-wan": tiny_wan,
     "tiny-wan-i2v": tiny_wan_i2v,

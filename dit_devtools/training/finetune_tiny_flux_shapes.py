@@ -1,6 +1,6 @@
 """Stages 2 and 3 of ``tiny-flux-shapes``: fine-tune a pipeline folder on a narrower grammar, on CPU.
 
-    nice -n 10 python -m parallel_runtime.tools.finetune_tiny_flux_shapes --base BASE --out DIR --steps N \
+    nice -n 10 python -m dit_devtools.training.finetune_tiny_flux_shapes --base BASE --out DIR --steps N \
         [--grammar focused|centred] [--lr LR]
 
 Stage 1 (``train_tiny_flux_shapes``) learns the VAE, the words and the backgrounds from the full grammar.
@@ -33,9 +33,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from parallel_runtime.tools import shapes_dataset as data
-from parallel_runtime.tools import shapes_model as parts
-from parallel_runtime.tools.train_tiny_flux_shapes import TextStack, flow_loss, log, save_pipeline
+from . import shapes_dataset as data
+from . import shapes_model as parts
+from .train_tiny_flux_shapes import TextStack, flow_loss, log, save_pipeline
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,7 +110,7 @@ def finetune(base: Path, out: Path, steps: int, every: int, recipe: FinetuneReci
     base_report = json.loads((base / "training.json").read_text()) if (base / "training.json").is_file() else {}
     report = {
         "base": base_report,
-        "command": "python -m parallel_runtime.tools.finetune_tiny_flux_shapes " + " ".join(sys.argv[1:]),
+        "command": "python -m dit_devtools.training.finetune_tiny_flux_shapes " + " ".join(sys.argv[1:]),
         "recipe": dataclasses.asdict(recipe),
         "threads": threads,
         "torch": torch.__version__,

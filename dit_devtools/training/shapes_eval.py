@@ -1,7 +1,7 @@
 """Evaluate ``tiny-flux-shapes``: draw held-out (and training) prompts with diffusers' FluxPipeline and
 judge each picture with the shapes detector.
 
-    python -m parallel_runtime.tools.shapes_eval DIR [--size 128] [--steps 12] [--seeds 3] [--grid out.png]
+    python -m dit_devtools.training.shapes_eval DIR [--size 128] [--steps 12] [--seeds 3] [--grid out.png]
         [--grammar full|focused]
 
 ``--grammar focused`` keeps the prompts that the one-shape grammars of stages 2 and 3 can say (six colours).

@@ -19,7 +19,7 @@ import math
 
 import torch
 
-from ..models.tiny import build_clip_tokenizer, build_t5_tokenizer
+from ..tiny.vocab import build_clip_tokenizer, build_t5_tokenizer
 
 CLIP_WIDTH = 32
 T5_WIDTH = 32

@@ -1,6 +1,6 @@
 """Train ``tiny-flux-shapes`` on CPU, reproducibly, and save it as a diffusers FluxPipeline folder.
 
-    nice -n 19 python parallel_runtime/tools/train_tiny_flux_shapes.py --out DIR
+    nice -n 19 python -m dit_devtools.training.train_tiny_flux_shapes --out DIR
 
 1. Build the tokenizers (grammar vocabulary) and every part from seeds (``shapes_model``).
 2. Train the VAE on whole 64 px scenes: MSE + L1 reconstruction + a small KL term.
@@ -33,8 +33,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from parallel_runtime.tools import shapes_dataset as data
-from parallel_runtime.tools import shapes_model as parts
+from . import shapes_dataset as data
+from . import shapes_model as parts
 
 
 @dataclasses.dataclass(frozen=True)
@@ -307,7 +307,7 @@ def train(out: Path, recipe: Recipe, threads: int, dtype: torch.dtype, cache: Pa
         m.eval().requires_grad_(False)
     save_pipeline(out, vae, transformer, clip, t5, clip_tok, t5_tok, dtype)
     report = {
-        "command": "python " + " ".join(sys.argv),
+        "command": "python -m dit_devtools.training.train_tiny_flux_shapes " + " ".join(sys.argv[1:]),
         "recipe": dataclasses.asdict(recipe),
         "threads": threads,
         "weights_dtype": str(dtype).removeprefix("torch."),

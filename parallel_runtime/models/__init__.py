@@ -1,6 +1,6 @@
 """Model families and their files: one adapter per diffusers transformer class (looked up by class),
 loading from diffusers folders and single files, text encoding, weights read from files, the
-tiny-model factory and the one module touching diffusers internals (``compat``).
+built-in models (the shipped trained tiny one) and the one module touching diffusers internals (``compat``).
 
 Importing this package is light; diffusers is imported when an adapter or a model is requested.
 """
@@ -24,13 +24,6 @@ __all__, __getattr__ = lazy_exports(
         "text_encoding": ("encode_prompt", "encode_prompts"),
         "files": ("detect_family", "model_info_from_path", "read_safetensors_header"),
         "weights": ("TensorSource", "folder_tensor_source", "load_tensors", "meta_model", "parameters_on_meta"),
-        "tiny": (
-            "BUILTIN_MODELS",
-            "TINY_MODELS",
-            "TRAINED_MODELS",
-            "build_tiny_pipeline",
-            "builtin_model_path",
-            "ensure_tiny_model",
-        ),
+        "builtin": ("BUILTIN_MODELS", "RANDOM_MODELS", "TRAINED_MODELS", "builtin_model_path"),
     },
 )

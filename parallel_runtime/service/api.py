@@ -18,9 +18,9 @@ from ..denoise.entries import Branch, as_branch
 from ..denoise.settings import SamplingSettings
 from ..errors import ConfigError, PoolRestarted, RuntimeTimeout
 from ..models.base import Conditioning
+from ..models.builtin import BUILTIN_MODELS, builtin_model_path
 from ..models.lora.keymap import ModelKeys
 from ..models.sampling_spec import ModelSamplingSpec
-from ..models.tiny import BUILTIN_MODELS, builtin_model_path
 from ..parallel.config import ParallelConfig, parse_devices
 from ..runtime.futures import EventCallback
 from ..runtime.jobs import Job
@@ -29,43 +29,12 @@ from ..runtime.pools import PoolRegistry
 from . import input_checks
 from .host_checks import check_load_request, host_geometry
 from .load_job import load_model
+from .load_request import LoadRequest
 from .lora import LoraSpec, stack_entries
 from .model_jobs import decode, encode_text, encode_text_file, generate
 from .sampling_checks import check_branches_for_layout, check_latent_size, check_sampling_args
 
 LOAD_CANCEL_GRACE_S = 2.0  # a cancelled load that has not stopped by then is abandoned (nothing is lost)
-
-
-@dataclasses.dataclass(frozen=True)
-class LoadRequest:
-    """What to load and how to split it."""
-
-    model: str  # a built-in ("tiny-flux-shapes", "tiny-flux", ...) | a diffusers folder | a single .safetensors file
-    devices: str = "cpu:2"
-    layout: ParallelConfig | None = None  # None: Ulysses over every device (the planner picks otherwise)
-    dtype: str = "fp32"
-    attention: str = "auto"
-    family: str | None = None
-    threads_per_worker: int | None = None
-    pp_patches: int | None = None  # PipeFusion row bands (None: automatic); used when layout.pp > 1
-    pp_warmup: int = 1  # PipeFusion steps run synchronously on the whole image first
-    pp_stage_weights: tuple[float, ...] | None = None  # relative blocks per stage (None: equal)
-    vae: str | None = None  # a VAE .safetensors file to decode with instead of the model's own
-    vae_norm_groups: int = 32  # GroupNorm groups of that VAE (32 in every published one)
-    storage: str = "auto"  # Linear weights: "auto" (fp8 files stay fp8), "compute" (all in dtype), "fp8_e4m3fn"
-    load_timeout_s: float = 1800.0  # a load running longer is abandoned (the workers are restarted)
-
-    def load_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments of the load_model job beyond (path, dtype, attention)."""
-        kwargs: dict[str, Any] = {}
-        if self.pp_stage_weights:
-            kwargs["pp_stage_weights"] = tuple(self.pp_stage_weights)
-        if self.vae:
-            kwargs["vae_path"] = str(Path(self.vae).expanduser().resolve())
-            kwargs["vae_norm_groups"] = self.vae_norm_groups
-        if self.storage != "auto":
-            kwargs["storage"] = self.storage
-        return kwargs
 
 
 def resolve_model_path(model: str) -> Path:

@@ -11,7 +11,7 @@ from . import input_checks
 from .load_job import torch_dtype
 
 if TYPE_CHECKING:
-    from .api import LoadRequest
+    from .load_request import LoadRequest
 
 
 def check_load_request(request: LoadRequest, path: Path) -> None:

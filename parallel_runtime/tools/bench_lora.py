@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from ..checkout import devtools_module
 from ..models.lora.files import lora_file_id
 from ..models.lora.patcher import StackEntry
 from ..models.lora.skeleton import original_skeleton
@@ -126,7 +127,7 @@ def run(quick: bool = False) -> dict[str, Any]:
     """Run the benchmark; ``quick`` uses a smaller model and one round (a smoke test)."""
     import json
 
-    from ..models.tiny import build_tiny_pipeline
+    build_tiny_pipeline = devtools_module("tiny", "bench lora").build_tiny_pipeline
 
     heads, layers, singles = (4, 2, 4) if quick else (8, 4, 8)
     repeats = 1 if quick else 5

@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from ..checkout import devtools_module
 from ..denoise.model_sampling import model_sampling_for
 from ..denoise.settings import SamplingSettings
 from ..models.base import Conditioning
@@ -122,7 +123,7 @@ class Pipelined:
 
 def timing(quick: bool, repeats: int) -> dict[str, Any]:
     """pp=2 against 1 rank x 1 thread and 1 rank x 2 threads on a deep PixArt, interleaved."""
-    from ..models.tiny import build_tiny_pipeline
+    build_tiny_pipeline = devtools_module("tiny", "bench pipefusion").build_tiny_pipeline
 
     layers, px, steps = (16, 256, 4) if quick else (16, 512, 8)
     cfg_scale = 4.5

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from ..checkout import devtools_module
 from ..denoise.settings import SamplingSettings
 from ..parallel.config import ParallelConfig
 from ..runtime.jobs import JobContext
@@ -45,7 +46,7 @@ def encode(ctx: JobContext, prompt: str):
 
 
 def _build(name: str, root: Path, **overrides) -> Path:
-    from ..models.tiny import build_tiny_pipeline
+    build_tiny_pipeline = devtools_module("tiny", "bench scaling").build_tiny_pipeline
 
     dest = root / name
     if not (dest / "model_index.json").exists():

@@ -7,7 +7,7 @@ host's and the workers' resident memory, open file descriptors and threads, and 
 entries and bytes of this process's pools. Reported: least-squares slopes per 1,000 jobs over the
 second half of the samples (the first half includes warm-up: caches, allocator pools), p50/p99
 latency per job kind, and the fault matrix (every cell's outcome and detection time; ``--quick``:
-the test suite's subset).
+the test suite's subset). The model and the matrix come from the checkout's ``dit_devtools``.
 """
 
 from __future__ import annotations
@@ -21,11 +21,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ..checkout import devtools_module
 from ..parallel.config import ParallelConfig
 from ..runtime.pools import PoolRegistry
 from ..service.api import LoadRequest, ParallelModel, load_parallel_model
-from .fault_matrix import QUICK_CELLS, Cell, all_cells, run_matrix, summary
-from .shm_cells import run_shm_cells, shm_cells
 
 SAMPLERS = ("euler", "euler_ancestral", "dpmpp_2m", "heun")
 SIZES = (32, 48, 64)
@@ -214,13 +213,17 @@ def soak(jobs: int, sample_every: int, model: str = "tiny-flux", seed: int = 0) 
 
 
 def run(quick: bool = False, matrix: bool = True) -> dict[str, Any]:
+    if matrix:  # the fault matrix lives in the checkout (dit_devtools/faults): missing, fail before the jobs
+        faults = devtools_module("faults.matrix", "bench soak's fault matrix")
+        shm_cells = devtools_module("faults.shm_cells", "bench soak's fault matrix")
     result = soak(100 if quick else 1000, 10 if quick else 50)
     if matrix:
-        cells = QUICK_CELLS if quick else all_cells()
+        Cell = faults.Cell
+        cells = faults.QUICK_CELLS if quick else faults.all_cells()
         t0 = time.monotonic()
-        outcomes = run_matrix(cells)
-        shm = [Cell("decode", "shm-full", 1), Cell("denoise-usp", "shm-full", 0)] if quick else shm_cells()
-        outcomes += run_shm_cells(shm)
+        outcomes = faults.run_matrix(cells)
+        shm = [Cell("decode", "shm-full", 1), Cell("denoise-usp", "shm-full", 0)] if quick else shm_cells.shm_cells()
+        outcomes += shm_cells.run_shm_cells(shm)
         result["fault_matrix"] = {
             "what": "cell = phase.fault.rank; detection_s = from the fault firing to the error reaching the "
             "caller; each passed cell also ran the next job on the same model (same result) and left nothing; "
@@ -228,7 +231,7 @@ def run(quick: bool = False, matrix: bool = True) -> dict[str, Any]:
             "works and gives the same result",
             "cells": "quick subset" if quick else "all",
             "wall_s": round(time.monotonic() - t0, 1),
-            "summary": summary(outcomes),
+            "summary": faults.summary(outcomes),
             "outcomes": {
                 r.cell: {
                     "outcome": r.outcome,

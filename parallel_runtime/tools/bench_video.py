@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from ..checkout import devtools_module
 from ..denoise.settings import SamplingSettings
 from ..parallel.config import ParallelConfig
 from ..runtime.pool import WorkerPool
@@ -95,7 +96,7 @@ def _run_all(contenders: dict[str, Any], repeats: int):
 
 
 def run(quick: bool = False) -> dict[str, Any]:
-    from ..models.tiny import build_tiny_pipeline
+    build_tiny_pipeline = devtools_module("tiny", "bench video").build_tiny_pipeline
 
     torch.set_num_threads(1)
     frames, rows, cols = (5, 12, 16) if quick else (21, 12, 16)  # latent frames x token rows x token cols

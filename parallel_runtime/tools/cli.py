@@ -8,6 +8,8 @@ import inspect
 import json
 import sys
 
+from ..errors import ConfigError
+
 
 def _doctor(args: argparse.Namespace) -> int:
     from . import doctor
@@ -45,7 +47,12 @@ def _bench(args: argparse.Namespace) -> int:
     extra = {"models": args.model} if args.model else {}
     if args.no_matrix:
         extra["matrix"] = False
-    emit(run(quick=args.quick, **extra), title, args.json)
+    try:
+        result = run(quick=args.quick, **extra)
+    except ConfigError as exc:  # e.g. a bench on tiny models run from an installed wheel without the checkout
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    emit(result, title, args.json)
     return 0
 
 
@@ -80,8 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--model",
         default="tiny-flux-shapes",
-        help="tiny-flux-shapes (trained on coloured shapes) | tiny-flux | tiny-sd3 | tiny-pixart (random weights) "
-        "| path to a diffusers folder or a .safetensors transformer",
+        help="tiny-flux-shapes (trained on coloured shapes) | tiny-flux | tiny-sd3 | tiny-pixart | ... (random weights, "
+        "built by a git checkout's dit_devtools) | path to a diffusers folder or a .safetensors transformer",
     )
     p.add_argument("--devices", default="cpu:2", help='e.g. "cuda:0,cuda:1" or "cpu:2"')
     for dim in ("ulysses", "ring", "cfg", "pp"):

@@ -74,7 +74,7 @@ LORA_STAND_INS: dict[str, str] = {
 
 
 def _ensure_tiny_model(name: str) -> Path:
-    from parallel_runtime.models.tiny import ensure_tiny_model
+    from dit_devtools.tiny import ensure_tiny_model
 
     return ensure_tiny_model(name)
 

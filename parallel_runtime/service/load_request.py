@@ -1,0 +1,41 @@
+"""What a load asks for: the model, the devices and how to split them (:class:`LoadRequest`)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from ..parallel.config import ParallelConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class LoadRequest:
+    """What to load and how to split it."""
+
+    model: str  # a built-in ("tiny-flux-shapes", "tiny-flux", ...) | a diffusers folder | a single .safetensors file
+    devices: str = "cpu:2"
+    layout: ParallelConfig | None = None  # None: Ulysses over every device (the planner picks otherwise)
+    dtype: str = "fp32"
+    attention: str = "auto"
+    family: str | None = None
+    threads_per_worker: int | None = None
+    pp_patches: int | None = None  # PipeFusion row bands (None: automatic); used when layout.pp > 1
+    pp_warmup: int = 1  # PipeFusion steps run synchronously on the whole image first
+    pp_stage_weights: tuple[float, ...] | None = None  # relative blocks per stage (None: equal)
+    vae: str | None = None  # a VAE .safetensors file to decode with instead of the model's own
+    vae_norm_groups: int = 32  # GroupNorm groups of that VAE (32 in every published one)
+    storage: str = "auto"  # Linear weights: "auto" (fp8 files stay fp8), "compute" (all in dtype), "fp8_e4m3fn"
+    load_timeout_s: float = 1800.0  # a load running longer is abandoned (the workers are restarted)
+
+    def load_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments of the load_model job beyond (path, dtype, attention)."""
+        kwargs: dict[str, Any] = {}
+        if self.pp_stage_weights:
+            kwargs["pp_stage_weights"] = tuple(self.pp_stage_weights)
+        if self.vae:
+            kwargs["vae_path"] = str(Path(self.vae).expanduser().resolve())
+            kwargs["vae_norm_groups"] = self.vae_norm_groups
+        if self.storage != "auto":
+            kwargs["storage"] = self.storage
+        return kwargs
