@@ -90,3 +90,26 @@ def test_sampling_is_pure_math():
     assert not problems, "sampling imports only errors, torch (no torch.distributed), scipy, torchsde:\n" + "\n".join(
         problems
     )
+
+
+def _import_cycles(wing: str) -> list[list[str]]:
+    """Groups of ``wing``'s modules that import each other in a circle (TYPE_CHECKING imports count)."""
+    modules = {_module_name(p): p for p in SOURCES if _wing_of(_module_name(p)) == wing}
+    graph = {}
+    for module, path in modules.items():
+        targets = {f"{t}.{n}" if f"{t}.{n}" in modules else t for t, n, _ in _imports(path)}
+        graph[module] = sorted(t for t in targets if t in modules and t != module)
+    reach = {m: set() for m in graph}
+    for start in graph:  # small wings: a walk from every module is enough
+        todo = list(graph[start])
+        while todo:
+            m = todo.pop()
+            if m not in reach[start]:
+                reach[start].add(m)
+                todo += graph[m]
+    groups = {frozenset({m} | {o for o in reach[m] if m in reach[o]}) for m in graph if m in reach[m]}
+    return sorted(sorted(g) for g in groups)
+
+
+def test_the_runtime_wing_has_no_import_cycle():
+    assert _import_cycles("runtime") == []
