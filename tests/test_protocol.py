@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from parallel_runtime.errors import MonitorFailed, ProtocolError, VersionSkew
+from parallel_runtime.errors import ConfigError, MonitorFailed, ProtocolError, VersionSkew
 from parallel_runtime.parallel.config import ParallelConfig
 from parallel_runtime.runtime import protocol, spawn
 from parallel_runtime.runtime.builtin_jobs import echo
@@ -138,6 +138,24 @@ def test_a_ready_of_another_shape_still_names_its_version():
     assert isinstance(skew, VersionSkew) and skew.rank == 1
     assert skew.worker == (PROTOCOL_VERSION + 1, "feedfacecafebeef")
     assert protocol.ready_error(MESSAGES[2]) is None
+
+
+@pytest.mark.parametrize(
+    "options, needle",
+    [
+        ({"start_timeout": 60}, "unknown pool option(s) start_timeout"),
+        ({"job_timeout_s": 0}, "job_timeout_s=0"),
+        ({"threads_per_worker": 0}, "threads_per_worker=0"),
+        ({"log_level": "LOUD"}, "log_level='LOUD'"),
+    ],
+)
+def test_pool_options_are_checked_runtime_settings(options, needle):
+    with pytest.raises(ConfigError) as info:
+        WorkerPool("cpu:2", TWO, **options)
+    assert needle in str(info.value) and "fix:" in str(info.value)
+    pool = WorkerPool("cpu:2", TWO, settings=RuntimeSettings(start_timeout_s=60.0), job_timeout_s=9.0, watchdog=None)
+    assert (pool.settings.start_timeout_s, pool.settings.job_timeout_s) == (60.0, 9.0)
+    assert pool.settings.watchdog == RuntimeSettings().watchdog and pool.pids == []
 
 
 def test_the_code_hash_follows_every_python_file(tmp_path):
