@@ -121,3 +121,49 @@ class PoolRestarted(RuntimeError):
 class PeerFailed(RuntimeError):
     """A rank stopped a job because another rank failed it (a symptom: the host reports the other
     rank's error, not this one)."""
+
+
+class ProtocolError(RuntimeError):
+    """The host and a worker could not understand each other (a malformed spec or message)."""
+
+    def __init__(self, what: str, why: str, fix: str):
+        super().__init__(explain(what, why, fix))
+
+
+def _describe_version(protocol: object, code: object) -> str:
+    if protocol is None and code is None:
+        return "a version from before protocol 2 (it names no version)"
+    return f"dit-parallel code {code} (protocol {protocol})"
+
+
+class VersionSkew(ProtocolError):
+    """A host and a worker run different code (the package changed on disk while the host ran).
+    ``host`` and ``worker`` are (protocol version, code hash); ``rank`` is None when unknown."""
+
+    def __init__(self, rank: int | None, host: tuple[object, object], worker: tuple[object, object]):
+        self.rank, self.host, self.worker = rank, tuple(host), tuple(worker)
+        who = f"worker rank {rank}" if rank is not None else "a worker"
+        super().__init__(
+            f"the host runs {_describe_version(*host)} but {who} runs {_describe_version(*worker)}",
+            "the package's files changed on disk after the host (e.g. ComfyUI) imported them (an update, a git "
+            "pull, an edit) and a worker started since then loaded the new files; host and workers exchange "
+            "messages and jobs that only the same code understands",
+            "restart ComfyUI (or whatever program runs dit-parallel) so that it loads the package as it is now",
+        )
+
+
+class MonitorFailed(RuntimeError):
+    """The host's monitor thread hit an unexpected error; the pool was torn down. Carries the
+    traceback (``remote`` is not involved: this happened on the host)."""
+
+    def __init__(self, what: str, traceback: str):
+        self.traceback = traceback
+        super().__init__(
+            explain(
+                f"the pool's monitor thread failed {what}",
+                "the thread that reads the workers' messages and watches them cannot go on, so the pool was torn "
+                "down and every pending job failed with this error",
+                "the next job starts a fresh pool; if this repeats, restart the program and report the traceback below",
+            )
+            + f"\n--- host traceback ---\n{traceback.rstrip()}"
+        )

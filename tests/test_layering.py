@@ -108,7 +108,6 @@ def test_the_engine_names_no_dev_tools_or_tests():
 # Circles other work is removing (issue 23); a new circle anywhere else fails.
 KNOWN_CIRCLES = (
     {"models.files", "models.single_file", "models.weight_budget", "models.weights"},
-    {"runtime.futures", "runtime.pool_watch", "runtime.running"},
 )
 
 

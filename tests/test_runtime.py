@@ -394,7 +394,7 @@ def test_idle_gloo_loop_thread_wakes_rarely(cpu_pool):
 
 def test_cpu_ranks_are_pinned_to_disjoint_cores_when_they_fit(cpu_pool):
     pool = cpu_pool(TWO)
-    expected = plan_cpu_affinity(pool.devices, pool.opts["threads"], allowed_cpus())
+    expected = plan_cpu_affinity(pool.devices, pool.threads, allowed_cpus())
     reported = [pool.worker_info[r]["cpus"] for r in range(2)]
     if expected[0] is None:  # fewer cores than ranks here: nothing pinned, each may use every core
         assert reported == [allowed_cpus()] * 2

@@ -9,7 +9,9 @@ wins), so a pool restarted after the fault runs clean; it also writes ``fired-<c
 wall-clock time, from which the matrix measures how long detection took.
 
 Faults: ``kill`` / ``stop`` (the rank sends itself SIGKILL / SIGSTOP at that exact point), ``raise``
-(an :class:`InjectedFault`), ``shm-full`` (the rank fills /dev/shm to the last byte, refused unless
+(an :class:`InjectedFault`), ``skew`` (at start: the rank's READY names other code than the host's,
+as a worker started from a package edited while the host ran would; such a worker refuses its spec
+even earlier, which tests/test_protocol.py covers with a real edited copy), ``shm-full`` (the rank fills /dev/shm to the last byte, refused unless
 /dev/shm is a small private tmpfs: see :func:`shm_is_private`), ``nan`` (NaN in the model's output / the decoder's input / the text
 embeddings), ``undecodable`` (the job's result on rank 0, an event elsewhere: a value the host
 cannot unpickle). Pools without this hook run none of it.
@@ -28,10 +30,11 @@ from pathlib import Path
 from typing import Any
 
 INJECTED_PHASES = ("start", "load", "denoise", "decode", "encode")
-FAULTS = ("kill", "stop", "raise", "nan", "undecodable", "shm-full")
+FAULTS = ("kill", "stop", "raise", "nan", "undecodable", "shm-full", "skew")
 FILLER = Path("/dev/shm/dpar-fault-filler")  # what a shm-full fault writes until /dev/shm is full
 PRIVATE_SHM_MAX_BYTES = 256 * 2**20  # /dev/shm is filled only when it is a tmpfs this small
 RESULT_RANK = 0  # the rank whose return value the model API's jobs send back
+SKEWED_CODE = "5ca1ab1e5ca1ab1e"  # the code hash a skew fault's READY names (no real hash is this)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,6 +102,17 @@ class InjectedFault(RuntimeError):
     """What a ``raise`` cell throws."""
 
 
+def pretend_other_code() -> None:
+    """From now on this worker's READY names SKEWED_CODE instead of its own code hash."""
+    from parallel_runtime.runtime import worker_loop
+    from parallel_runtime.runtime.protocol import PROTOCOL_VERSION, Ready
+
+    def ready_message(self, info):
+        return Ready(self.rank, PROTOCOL_VERSION, SKEWED_CODE, info)
+
+    worker_loop.Worker.ready_message = ready_message
+
+
 WORKER_ONLY_MODULE = "dpar_fault_injection_worker_only"
 
 
@@ -148,8 +162,8 @@ class Injector:
         return True
 
     def fire(self, phase: str) -> None:
-        """Do a kill / stop / raise / shm-full planned for ``phase`` here and now."""
-        plan = self.plan(phase, ("kill", "stop", "raise", "shm-full"))
+        """Do a kill / stop / raise / shm-full / skew planned for ``phase`` here and now."""
+        plan = self.plan(phase, ("kill", "stop", "raise", "shm-full", "skew"))
         if plan is None or not self.take(plan):
             return
         if plan.fault == "kill":
@@ -158,6 +172,8 @@ class Injector:
             os.kill(os.getpid(), signal.SIGSTOP)
         elif plan.fault == "shm-full":
             fill_shared_memory()
+        elif plan.fault == "skew":
+            pretend_other_code()
         else:
             raise InjectedFault(f"injected fault: rank {self.rank} raised during {phase} (cell {plan.cell})")
 

@@ -1,7 +1,7 @@
 """The fault matrix: each fault on each rank in each phase, on CPU with real worker processes.
 
-A cell kills (SIGKILL), stops (SIGSTOP) or breaks (raise, NaN, an undecodable result) one rank in one
-phase — pool start, model load, denoising under USP (ulysses=2), CFG (cfg=2) and PipeFusion (pp=2),
+A cell kills (SIGKILL), stops (SIGSTOP) or breaks (raise, NaN, an undecodable result, a worker of
+other code than the host's: version skew) one rank in one phase — pool start, model load, denoising under USP (ulysses=2), CFG (cfg=2) and PipeFusion (pp=2),
 VAE decode, text encode, idle — through :mod:`.injection`, and checks: the error has the
 expected type and names the rank (NaN: the step), within ``BOUND_S`` of the fault firing; the host
 is alive (it is the process running this); the next job on the same ParallelModel succeeds and
@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from parallel_runtime.errors import WorkerDied, WorkerError, WorkerHung
+from parallel_runtime.errors import VersionSkew, WorkerDied, WorkerError, WorkerHung
 from parallel_runtime.parallel.config import ParallelConfig
 from parallel_runtime.runtime.pools import PoolRegistry
 from parallel_runtime.service.api import LoadRequest, ParallelModel, load_parallel_model
@@ -35,7 +35,7 @@ from .injection import FILLER, FaultPlan, disarm, fired_at, install, shm_is_priv
 
 LAYOUTS = {"usp": ParallelConfig(ulysses=2), "cfg": ParallelConfig(cfg=2), "pp": ParallelConfig(pp=2)}
 PHASES = ("start", "load", "denoise-usp", "denoise-cfg", "denoise-pp", "decode", "encode", "idle")
-FAULTS = ("kill", "stop", "raise", "nan", "undecodable")  # shm-full cells: shm_cells.py
+FAULTS = ("kill", "stop", "raise", "nan", "undecodable", "skew")  # shm-full cells: shm_cells.py
 BOUND_S = 10.0  # the error must come this soon after the fault fired (a loaded 2-core machine)
 # A load failing on one rank is raised once every rank has finished its part of the load (the ranks
 # agree on failures after loading, so none waits in a collective forever): up to a whole load later.
@@ -56,7 +56,7 @@ NOT_APPLICABLE = {
 }
 NEEDS_NAMESPACE = "not applicable: needs a private mount namespace (a small tmpfs over /dev/shm: root, unshare -m)"
 SHM_WARNING = ("/dev/shm", "--shm-size")  # a shm-full cell's job must work and warn with both
-EXPECTED = {"kill": (WorkerDied, "SIGKILL"), "stop": (WorkerHung, "stopped")}
+EXPECTED = {"kill": (WorkerDied, "SIGKILL"), "stop": (WorkerHung, "stopped"), "skew": (VersionSkew, "restart")}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,6 +76,8 @@ class Cell:
     def not_applicable(self) -> str | None:
         if self.phase == "encode" and self.fault == "nan" and self.rank != 0:
             return "only rank 0 holds the text encoders"
+        if self.fault == "skew" and self.phase != "start":
+            return "a running worker's code does not change: skew shows when a worker starts"
         return NOT_APPLICABLE.get((self.phase, self.fault))
 
 
@@ -108,6 +110,7 @@ QUICK_CELLS = (
     Cell("encode", "nan", 0),
     Cell("encode", "raise", 1),
     Cell("idle", "stop", 1),
+    Cell("start", "skew", 0),
 )
 """The subset the test suite runs: every fault kind and every phase at least once, both ranks."""
 

@@ -11,6 +11,7 @@ __all__, __getattr__ = lazy_exports(
         "pool": ("WorkerPool",),
         "futures": ("EventCallback", "JobFuture"),
         "pools": ("PoolRegistry",),
+        "settings": ("RuntimeSettings",),
         "jobs": ("Job", "JobContext", "job_reference", "memory_info", "resolve_job"),
     },
 )

@@ -5,21 +5,32 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
 
 from ..errors import JobCancelled, RuntimeTimeout
 
-if TYPE_CHECKING:
-    from .running import RunningPool
-
 EventCallback = Callable[[int, str, Any], None]  # (rank, kind, payload)
+
+
+class JobRunner(Protocol):
+    """What a future needs of the pool running its job (running.RunningPool); named here so that
+    this module does not import the pool that imports it."""
+
+    closed: bool
+
+    def waiting(self) -> AbstractContextManager[None]: ...
+    def drain(self) -> bool: ...
+    def wait_for_messages(self, timeout: float) -> None: ...
+    def request_cancel(self, job_id: int) -> None: ...
+    def abort(self, reason: str) -> None: ...
 
 
 class JobFuture:
     """The pending result of a job. ``result()`` returns the chosen rank's return value."""
 
     def __init__(
-        self, job_id: int, name: str, world: int, result_rank: int | str, default_timeout: float, runtime: RunningPool
+        self, job_id: int, name: str, world: int, result_rank: int | str, default_timeout: float, runtime: JobRunner
     ):
         self.job_id, self.name, self.result_rank = job_id, name, result_rank
         self._default_timeout = default_timeout

@@ -11,13 +11,13 @@ import weakref
 from collections.abc import Sequence
 from typing import Any
 
-from ..errors import ConfigError, PoolClosed, PoolRestarted
+from ..errors import PoolClosed, PoolRestarted
 from ..parallel.config import ParallelConfig, parse_devices, validate_layout
 from .affinity import allowed_cpus
 from .futures import EventCallback, JobFuture
 from .jobs import Job, job_reference
 from .running import RunningPool
-from .watchdog import WatchdogSettings
+from .settings import RuntimeSettings
 
 WorkerSetup = tuple[Job, tuple]  # (fn(rank, world, *args), args): run in every worker before it joins
 
@@ -31,11 +31,13 @@ def _default_threads(devices: list[str]) -> int:
 class WorkerPool:
     """One worker per device, alive between jobs.
 
-    CPU ranks are pinned to disjoint cores when they fit (``pin_cpu_workers``; see :mod:`.affinity`).
-    A rank that stops making progress becomes a :class:`~parallel_runtime.errors.WorkerHung` within
-    the ``watchdog`` limits (see :mod:`.watchdog`). ``worker_setup`` runs a module-level function
-    ``fn(rank, world, *args)`` in every worker before it joins the process group (fault injection,
-    instrumentation).
+    Every limit and default is a field of :class:`~.settings.RuntimeSettings`: pass ``settings``,
+    or override fields by name (``WorkerPool("cpu:2", threads_per_worker=1, start_timeout_s=60)``;
+    an unknown name is a ConfigError). CPU ranks are pinned to disjoint cores when they fit
+    (``pin_cpu_workers``; see :mod:`.affinity`). A rank that stops making progress becomes a
+    :class:`~parallel_runtime.errors.WorkerHung` within the ``watchdog`` limits (see :mod:`.watchdog`).
+    ``worker_setup`` runs a module-level function ``fn(rank, world, *args)`` in every worker before
+    it joins the process group (fault injection, instrumentation).
 
     >>> with WorkerPool("cpu:2", ParallelConfig(ulysses=2)) as pool:
     ...     pool.submit(echo, 41).result()  # echo from parallel_runtime.runtime.builtin_jobs
@@ -46,39 +48,17 @@ class WorkerPool:
         devices: str | Sequence[str] = "cpu:2",
         config: ParallelConfig | None = None,
         *,
-        threads_per_worker: int | None = None,
-        start_timeout_s: float = 180.0,
-        job_timeout_s: float = 3600.0,
-        send_timeout_s: float = 120.0,
-        collective_timeout_s: float = 1800.0,
-        error_grace_s: float = 5.0,
-        log_level: str = "INFO",
+        settings: RuntimeSettings | None = None,
         visible_cuda: int | None = None,
-        pin_cpu_workers: bool = True,
-        watchdog: WatchdogSettings | None = None,
         worker_setup: WorkerSetup | None = None,
+        **overrides: Any,
     ):
         self.devices = parse_devices(devices)
         self.config = config or ParallelConfig(ulysses=len(self.devices))
         validate_layout(self.devices, self.config, visible_cuda)
-        if threads_per_worker is not None and threads_per_worker < 1:
-            raise ConfigError(
-                f"threads_per_worker={threads_per_worker}",
-                "each worker needs at least one CPU thread",
-                "leave it unset (automatic) or give a positive number",
-            )
-        self.opts = {
-            "threads": threads_per_worker or _default_threads(self.devices),
-            "start_timeout_s": start_timeout_s,
-            "job_timeout_s": job_timeout_s,
-            "send_timeout_s": send_timeout_s,
-            "collective_timeout_s": collective_timeout_s,
-            "error_grace_s": error_grace_s,
-            "log_level": log_level,
-            "pin_cpu_workers": pin_cpu_workers,
-            "watchdog": watchdog or WatchdogSettings(),
-            "worker_setup": None if worker_setup is None else [job_reference(worker_setup[0]), list(worker_setup[1])],
-        }
+        self.settings = (settings or RuntimeSettings()).with_overrides(**overrides)
+        self.threads = self.settings.threads_per_worker or _default_threads(self.devices)
+        self._setup = None if worker_setup is None else (job_reference(worker_setup[0]), tuple(worker_setup[1]))
         self._runtime: RunningPool | None = None
         self._lock = threading.Lock()
         self._closed = False
@@ -108,7 +88,7 @@ class WorkerPool:
             if rt is not None:
                 self._last_failure = rt.dead or self._last_failure
                 rt.shutdown(graceful=False)
-            rt = RunningPool(self.devices, self.config, self.opts)
+            rt = RunningPool(self.devices, self.config, self.settings, self.threads, self._setup)
             self._finalizer.detach()
             self._finalizer = weakref.finalize(self, _finalize, [rt])
             rt.start()
@@ -163,7 +143,7 @@ class WorkerPool:
         reference = job_reference(job)  # a job the workers cannot import fails here, before anything starts
         rt, _ = self._ensure_started()
         if rt.settling():  # a failed job's other ranks may be stranded: let the pool settle first
-            rt.wait_settled(self.opts["error_grace_s"] + 1.0)
+            rt.wait_settled(self.settings.error_grace_s + 1.0)
         rt, starts = self._ensure_started()
         if generation is not None and starts != generation:
             raise PoolRestarted(

@@ -36,10 +36,8 @@ class PoolWatch:
         control: ControlBlock,
         procs: Sequence[subprocess.Popen],
         logs: Sequence[collections.deque],
-        error_grace_s: float,
     ):
         self.settings, self.control, self.procs, self.logs = settings, control, procs, logs
-        self.error_grace_s = error_grace_s
         self.watchdog = Watchdog(settings, len(procs))
         self._next_check = 0.0
 

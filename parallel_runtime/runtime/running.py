@@ -1,10 +1,12 @@
 """RunningPool: the processes, shared-memory rings and monitor thread of one started WorkerPool.
 
 Lifecycle: launch -> READY handshake -> jobs -> shutdown. The monitor thread (the event loop)
-drains the workers' rings, resolves job futures and watches the processes: a dead worker, a hung
-one (pool_watch.py) or a job failure that strands the other ranks fails every pending job with an
-error naming the rank and tears the pool down; the WorkerPool then starts a fresh RunningPool on
-the next submit. A message that cannot be decoded fails its job only.
+drains the workers' rings, settles job futures (job_table.py) and watches the processes: a dead
+worker, a hung one (pool_watch.py), a worker of other code (protocol.py: VersionSkew) or a job
+failure that strands the other ranks fails every pending job with an error naming the rank and
+tears the pool down; the WorkerPool then starts a fresh RunningPool on the next submit. A message
+that cannot be decoded fails its job only. The monitor never dies silently: anything it raises
+fails the pool and every pending job with a MonitorFailed carrying the traceback.
 """
 
 from __future__ import annotations
@@ -18,45 +20,76 @@ import subprocess
 import tempfile
 import threading
 import time
+import traceback
 import uuid
-from typing import Any
 
 from ..errors import (
     ConfigError,
     JobCancelled,
+    MonitorFailed,
     PoolAborted,
     PoolClosed,
     RuntimeTimeout,
     WorkerDied,
-    WorkerError,
     explain,
 )
 from ..parallel.config import ParallelConfig
 from .affinity import allowed_cpus, plan_cpu_affinity
 from .control import ControlBlock
 from .futures import JobFuture
+from .job_table import JobTable
 from .lifeline import make_death_pipe
 from .pool_watch import PoolWatch
+from .protocol import (
+    CODE_HASH,
+    EXIT_REFUSED,
+    PROTOCOL_VERSION,
+    WORKER_TO_HOST,
+    Event,
+    Ready,
+    Result,
+    RunJob,
+    Shutdown,
+    WorkerSpec,
+    from_wire,
+    ready_error,
+    refusal_error,
+    tag_of,
+    to_wire,
+)
 from .segments import SHM_DIR, SHM_SIZE_FIX, free_bytes, sweep_segments
-from .shm import MESSAGE_KINDS, ShmRing, Undecodable, drain_doorbell, make_doorbell, ring_bytes
+from .settings import RuntimeSettings
+from .shm import ShmRing, Undecodable, drain_doorbell, make_doorbell, ring_bytes
 from .spawn import kill_and_reap, start_log_pump, start_worker
 from .stale_pools import sweep_dead_hosts
 
 log = logging.getLogger(__name__)
 
+EVENT_WAIT_S = 0.05  # the monitor's sleep on the doorbells when nobody else drains
+HOUSEKEEPING_S = 0.02  # the monitor's process checks and watchdog at most this often
+
 
 class RunningPool:
-    """The processes, rings and monitor thread of one running pool (replaced after a death)."""
+    """The processes, rings and monitor thread of one running pool (replaced after a death).
 
-    def __init__(self, devices: list[str], config: ParallelConfig, opts: dict[str, Any]):
-        self.devices, self.config, self.opts = devices, config, opts
+    ``threads``: CPU threads per worker (resolved); ``worker_setup``: (job reference, args) or None."""
+
+    def __init__(
+        self,
+        devices: list[str],
+        config: ParallelConfig,
+        settings: RuntimeSettings,
+        threads: int,
+        worker_setup: tuple[str, tuple] | None = None,
+    ):
+        self.devices, self.config, self.settings = devices, config, settings
+        self.threads, self.worker_setup = threads, worker_setup
         self.world = len(devices)
         self.prefix = f"dpar-{os.getpid()}-{uuid.uuid4().hex[:8]}-"
         self.procs: list[subprocess.Popen] = []
         self.logs = [collections.deque(maxlen=200) for _ in devices]
-        self.jobs: dict[int, JobFuture] = {}
-        self.jobs_lock = threading.Lock()
-        self.next_job_id = 1
+        self.table = JobTable(settings.error_grace_s, self._peer_died, self._cancel_on_workers)
+        self.waiters_lock = threading.Lock()
         self.ready_info: dict[int, dict] = {}
         self.ready = threading.Event()
         self.dead: BaseException | None = None
@@ -71,7 +104,6 @@ class RunningPool:
         self.control: ControlBlock | None = None  # cancel table and the ranks' pulse rows
         self.watch: PoolWatch | None = None
         self._process_check_lock = threading.Lock()
-        self.undecodable_logged: set[tuple[int, str]] = set()
         self.private_dir: str | None = None  # 0700: the rendezvous store (no network listener)
         self.death_r: int | None = None
         self.death_w: int | None = None  # the death pipe's write end: closed when this process ends
@@ -104,18 +136,16 @@ class RunningPool:
                 self.evt_doorbells_r.append(evt_r)
                 child_fds.append([cmd_r, evt_w, self.death_r])
             self.cmd.set_doorbells(self.cmd_doorbells_w)
-            if self.opts["pin_cpu_workers"]:
-                self.affinity = plan_cpu_affinity(self.devices, self.opts["threads"], allowed_cpus())
+            if self.settings.pin_cpu_workers:
+                self.affinity = plan_cpu_affinity(self.devices, self.threads, allowed_cpus())
             for rank, device in enumerate(self.devices):
                 self.procs.append(self._launch(rank, device, child_fds[rank]))
                 for fd in child_fds[rank][:2]:
                     os.close(fd)
             os.close(self.death_r)  # only the workers hold the read end
             self.death_r = None
-            self.watch = PoolWatch(
-                self.opts["watchdog"], self.control, self.procs, self.logs, self.opts["error_grace_s"]
-            )
-            self.thread = threading.Thread(target=self._event_loop, name=f"{self.prefix}events", daemon=True)
+            self.watch = PoolWatch(self.settings.watchdog, self.control, self.procs, self.logs)
+            self.thread = threading.Thread(target=self._monitor, name=f"{self.prefix}events", daemon=True)
             self.thread.start()
             self._wait_ready()
         except BaseException:
@@ -124,30 +154,30 @@ class RunningPool:
         log.info("pool %s started %d worker(s) in %.2f s", self.prefix, self.world, time.monotonic() - t0)
 
     def _launch(self, rank: int, device: str, fds: list[int]) -> subprocess.Popen:
-        spec = {
-            "rank": rank,
-            "world_size": self.world,
-            "device": device,
-            "config": self.config.as_dict(),
-            "threads": self.opts["threads"],
-            "cpus": self.affinity[rank],
-            "parent_pid": os.getpid(),
-            "prefix": self.prefix,
-            "cmd_ring": self.cmd.segment.name,
-            "cmd_doorbell_r": fds[0],
-            "evt_ring": self.evt_rings[rank].segment.name,
-            "evt_doorbell_w": fds[1],
-            "ctrl": self.control.segment.name,
-            "beat_s": self.opts["watchdog"].beat_s,
-            "setup": self.opts.get("worker_setup"),
-            "death_fd": fds[2],
-            "private_dir": self.private_dir,
-            "store_path": os.path.join(self.private_dir, "store"),
-            "start_timeout_s": self.opts["start_timeout_s"],
-            "collective_timeout_s": self.opts["collective_timeout_s"],
-            "log_level": self.opts["log_level"],
-        }
-        proc = start_worker(spec, fds)
+        cpus = self.affinity[rank]
+        spec = WorkerSpec(
+            protocol=PROTOCOL_VERSION,
+            code=CODE_HASH,
+            rank=rank,
+            world_size=self.world,
+            device=device,
+            config=self.config,
+            threads=self.threads,
+            cpus=None if cpus is None else tuple(cpus),
+            parent_pid=os.getpid(),
+            prefix=self.prefix,
+            private_dir=self.private_dir,
+            store_path=os.path.join(self.private_dir, "store"),
+            cmd_ring=self.cmd.segment.name,
+            cmd_doorbell_r=fds[0],
+            evt_ring=self.evt_rings[rank].segment.name,
+            evt_doorbell_w=fds[1],
+            control=self.control.segment.name,
+            death_fd=fds[2],
+            setup=self.worker_setup,
+            settings=self.settings,
+        )
+        proc = start_worker(spec.to_json(), self.threads, fds)
         self.log_threads.append(start_log_pump(rank, proc, self.logs[rank], f"{self.prefix}log{rank}"))
         return proc
 
@@ -168,7 +198,7 @@ class RunningPool:
             )
 
     def _wait_ready(self) -> None:
-        timeout = self.opts["start_timeout_s"]
+        timeout = self.settings.start_timeout_s
         if not self.ready.wait(timeout):
             missing = sorted(set(range(self.world)) - set(self.ready_info))
             if self.dead is not None:
@@ -187,23 +217,24 @@ class RunningPool:
                 f"the pool has ranks 0..{self.world - 1}",
                 "pass an int rank or 'all'",
             )
-        with self.jobs_lock:
-            job_id = self.next_job_id
-            self.next_job_id += 1
-            fut = JobFuture(job_id, reference, self.world, result_rank, self.opts["job_timeout_s"], self)
+
+        def make(job_id: int) -> JobFuture:
+            fut = JobFuture(job_id, reference, self.world, result_rank, self.settings.job_timeout_s, self)
             fut.on_event = on_event
-            self.jobs[job_id] = fut
+            return fut
+
+        fut = self.table.add(make)
+        job = RunJob(fut.job_id, reference, tuple(args), dict(kwargs), result_rank)
         try:
             self.cmd.put(
-                ("job", job_id, reference, tuple(args), dict(kwargs), result_rank),
-                timeout=self.opts["send_timeout_s"],
+                to_wire(job),
+                timeout=self.settings.send_timeout_s,
                 what=f"job '{reference}'",
                 alive=lambda: self.dead is None,
-                tag=(MESSAGE_KINDS["job"], job_id),
+                tag=tag_of(job),
             )
         except BaseException:
-            with self.jobs_lock:
-                self.jobs.pop(job_id, None)
+            self.table.remove(fut.job_id)
             raise
         return fut
 
@@ -218,15 +249,19 @@ class RunningPool:
         if self.control is None or self.closed:
             return
         self.control.request_cancel(job_id)
-        fut = self.jobs.get(job_id)
+        fut = self.table.get(job_id)
         if fut is None or fut.done() or len(fut._pending_ranks) < self.world:
             return
         if all(p.job_id < job_id for p in self.control.pulses()):
             fut._finish("cancelled", JobCancelled(f"job '{fut.name}' (id {job_id}) was cancelled before it started"))
 
+    def _cancel_on_workers(self, job_id: int) -> None:
+        if self.control is not None:
+            self.control.request_cancel(job_id)
+
     def settling(self) -> bool:
         """A job failed on one rank while others still run it: the pool may be torn down any moment."""
-        return any(f.error_deadline is not None and f._pending_ranks for f in list(self.jobs.values()))
+        return self.table.settling()
 
     def wait_settled(self, timeout: float) -> None:
         """Wait (up to ``timeout``) until no failed job has ranks still running, or the pool is dead:
@@ -237,34 +272,57 @@ class RunningPool:
 
     # -- the event loop -------------------------------------------------------------------------
     def drain(self) -> bool:
-        """Read every waiting message from the workers and dispatch it (any thread may call it)."""
+        """Read every waiting message from the workers and handle it (any thread may call it). A
+        message whose handling raises fails the pool (MonitorFailed, with the traceback)."""
         if not self.drain_lock.acquire(blocking=False):
             return False
         try:
             for rank, ring in enumerate(self.evt_rings):
-                while True:
+                while self.dead is None:
                     ok, msg = ring.poll()
                     if not ok:
                         break
-                    if isinstance(msg, Undecodable):
-                        self._undecodable(rank, msg)
-                    else:
-                        self._dispatch(msg)
+                    try:
+                        self._handle(rank, msg)
+                    except Exception:  # noqa: BLE001 - must end the pool, not the thread
+                        self._monitor_failed(f"on a message from rank {rank}", traceback.format_exc())
         finally:
             self.drain_lock.release()
         return True
+
+    def _handle(self, rank: int, raw: object) -> None:
+        if isinstance(raw, Undecodable):
+            self.table.undecodable(rank, raw)
+            return
+        msg = from_wire(raw, f"rank {rank}", WORKER_TO_HOST)
+        if isinstance(msg, Result):
+            self.table.result(msg)
+        elif isinstance(msg, Event):
+            self.table.event(msg)
+        else:
+            self._on_ready(msg)
+
+    def _on_ready(self, msg: Ready) -> None:
+        skew = ready_error(msg)
+        if skew is not None:
+            log.error("%s", skew)
+            self._fail(skew)
+            return
+        self.ready_info[msg.rank] = msg.info
+        if len(self.ready_info) == self.world:
+            self.ready.set()
 
     @contextlib.contextmanager
     def waiting(self):
         """While a caller waits in result(), it owns the doorbells and drains the rings itself;
         the event thread then only does housekeeping (two threads waking on every message would
         fight over the GIL)."""
-        with self.jobs_lock:
+        with self.waiters_lock:
             self.waiters += 1
         try:
             yield
         finally:
-            with self.jobs_lock:
+            with self.waiters_lock:
                 self.waiters -= 1
 
     def wait_for_messages(self, timeout: float) -> None:
@@ -279,6 +337,21 @@ class RunningPool:
         for fd in ready:
             drain_doorbell(fd)
 
+    def _monitor(self) -> None:
+        """The monitor thread: anything it raises fails the pool, never just ends the thread."""
+        try:
+            self._event_loop()
+        except Exception:  # noqa: BLE001 - see the docstring
+            if not self.stop.is_set():
+                self._monitor_failed("while watching the workers", traceback.format_exc())
+
+    def _monitor_failed(self, what: str, trace: str) -> None:
+        """Fail the pool and every pending job with the traceback (logged once: the pool is dead after)."""
+        if self.dead is None and not self.closed:
+            error = MonitorFailed(what, trace)
+            log.error("%s", error)
+            self._fail(error)
+
     def _event_loop(self) -> None:
         import select
 
@@ -286,11 +359,11 @@ class RunningPool:
         next_check = 0.0
         while not self.stop.is_set():
             if self.waiters:
-                self.stop.wait(0.02)  # a caller is draining; just keep house
+                self.stop.wait(HOUSEKEEPING_S)  # a caller is draining; just keep house
                 ready = []
             else:
                 try:
-                    ready, _, _ = select.select(fds, [], [], 0.05)
+                    ready, _, _ = select.select(fds, [], [], EVENT_WAIT_S)
                 except (OSError, ValueError):
                     return
             for fd in ready:
@@ -302,84 +375,12 @@ class RunningPool:
             # Housekeeping at most every 20 ms, so a result wakes its waiter without delay.
             now = time.monotonic()
             if now >= next_check:
-                next_check = now + 0.02
+                next_check = now + HOUSEKEEPING_S
                 self.cmd.collect()
                 self._check_processes()
-                failure = self.watch.check(list(self.jobs.values())) if self.dead is None else None
+                failure = self.watch.check(self.table.pending()) if self.dead is None else None
                 if failure is not None and self.dead is None:
                     self._fail(failure)
-
-    def _dispatch(self, msg: tuple) -> None:
-        kind = msg[0]
-        if kind == "ready":
-            _, rank, info = msg
-            self.ready_info[rank] = info
-            if len(self.ready_info) == self.world:
-                self.ready.set()
-        elif kind == "event":
-            _, job_id, rank, ev_kind, payload = msg
-            fut = self.jobs.get(job_id)
-            if fut is not None and fut.on_event is not None:
-                try:
-                    fut.on_event(rank, ev_kind, payload)
-                except Exception:
-                    log.exception("event callback of job %s raised", job_id)
-        elif kind == "result":
-            _, job_id, rank, status, payload = msg
-            fut = self.jobs.get(job_id)
-            if fut is None:
-                return
-            fut._pending_ranks.discard(rank)
-            if status == "ok":
-                fut._values[rank] = payload
-            elif status == "error":
-                if payload["type"] == "PeerFailed" and fut._pending_ranks:
-                    return  # a symptom: the failing rank's own error is on its way
-                if self._peer_died(payload["message"]):
-                    return  # the death itself is the error; _check_processes has failed the job
-                err = WorkerError(fut.name, rank, payload["type"], payload["message"], payload["traceback"])
-                if fut.error is None:
-                    fut._finish("error", err)
-                    fut.error_deadline = time.monotonic() + self.opts["error_grace_s"]
-            elif status == "cancelled" and not fut.done():
-                fut._finish("cancelled", JobCancelled(f"job '{fut.name}' (id {job_id}) was cancelled"))
-            if not fut._pending_ranks:
-                if not fut.done():
-                    fut._finish("ok")
-                with self.jobs_lock:
-                    self.jobs.pop(job_id, None)
-
-    def _undecodable(self, rank: int, msg: Undecodable) -> None:
-        """A message from ``rank`` that could not be decoded (already consumed): fail its job."""
-        key = (rank, msg.error.split(":", 1)[0])
-        if key not in self.undecodable_logged:  # once per rank and kind of error, not per message
-            self.undecodable_logged.add(key)
-            log.error("could not decode a message from rank %d (job %s): %s", rank, msg.job_id, msg.error)
-        fut = self.jobs.get(msg.job_id)
-        if fut is None:
-            return
-        if msg.kind == MESSAGE_KINDS["result"]:
-            fut._pending_ranks.discard(rank)
-        what = "result" if msg.kind == MESSAGE_KINDS["result"] else "event"
-        err = WorkerError(
-            fut.name,
-            rank,
-            "UndecodableMessage",
-            explain(
-                f"the {what} rank {rank} sent could not be decoded on the host ({msg.error})",
-                "the host unpickles what a job returns or emits, so every class in it must be importable on "
-                "the host too",
-                "return or emit tensors and plain data (numbers, strings, lists, dicts), or objects of classes "
-                "defined in modules both sides import",
-            ),
-            "",
-        )
-        fut._finish("error", err)  # no grace deadline: the ranks are healthy and finish on their own
-        if not fut._pending_ranks:
-            with self.jobs_lock:
-                self.jobs.pop(msg.job_id, None)
-        elif what == "event":
-            self.control.request_cancel(msg.job_id)  # nobody waits for the rest of it
 
     _LINK_ERRORS = ("Connection reset", "Connection closed", "Broken pipe", "pair.cc", "NCCL", "connection")
 
@@ -413,17 +414,17 @@ class RunningPool:
             if code is not None:
                 for t in self.log_threads[rank : rank + 1]:
                     t.join(timeout=1.0)  # collect the last lines it printed
-                self._fail(WorkerDied(rank, code, list(self.logs[rank])))
+                lines = list(self.logs[rank])
+                refused = refusal_error(rank, lines) if code == EXIT_REFUSED else None
+                if refused is not None:
+                    log.error("%s", refused)
+                self._fail(refused or WorkerDied(rank, code, lines))
                 return
 
     def _fail(self, exc: BaseException) -> None:
         self.dead = exc
         self.ready.set()
-        with self.jobs_lock:
-            jobs = list(self.jobs.values())
-            self.jobs.clear()
-        for fut in jobs:
-            fut._finish("error", exc)
+        self.table.fail_all(exc)
         threading.Thread(target=self.shutdown, kwargs={"graceful": False}, daemon=True).start()
 
     # -- shutdown ---------------------------------------------------------------------------------
@@ -442,13 +443,11 @@ class RunningPool:
         finally:
             self.shutdown_done.set()
 
-    GRACEFUL_EXIT_S = 1.0  # an idle worker leaves in milliseconds once told to; a busy one is killed
-
     def _shutdown(self, graceful: bool) -> None:
         if graceful and self.dead is None and self.cmd is not None and self.procs:
             with contextlib.suppress(Exception):
-                self.cmd.put(("shutdown",), timeout=0.5, what="shutdown")
-            deadline = time.monotonic() + self.GRACEFUL_EXIT_S
+                self.cmd.put(to_wire(Shutdown()), timeout=0.5, what="shutdown", tag=tag_of(Shutdown()))
+            deadline = time.monotonic() + self.settings.graceful_exit_s
             for proc in self.procs:
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     proc.wait(timeout=max(deadline - time.monotonic(), 0.0))
@@ -475,9 +474,4 @@ class RunningPool:
         sweep_segments(self.prefix)
         if self.private_dir is not None:
             shutil.rmtree(self.private_dir, ignore_errors=True)
-        err = self.dead or PoolClosed("the pool was closed")
-        with self.jobs_lock:
-            jobs = list(self.jobs.values())
-            self.jobs.clear()
-        for fut in jobs:
-            fut._finish("error", err)
+        self.table.fail_all(self.dead or PoolClosed("the pool was closed"))

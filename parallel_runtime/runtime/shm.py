@@ -48,8 +48,6 @@ _RING_HEADER = 64 + _REL_ENTRIES * _REL_STRIDE
 _SLOT_HEADER = 64  # byte 0: written, bytes 1..47: reader flags, byte 48: kind tag, bytes 56..63: job id tag
 _MAX_READERS = 47
 _TAG_KIND, _TAG_JOB = 48, 56
-MESSAGE_KINDS = {"job": 1, "shutdown": 2, "ready": 3, "event": 4, "result": 5}
-"""Kind tags of the host <-> worker messages (a slot's tag byte)."""
 _MODE_INLINE, _MODE_SEGMENT, _MODE_PLAIN = 0, 1, 2  # PLAIN: a tensor-free pickle, loaded by pickle.loads
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import json
 import logging
 import os
 import subprocess
@@ -14,7 +13,6 @@ import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])  # the folder holding parallel_runtime/
 WORKER_MODULE = f"{__package__}.worker"  # run with python -m
@@ -23,8 +21,9 @@ WORKER_MODULE = f"{__package__}.worker"  # run with python -m
 LOOPBACK = "lo"
 
 
-def start_worker(spec: dict[str, Any], fds: list[int]) -> subprocess.Popen:
-    """Start ``python -m parallel_runtime.runtime.worker '<spec>'`` in its own session, passing it
+def start_worker(spec_json: str, threads: int, fds: list[int]) -> subprocess.Popen:
+    """Start ``python -m parallel_runtime.runtime.worker '<spec>'`` (protocol.WorkerSpec as JSON,
+    ``threads`` CPU threads) in its own session, passing it
     the file descriptors ``fds`` (doorbells, death pipe); its stdout and stderr come back through
     one pipe. Every pool runs on one machine, so the collectives' own sockets (gloo's, NCCL's
     bootstrap) are bound to the loopback interface, whatever the environment says."""
@@ -32,9 +31,9 @@ def start_worker(spec: dict[str, Any], fds: list[int]) -> subprocess.Popen:
     env["PYTHONPATH"] = os.pathsep.join([PACKAGE_ROOT, *filter(None, [env.get("PYTHONPATH")])])
     env["GLOO_SOCKET_IFNAME"] = LOOPBACK
     env["NCCL_SOCKET_IFNAME"] = LOOPBACK
-    env.setdefault("OMP_NUM_THREADS", str(spec["threads"]))
+    env.setdefault("OMP_NUM_THREADS", str(threads))
     return subprocess.Popen(
-        [sys.executable, "-m", WORKER_MODULE, json.dumps(spec)],
+        [sys.executable, "-m", WORKER_MODULE, spec_json],
         env=env,
         pass_fds=fds,
         stdin=subprocess.DEVNULL,

@@ -1,27 +1,33 @@
 """Worker process entry: ``python -m parallel_runtime.runtime.worker '<json spec>'``.
 
-Arms the death pipe (lifeline.py) before anything slow is imported — torch takes seconds, and a
-host dying in that window must not leave an orphan — then runs the worker loop (worker_loop.py):
-join torch.distributed, say READY, run jobs until told to shut down or the host is gone.
+Reads the spec (protocol.py: a host of other code is refused at once, before anything else), arms
+the death pipe (lifeline.py) before anything slow is imported — torch takes seconds, and a host
+dying in that window must not leave an orphan — then runs the worker loop (worker_loop.py): join
+torch.distributed, say READY, run jobs until told to shut down or the host is gone.
 """
 
 from __future__ import annotations
 
 import faulthandler
-import json
 import logging
 import os
 import signal
 import sys
 import traceback
 
+from ..errors import ProtocolError
 from .lifeline import arm
+from .protocol import WorkerSpec, refuse
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    spec = json.loads(argv[0])
-    arm(spec["death_fd"], spec["prefix"], spec.get("private_dir"))
+    try:
+        spec = WorkerSpec.from_json(argv[0] if argv else "")
+    except ProtocolError as exc:
+        refuse(exc)  # exits
+        raise
+    arm(spec.death_fd, spec.prefix, spec.private_dir)
     faulthandler.enable()
     faulthandler.register(signal.SIGUSR1, all_threads=True)
 
@@ -33,12 +39,10 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, on_sigterm)
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # the host's end of our log pipe may be gone
     logging.basicConfig(
-        level=spec.get("log_level", "INFO"),
+        level=spec.settings.log_level,
         stream=sys.stderr,
-        format=f"[rank {spec['rank']}] %(asctime)s %(levelname)s %(name)s: %(message)s",
+        format=f"[rank {spec.rank}] %(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    for var, value in spec.get("env", {}).items():
-        os.environ[var] = value
     from .worker_loop import Worker  # imports torch
 
     worker = Worker(spec)

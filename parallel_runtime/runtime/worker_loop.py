@@ -19,16 +19,29 @@ from typing import Any
 import torch
 
 from ..errors import JobCancelled, explain
-from ..parallel.config import ParallelConfig
 from ..parallel.mesh import ParallelMesh
 from .affinity import apply_affinity
 from .control import ControlBlock, ProgressRecorder
 from .jobs import JobContext, memory_info, resolve_job
+from .protocol import (
+    CODE_HASH,
+    HOST_TO_WORKER,
+    PROTOCOL_VERSION,
+    Event,
+    Ready,
+    RemoteError,
+    Result,
+    RunJob,
+    Shutdown,
+    WorkerSpec,
+    from_wire,
+    tag_of,
+    to_wire,
+)
 from .segments import sweep_segments
-from .shm import MESSAGE_KINDS, ShmRing, Undecodable
+from .shm import ShmRing, Undecodable
 from .watchdog import Heartbeat
 
-IDLE_TICK_S = 1.0
 # gloo's TCP loop thread wakes from epoll_wait every 10 ms even when idle (a fixed timeout in gloo),
 # about 0.5% of a core per worker on a VM. A thread inherits its creator's timer slack, and the
 # kernel may defer a timeout by that slack, so the loop threads, created with a 100 ms slack, wake
@@ -60,35 +73,35 @@ def _timer_slack_for_new_threads(seconds: float | None):
 
 
 class Worker:
-    def __init__(self, spec: dict[str, Any]):
+    def __init__(self, spec: WorkerSpec):
         self.spec = spec
-        self.rank: int = spec["rank"]
-        self.world: int = spec["world_size"]
-        self.parent_pid: int = spec["parent_pid"]
-        self.device = torch.device(spec["device"])
+        self.settings = spec.settings
+        self.rank = spec.rank
+        self.world = spec.world_size
+        self.parent_pid = spec.parent_pid
+        self.device = torch.device(spec.device)
         self.log = logging.getLogger(f"parallel_runtime.worker.r{self.rank}")
-        self.prefix: str = spec["prefix"]
-        fallback = spec.get("private_dir")  # where our data segments go when /dev/shm is full
-        self.cmd = ShmRing.attach(spec["cmd_ring"], reader_index=self.rank, name_prefix="", fallback_dir=fallback)
-        self.cmd.set_reader_doorbell(spec["cmd_doorbell_r"])
-        self.evt = ShmRing.attach(spec["evt_ring"], None, f"{self.prefix}r{self.rank}-", fallback)
-        self.evt.set_doorbells([spec["evt_doorbell_w"]])
-        self.control = ControlBlock.attach(spec["ctrl"], self.world)
+        self.prefix = spec.prefix
+        fallback = spec.private_dir  # where our data segments go when /dev/shm is full
+        self.cmd = ShmRing.attach(spec.cmd_ring, reader_index=self.rank, name_prefix="", fallback_dir=fallback)
+        self.cmd.set_reader_doorbell(spec.cmd_doorbell_r)
+        self.evt = ShmRing.attach(spec.evt_ring, None, f"{self.prefix}r{self.rank}-", fallback)
+        self.evt.set_doorbells([spec.evt_doorbell_w])
+        self.control = ControlBlock.attach(spec.control, self.world)
         self.progress = ProgressRecorder(self.control, self.rank)
-        Heartbeat(self.control, self.rank, spec.get("beat_s", 0.25)).start()
+        Heartbeat(self.control, self.rank, self.settings.watchdog.beat_s).start()
         self.state: dict[str, Any] = {}
         self.jobs: dict[str, Callable[..., Any]] = {}  # job reference -> imported function
         self.mesh: ParallelMesh | None = None
         self.current_job = -1
 
     # -- messaging ------------------------------------------------------------------------------
-    def send(self, msg: tuple) -> None:
-        job_id = msg[1] if msg[0] in ("event", "result") else -1
+    def send(self, msg: Ready | Event | Result) -> None:
         self.evt.put(
-            msg,
-            timeout=self.spec.get("send_timeout_s", 600),
-            what=f"{msg[0]} from rank {self.rank}",
-            tag=(MESSAGE_KINDS[msg[0]], job_id),
+            to_wire(msg),
+            timeout=self.settings.event_send_timeout_s,
+            what=f"{type(msg).__name__} from rank {self.rank}",
+            tag=tag_of(msg),
         )
 
     def cancel_flag(self) -> bool:
@@ -96,9 +109,8 @@ class Worker:
 
     def run_setup_hook(self) -> None:
         """The pool's ``worker_setup`` function, if any: ``fn(rank, world, *args)`` before joining."""
-        hook = self.spec.get("setup")
-        if hook:
-            reference, args = hook
+        if self.spec.setup is not None:
+            reference, args = self.spec.setup
             resolve_job(reference)(self.rank, self.world, *args)
 
     def parent_alive(self) -> bool:
@@ -109,21 +121,21 @@ class Worker:
         import torch.distributed as dist
 
         self.run_setup_hook()
-        apply_affinity(self.spec.get("cpus"))  # before torch starts its thread pool
-        torch.set_num_threads(self.spec["threads"])
+        apply_affinity(list(self.spec.cpus) if self.spec.cpus is not None else None)  # before torch's threads
+        torch.set_num_threads(self.spec.threads)
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
         backend = "nccl" if self.device.type == "cuda" else "gloo"
-        timeout = datetime.timedelta(seconds=self.spec.get("collective_timeout_s", 1800))
-        store = dist.FileStore(self.spec["store_path"], self.world)
-        store.set_timeout(datetime.timedelta(seconds=self.spec.get("start_timeout_s", 180)))
+        timeout = datetime.timedelta(seconds=self.settings.collective_timeout_s)
+        store = dist.FileStore(self.spec.store_path, self.world)
+        store.set_timeout(datetime.timedelta(seconds=self.settings.start_timeout_s))
         kwargs = {"device_id": self.device} if backend == "nccl" else {}
         slack = GLOO_LOOP_TIMER_SLACK_S if backend == "gloo" else None
         with _timer_slack_for_new_threads(slack):
             dist.init_process_group(
                 backend, store=store, rank=self.rank, world_size=self.world, timeout=timeout, **kwargs
             )
-            self.mesh = ParallelMesh.build(ParallelConfig(**self.spec["config"]), self.device)
+            self.mesh = ParallelMesh.build(self.spec.config, self.device)
         # A first collective proves every link works before we say READY.
         agree = torch.ones(1, device=self.device)
         dist.all_reduce(agree)
@@ -139,12 +151,16 @@ class Worker:
         }
         if self.device.type == "cuda":
             info["device_name"] = torch.cuda.get_device_name(self.device)
-        self.send(("ready", self.rank, info))
+        self.send(self.ready_message(info))
+
+    def ready_message(self, info: dict[str, Any]) -> Ready:
+        """READY, with this worker's protocol version and code hash (the host checks them)."""
+        return Ready(self.rank, PROTOCOL_VERSION, CODE_HASH, info)
 
     def run(self) -> None:
         while True:
             try:
-                msg = self.cmd.get(timeout=IDLE_TICK_S, what="the next job")
+                msg = self.cmd.get(timeout=self.settings.worker_idle_tick_s, what="the next job")
             except TimeoutError:
                 self.evt.collect()
                 if not self.parent_alive():
@@ -154,11 +170,10 @@ class Worker:
             if isinstance(msg, Undecodable):
                 self.refuse_undecodable(msg)
                 continue
-            kind = msg[0]
-            if kind == "shutdown":
+            msg = from_wire(msg, "the host", HOST_TO_WORKER)  # anything else: a ProtocolError, this worker ends
+            if isinstance(msg, Shutdown):
                 return
-            if kind == "job":
-                self.run_job(*msg[1:])
+            self.run_job(msg)
             # Drop our references to the job's arguments now: tensors received through shared
             # memory release their segment (so the host can recycle it) when the last view dies.
             msg = None
@@ -169,26 +184,27 @@ class Worker:
         they all refuse it and none waits for another in a collective)."""
         self.log.error("could not decode job %s: %s", msg.job_id, msg.error)
         if msg.job_id >= 0:
-            err = {
-                "type": "UndecodableJob",
-                "message": explain(
+            err = RemoteError(
+                "UndecodableJob",
+                explain(
                     f"the job's arguments could not be decoded on the worker ({msg.error})",
                     "workers unpickle a job's arguments by importing their classes, and this one is not "
                     "importable there",
                     "pass tensors and plain data, or objects of classes defined in importable modules",
                 ),
-                "traceback": "",
-            }
-            self.send(("result", msg.job_id, self.rank, "error", err))
+                "",
+            )
+            self.send(Result(msg.job_id, self.rank, "error", error=err))
 
-    def run_job(self, job_id: int, reference: str, args: tuple, kwargs: dict, result_rank: int | str) -> None:
+    def run_job(self, job: RunJob) -> None:
+        job_id, reference = job.job_id, job.reference
         self.current_job = job_id
         self.progress.job_started(job_id)
         assert self.mesh is not None
         self.mesh.stats.reset()
 
         def emit(kind: str, payload: Any) -> None:
-            self.send(("event", job_id, self.rank, kind, payload))
+            self.send(Event(job_id, self.rank, kind, payload))
 
         ctx = JobContext(
             rank=self.rank,
@@ -204,14 +220,13 @@ class Worker:
         )
         try:
             fn = self.jobs.get(reference) or self.jobs.setdefault(reference, resolve_job(reference))
-            value = fn(ctx, *args, **kwargs)
-            status = "ok"
-            payload = value if result_rank in ("all", self.rank) else None
+            value = fn(ctx, *job.args, **job.kwargs)
+            result = Result(job_id, self.rank, "ok", value if job.result_rank in ("all", self.rank) else None)
         except JobCancelled:
-            status, payload = "cancelled", None
+            result = Result(job_id, self.rank, "cancelled")
         except BaseException as exc:  # noqa: BLE001 - every failure must reach the host
-            status = "error"
-            payload = {"type": type(exc).__name__, "message": str(exc), "traceback": traceback.format_exc()}
+            error = RemoteError(type(exc).__name__, str(exc), traceback.format_exc())
+            result = Result(job_id, self.rank, "error", error=error)
             self.log.error("job %s (%s) failed: %s", job_id, reference, exc)
             if isinstance(exc, (KeyboardInterrupt, SystemExit)):
                 raise
@@ -219,10 +234,10 @@ class Worker:
             self.current_job = -1
             self.progress.job_ended()
         try:
-            self.send(("result", job_id, self.rank, status, payload))
+            self.send(result)
         except Exception as exc:  # e.g. an unpicklable return value
-            err = {"type": type(exc).__name__, "message": f"could not send the result: {exc}", "traceback": ""}
-            self.send(("result", job_id, self.rank, "error", err))
+            error = RemoteError(type(exc).__name__, f"could not send the result: {exc}", "")
+            self.send(Result(job_id, self.rank, "error", error=error))
 
     def close(self) -> None:
         """Leave: drop the mappings and the data segments this rank created. The process then ends
