@@ -106,9 +106,7 @@ def test_the_engine_names_no_dev_tools_or_tests():
 
 
 # Circles other work is removing (issue 23); a new circle anywhere else fails.
-KNOWN_CIRCLES = (
-    {"models.files", "models.single_file", "models.weight_budget", "models.weights"},
-)
+KNOWN_CIRCLES = ({"models.files", "models.single_file", "models.weight_budget", "models.weights"},)
 
 
 def _import_graph() -> dict[str, set[str]]:
