@@ -103,8 +103,6 @@ class _NullBar:
 class ComfyBridge:
     """The real bridge. Each feature imports its ComfyUI module on first use."""
 
-    _PREVIEW_FORMATS = {"flux": "Flux", "sd3": "SD3", "pixart": "SD15"}  # comfy.latent_formats classes
-
     def __init__(self) -> None:
         self._missing: set[str] = set()
         self._previewers: dict[str, Any] = {}
@@ -160,7 +158,9 @@ class ComfyBridge:
 
     def _format(self, family: str) -> Any:
         formats = self._module("comfy.latent_formats", "latent previews")
-        return getattr(formats, self._PREVIEW_FORMATS.get(family, "SD15"))()
+        from parallel_runtime.service.families import preview_format
+
+        return getattr(formats, preview_format(family) or "SD15")()  # a comfy.latent_formats class
 
     def _previewer(self, family: str) -> Any | None:
         if family not in self._previewers:

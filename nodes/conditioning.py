@@ -14,27 +14,12 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from parallel_runtime.errors import ConfigError
+from parallel_runtime.service import families
 
 if TYPE_CHECKING:
     from parallel_runtime.denoise.entries import CondEntry
     from parallel_runtime.models.base import Conditioning
 
-FAMILY_LABEL = {
-    "flux": "Flux",
-    "sd3": "SD3",
-    "pixart": "PixArt",
-    "qwen-image": "Qwen-Image",
-    "flux2": "FLUX.2",
-    "wan": "Wan",
-}
-COMFY_ENCODER_HINT = {
-    "flux": "DualCLIPLoader (clip_l + t5xxl, type flux) with CLIPTextEncode",
-    "sd3": "TripleCLIPLoader (clip_l + clip_g + t5xxl) with CLIPTextEncode",
-    "pixart": "CLIPLoader (t5xxl, type pixart) with CLIPTextEncode",
-    "qwen-image": "CLIPLoader (qwen_2.5_vl_7b, type qwen_image) with CLIPTextEncode",
-    "flux2": "CLIPLoader (the FLUX.2 Mistral text encoder, type flux2) with CLIPTextEncode",
-    "wan": "CLIPLoader (umt5_xxl, type wan) with CLIPTextEncode",
-}
 UNSUPPORTED_KEYS = {
     "area": "an area (Conditioning Set Area)",
     "mask": "a mask (Conditioning Set Mask)",
@@ -48,7 +33,6 @@ UNSUPPORTED_KEYS = {
     "unclip_conditioning": "unCLIP image conditioning",
     "clip_start_percent": "a scheduled CLIP hook",
 }
-VIDEO_IMAGE_KEYS = ("concat_latent_image", "concat_mask", "clip_vision_output")  # WanImageToVideo's, for Wan
 
 
 def guess_source(embed_dim: int, pooled_dim: int | None) -> str:
@@ -69,7 +53,11 @@ def guess_source(embed_dim: int, pooled_dim: int | None) -> str:
 
 
 def _model_label(family: str) -> str:
-    return FAMILY_LABEL.get(family, family)
+    return families.label(family)
+
+
+def _comfy_encoders(family: str, fallback: str) -> str:
+    return families.comfy_text_encoders(family) or fallback
 
 
 def to_branch(
@@ -102,9 +90,10 @@ def _entry(entry: Any, expected: Mapping[str, int | None], family: str, role: st
             "connect the output of a text encoder node",
         )
     embeds, options = entry[0], dict(entry[1] or {})
-    image_extras = _wan_image_inputs(options, expected, where) if family == "wan" else {}
+    image_extras = families.conditioning_fields(family, options, expected, where)
+    taken = families.conditioning_keys(family)  # e.g. WanImageToVideo's start image, for Wan
     for key, what in UNSUPPORTED_KEYS.items():
-        if family == "wan" and key in VIDEO_IMAGE_KEYS:
+        if key in taken:
             continue
         if options.get(key) is not None:
             raise ConfigError(
@@ -132,21 +121,21 @@ def _entry(entry: Any, expected: Mapping[str, int | None], family: str, role: st
             f"this model expects {want_dim}",
             f"the {label} transformer projects text embeddings of its own text encoders ({want_dim} wide)",
             f"encode the prompt with Parallel Text Encode on this PARALLEL_MODEL, or with ComfyUI's "
-            f"{COMFY_ENCODER_HINT.get(family, 'text encoder for this model')}",
+            f"{_comfy_encoders(family, 'text encoder for this model')}",
         )
     if want_pooled is not None:
         if pooled_dim is None:
             raise ConfigError(
                 f"the {where} conditioning has no pooled_output, which a {label} model needs",
                 f"{label} adds a pooled text vector ({want_pooled} wide) to the timestep embedding",
-                f"use Parallel Text Encode, or ComfyUI's {COMFY_ENCODER_HINT.get(family, 'text encoder')}",
+                f"use Parallel Text Encode, or ComfyUI's {_comfy_encoders(family, 'text encoder')}",
             )
         if pooled_dim != int(want_pooled):
             raise ConfigError(
                 f"{guess_source(width, pooled_dim)} conditioning given to a {label} model: the {where} pooled "
                 f"output is {pooled_dim} wide, this model expects {want_pooled}",
                 f"the {label} transformer's pooled projection takes {want_pooled} features",
-                f"encode the prompt with Parallel Text Encode or ComfyUI's {COMFY_ENCODER_HINT.get(family, 'text encoder')}",
+                f"encode the prompt with Parallel Text Encode or ComfyUI's {_comfy_encoders(family, 'text encoder')}",
             )
         pooled = pooled.reshape(pooled.shape[0] if pooled.ndim > 1 else 1, -1).float().cpu()
     else:
@@ -163,36 +152,6 @@ def _entry(entry: Any, expected: Mapping[str, int | None], family: str, role: st
         start_percent=None if options.get("start_percent") is None else float(options["start_percent"]),
         end_percent=None if options.get("end_percent") is None else float(options["end_percent"]),
     )
-
-
-def _wan_image_inputs(options: Mapping[str, Any], expected: Mapping[str, int | None], role: str) -> dict[str, Any]:
-    """WanImageToVideo's additions as Conditioning fields: ``concat_latent_image`` / ``concat_mask`` (the
-    start-image latent and where it is kept) and ``clip_vision_output``'s penultimate hidden states (Wan 2.1
-    I2V). As in ComfyUI, a model without image input channels or image K/V does not use them."""
-    import torch
-
-    out: dict[str, Any] = {}
-    for key, field in (("concat_latent_image", "concat_image"), ("concat_mask", "concat_mask")):
-        value = options.get(key)
-        if value is not None:
-            if not isinstance(value, torch.Tensor) or value.ndim != 5:
-                raise ConfigError(
-                    f"the {role} conditioning's {key} has shape {tuple(getattr(value, 'shape', ()))}",
-                    "Wan image-to-video takes a video latent [batch, channels, frames, height, width] and its mask",
-                    "use WanImageToVideo with a Wan VAE",
-                )
-            out[field] = value.float().cpu()
-    clip = options.get("clip_vision_output")
-    if clip is not None and expected.get("image_dim"):
-        states = getattr(clip, "penultimate_hidden_states", None)
-        if not isinstance(states, torch.Tensor) or states.shape[-1] != expected["image_dim"]:
-            raise ConfigError(
-                f"the {role} conditioning's clip_vision_output has no {expected['image_dim']}-wide penultimate states",
-                f"Wan 2.1 image-to-video attends to CLIP ViT-H's penultimate hidden states ({expected['image_dim']} wide)",
-                "encode the start image with CLIPVisionLoader (clip_vision_h) and CLIPVisionEncode",
-            )
-        out["image_embeds"] = states.float().cpu()
-    return out
 
 
 def from_runtime(cond: Conditioning, **extras: Any) -> list[list[Any]]:

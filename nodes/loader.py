@@ -7,6 +7,7 @@ from typing import Any
 
 from parallel_runtime.errors import ConfigError
 from parallel_runtime.parallel.config import ParallelConfig, parse_devices, validate_layout
+from parallel_runtime.service.families import family_choices
 
 from .bridge import ComfyBridge
 from .context import ContextNode
@@ -16,7 +17,7 @@ from .model_files import TINY_MODELS, VAE_FROM_MODEL, model_choices, resolve_mod
 log = logging.getLogger("dit_parallel.nodes")
 
 CATEGORY = "DiT Parallel"
-FAMILIES = ("auto", "flux", "sd3", "pixart", "qwen-image", "flux2", "wan")
+FAMILIES = family_choices()
 DTYPES = ("bf16", "fp16", "fp32")
 ATTENTION = ("auto", "sdpa", "flash")
 WEIGHTS = {"as file": "auto", "fp8_e4m3fn": "fp8_e4m3fn", "convert to dtype": "compute"}  # node choice -> storage
@@ -166,7 +167,7 @@ class ParallelModelLoader(ContextNode):
         vae: str = VAE_FROM_MODEL,
         weights: str = "as file",
     ) -> dict[str, Any]:
-        from parallel_runtime.models.files import model_info_from_path
+        from parallel_runtime.models.model_info import model_info_from_path
         from parallel_runtime.parallel.layout import LayoutRequest, plan_layout, weights_held
         from parallel_runtime.parallel.machine import MachineInfo
         from parallel_runtime.parallel.stages import plan_stages

@@ -12,6 +12,7 @@ import logging
 from typing import Any
 
 from parallel_runtime.errors import ConfigError, JobCancelled
+from parallel_runtime.service.families import takes_guidance
 
 from .conditioning import to_branch
 from .context import ContextNode
@@ -21,9 +22,6 @@ from .progress import JobMonitor, run_with_events
 
 log = logging.getLogger("dit_parallel.nodes")
 SEED_MAX = 0xFFFFFFFFFFFFFFFF
-
-
-DISTILLED_GUIDANCE = ("flux", "flux2")  # families with an embedded (distilled) guidance input
 
 
 def sampler_names() -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -144,7 +142,7 @@ def run_sampler(
     pos = to_branch(positive, expected, family, "positive")
     neg = to_branch(negative, expected, family, "negative") if negative is not None else None
     guidance = settings.pop("guidance", None)
-    guidance = float(guidance) if family in DISTILLED_GUIDANCE and guidance is not None else None
+    guidance = float(guidance) if takes_guidance(family) and guidance is not None else None
     batch_index = latent_image.get("batch_index")
     sigmas = settings.get("sigmas")
     total = (len(sigmas) - 1) if sigmas is not None else settings["steps"]
@@ -297,6 +295,6 @@ def sampling_text(model: Any) -> str:
     if spec is None:
         return "model sampling: the model's default"
     text = f"model sampling: {spec.describe()}"
-    if spec.source == "the model file's default" and spec.kind in ("flux", "discrete_flow"):
+    if spec.source == "the model file's default" and spec.kind in ("flux_flow", "discrete_flow"):
         text += "; a Parallel Model Sampling node before the sampler changes it"
     return text

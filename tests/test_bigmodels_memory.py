@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from parallel_runtime.models.files import model_info_from_path
+from parallel_runtime.models.families import registry
+from parallel_runtime.models.model_info import model_info_from_path
 from parallel_runtime.parallel.config import ParallelConfig
 from parallel_runtime.parallel.layout import LayoutRequest, ModelInfo, activation_bytes, format_bytes, plan_layout
 from parallel_runtime.parallel.machine import GiB, MachineInfo
@@ -61,8 +62,9 @@ def _real(variant: str, family: str) -> ModelInfo:
     budget = weight_budget(getattr(diffusers, config["_class_name"]), config, 2)
     heads = config["num_attention_heads"]
     return ModelInfo(
-        family, heads, len(budget.blocks), heads * 128, budget.total, budget.blocks, budget.embed, budget.final
-    )
+        family, heads, len(budget.blocks), heads * 128, budget.total, budget.blocks, budget.embed, budget.final,
+        hints=registry.family(family).layout,
+    )  # fmt: skip
 
 
 def test_real_big_models_are_split_over_cards_that_cannot_hold_them():
@@ -83,7 +85,7 @@ def test_real_big_models_are_split_over_cards_that_cannot_hold_them():
 def _too_small_for_one(info: ModelInfo, request: LayoutRequest) -> MachineInfo:
     """Two CPU ranks, each with room for the larger of the balanced halves and its activations, not the model."""
     half = max(info.stage_bytes(info.stage_counts(2)))
-    branches = 2 if request.cfg_for(info.family) > 1 else 1  # cond + uncond in one batch
+    branches = 2 if request.cfg_for(info) > 1 else 1  # cond + uncond in one batch
     memory = half + activation_bytes(info, request, 1, branches) + 1024
     assert memory - activation_bytes(info, request, 2, branches) < info.weight_bytes  # the model does not fit a rank
     return MachineInfo.cpu(2, memory_bytes=2 * memory)

@@ -91,7 +91,7 @@ def test_flux2_matches_diffusers_flux2_pipeline():
 def test_text_encoding_matches_the_pipelines_encode_prompt(name, family):
     import diffusers
 
-    from parallel_runtime.models.text_big import qwen_prefix_tokens
+    from parallel_runtime.models.families.qwen_image.text import qwen_prefix_tokens
 
     comps = _components(name)
     pipe_cls = getattr(diffusers, comps.pipeline_class)
@@ -176,8 +176,8 @@ def test_flux2_text_model_keeps_only_the_layers_it_reads(tmp_path):
     from transformers import Mistral3ForConditionalGeneration
 
     from dit_devtools.tiny import big as tiny_big
+    from parallel_runtime.models.families.flux2.text import encode_flux2
     from parallel_runtime.models.loading import text_encoder_options
-    from parallel_runtime.models.text_big import encode_flux2
 
     tok = tiny_big.build_mistral_tokenizer()
     tiny_big.MISTRAL_LAYERS, layers = 34, tiny_big.MISTRAL_LAYERS

@@ -230,7 +230,7 @@ def test_model_sampling_defaults_are_comfy_s(pool_registry, name):
     )
     spec = model.model_sampling
     kind = {
-        "ModelSamplingFlux": "flux",
+        "ModelSamplingFlux": "flux_flow",
         "ModelSamplingDiscreteFlow": "discrete_flow",
         "ModelSamplingDiscrete": "discrete_eps",
     }

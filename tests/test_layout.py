@@ -9,14 +9,22 @@ import struct
 import pytest
 
 from parallel_runtime.errors import ConfigError
-from parallel_runtime.models.files import detect_family, model_info_from_path
+from parallel_runtime.models.families.registry import family
+from parallel_runtime.models.files import detect_family
+from parallel_runtime.models.model_info import model_info_from_path
 from parallel_runtime.parallel.config import ParallelConfig
 from parallel_runtime.parallel.layout import LayoutRequest, ModelInfo, plan_layout
 from parallel_runtime.parallel.machine import DeviceInfo, GiB, MachineInfo
 
-FLUX = ModelInfo("flux", num_heads=24, num_layers=57, hidden_size=3072, weight_bytes=int(23.8 * GiB))  # bf16
-SD3 = ModelInfo("sd3", num_heads=24, num_layers=24, hidden_size=1536, weight_bytes=int(4.2 * GiB))
-PIXART = ModelInfo("pixart", num_heads=16, num_layers=28, hidden_size=1152, weight_bytes=int(1.2 * GiB))
+
+def described(family_id: str, *args, **kwargs) -> ModelInfo:
+    """A ModelInfo with the family's layout hints (its usual CFG scale and text tokens), as the loader reads it."""
+    return ModelInfo(family_id, *args, hints=family(family_id).layout, **kwargs)
+
+
+FLUX = described("flux", num_heads=24, num_layers=57, hidden_size=3072, weight_bytes=int(23.8 * GiB))  # bf16
+SD3 = described("sd3", num_heads=24, num_layers=24, hidden_size=1536, weight_bytes=int(4.2 * GiB))
+PIXART = described("pixart", num_heads=16, num_layers=28, hidden_size=1152, weight_bytes=int(1.2 * GiB))
 
 
 def gpus(mem_gib: list[float], p2p: list[list[bool]] | bool, label: str = "GPU") -> MachineInfo:
@@ -68,14 +76,14 @@ def test_nvlink_pairs_put_ulysses_inside_pairs():
 
 
 def test_heads_that_do_not_divide_fall_back_to_ring():
-    odd = ModelInfo("sd3", num_heads=6, num_layers=24, hidden_size=384, weight_bytes=GiB)
+    odd = described("sd3", num_heads=6, num_layers=24, hidden_size=384, weight_bytes=GiB)
     plan = plan_layout(MachineInfo.uniform(4, 80, p2p=True), odd, LayoutRequest(cfg=1.0))
     assert plan.config == ParallelConfig(ring=2, ulysses=2)
     assert "ring=2" in plan.reason
 
 
 def test_mixed_24gb_and_12gb_cards_get_uneven_stage_weights():
-    model = ModelInfo("flux", num_heads=24, num_layers=57, hidden_size=3072, weight_bytes=16 * GiB)
+    model = described("flux", num_heads=24, num_layers=57, hidden_size=3072, weight_bytes=16 * GiB)
     machine = gpus([24, 12], True, label="RTX")
     plan = plan_layout(machine, model, LayoutRequest(width=1024, height=1024))
     assert plan.config == ParallelConfig(pp=2)
@@ -85,7 +93,7 @@ def test_mixed_24gb_and_12gb_cards_get_uneven_stage_weights():
 
 
 def test_model_that_does_not_fit_one_card_uses_pipefusion_even_with_nvlink():
-    big = ModelInfo("flux", num_heads=24, num_layers=57, hidden_size=3072, weight_bytes=30 * GiB)
+    big = described("flux", num_heads=24, num_layers=57, hidden_size=3072, weight_bytes=30 * GiB)
     plan = plan_layout(MachineInfo.uniform(2, 24, p2p=True), big, LayoutRequest(cfg=1.0))
     assert plan.config == ParallelConfig(pp=2)
     assert plan.pp_stage_weights is None
@@ -93,7 +101,7 @@ def test_model_that_does_not_fit_one_card_uses_pipefusion_even_with_nvlink():
 
 
 def test_model_too_big_for_all_devices_is_a_clear_error():
-    huge = ModelInfo("flux", num_heads=24, num_layers=57, hidden_size=3072, weight_bytes=100 * GiB)
+    huge = described("flux", num_heads=24, num_layers=57, hidden_size=3072, weight_bytes=100 * GiB)
     with pytest.raises(ConfigError, match="needs about 100.0 GiB") as err:
         plan_layout(MachineInfo.uniform(2, 24, p2p=True), huge)
     assert "fix:" in str(err.value)
@@ -160,7 +168,7 @@ def test_reason_says_when_the_image_size_is_assumed():
 def test_video_models_plan_with_video_token_counts():
     """Wan: tokens = latent frames x rows x cols (81 frames of 832x480 assumed before the sampler runs),
     Ulysses only with a degree dividing the heads (12 for Wan 2.1 1.3B), cross-attention text (no joint tokens)."""
-    wan13 = ModelInfo("wan", 12, 30, 1536, int(2.8 * GiB), token_pixels=16, frames_per_latent=4)
+    wan13 = described("wan", 12, 30, 1536, int(2.8 * GiB), token_pixels=16, frames_per_latent=4)
     request = LayoutRequest(cfg=1.0)
     assert request.latent_frames(wan13) == 21 and request.tokens(wan13) == 21 * 30 * 52
     assert request.token_rows(wan13) == 21 * 30
@@ -168,7 +176,7 @@ def test_video_models_plan_with_video_token_counts():
     assert (plan.config.ulysses, plan.config.ring) == (4, 2)  # 12 heads: Ulysses 4, the rest on the ring
     assert "32760 video tokens if the video is 832x480x81 frames" in plan.reason
     known = LayoutRequest(width=1280, height=720, frames=121, cfg=5.0)
-    ti2v = ModelInfo("wan", 24, 30, 3072, 10 * GiB, token_pixels=32, frames_per_latent=4)
+    ti2v = described("wan", 24, 30, 3072, 10 * GiB, token_pixels=32, frames_per_latent=4)
     assert known.tokens(ti2v) == 31 * 22 * 40 and "27280 video tokens (1280x720x121 frames)" in known.describe_size(
         ti2v
     )

@@ -118,10 +118,11 @@ def text_encoders(family: str) -> dict[str, torch.nn.Module]:
     """Tiny text encoders with values set by ComfyUI's names for them (as in the reference)."""
     from transformers import CLIPTextConfig, CLIPTextModel, T5Config, T5EncoderModel
 
-    from parallel_runtime.models.lora.keymap import TEXT_ENCODER_ROLES, canonical_encoder_name
+    from parallel_runtime.models.families.registry import family as family_spec
+    from parallel_runtime.models.lora.keymap import canonical_encoder_name
 
     out = {}
-    for component, role in TEXT_ENCODER_ROLES[family].items():
+    for component, role in family_spec(family).text.lora_roles.items():
         kind, width, layers = lf.TEXT_ENCODERS[family][role]
         if kind == "clip":
             config = CLIPTextConfig(hidden_size=width, intermediate_size=2 * width, num_hidden_layers=layers,

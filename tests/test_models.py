@@ -14,7 +14,7 @@ from dit_devtools.tiny import ensure_tiny_model
 from parallel_runtime.attention.usp import SequenceParallelAttention
 from parallel_runtime.errors import ConfigError
 from parallel_runtime.models import Conditioning, LatentFormat, get_adapter, supported_class_names
-from parallel_runtime.models.flux import image_ids
+from parallel_runtime.models.families.flux.adapter import image_ids
 from parallel_runtime.models.loading import load_pipeline_components
 from parallel_runtime.parallel.config import MESH_DIMS, ParallelConfig
 from parallel_runtime.parallel.mesh import ParallelMesh

@@ -18,7 +18,8 @@ from torch import nn
 
 from parallel_runtime.errors import ConfigError
 from parallel_runtime.models.base import Activations, LatentFormat, ModelAdapter, ModelPlan, Split
-from parallel_runtime.models.latent_formats import WAN21, WAN22, per_channel
+from parallel_runtime.models.families.wan.latent import WAN21, WAN22
+from parallel_runtime.models.latent_formats import per_channel
 from parallel_runtime.models.sampling_spec import discrete_flow_sampling
 from parallel_runtime.models.token_grid import patchify, stacked, unpatchify, unstacked
 from parallel_runtime.parallel.mesh import ParallelMesh

@@ -8,7 +8,7 @@ import torch
 
 from dit_devtools.tiny import ensure_tiny_model
 from parallel_runtime.denoise import SamplingSettings, denoise_latent, model_sampling_for
-from parallel_runtime.models.latent_formats import WAN21, WAN22
+from parallel_runtime.models.families.wan.latent import WAN21, WAN22
 from parallel_runtime.models.loading import load_pipeline_components
 from parallel_runtime.models.text_encoding import encode_prompts
 from parallel_runtime.parallel.mesh import ParallelMesh

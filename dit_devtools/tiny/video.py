@@ -52,7 +52,7 @@ def wan_vae(wan22: bool = False):
     """Tiny AutoencoderKLWan: Wan 2.1's (16 channels, 8x) or Wan 2.2's (48 channels, patch 2, 16x)."""
     from diffusers import AutoencoderKLWan
 
-    from parallel_runtime.models.latent_formats import WAN21, WAN22
+    from parallel_runtime.models.families.wan.latent import WAN21, WAN22
 
     torch.manual_seed(SEED)
     if wan22:

@@ -15,7 +15,7 @@ from ..sampling import FluxFlowSampling, ModelSampling, discrete_eps, flow_sd3, 
 
 def build_model_sampling(spec: ModelSamplingSpec) -> ModelSampling:
     """The sampling math of ``spec``."""
-    if spec.kind == "flux":
+    if spec.kind == "flux_flow":
         return FluxFlowSampling(spec.shift)
     if spec.kind == "discrete_flow":
         return flow_sd3(spec.shift, spec.multiplier)

@@ -1,6 +1,7 @@
-"""Model families and their files: one adapter per diffusers transformer class (looked up by class),
-loading from diffusers folders and single files, text encoding, weights read from files, the
-built-in models (the shipped trained tiny one) and the one module touching diffusers internals (``compat``).
+"""Model families and their files: one folder per family (``families/<family>/``: adapter, latent format,
+original layout, text encoding, shipped configs; ``families.registry`` lists them), loading from diffusers
+folders and single files, text encoding, weights read from files, the built-in models (the shipped trained
+tiny one) and the one module touching diffusers internals (``compat``).
 
 Importing this package is light; diffusers is imported when an adapter or a model is requested.
 """
@@ -22,7 +23,8 @@ __all__, __getattr__ = lazy_exports(
             "missing_part_error",
         ),
         "text_encoding": ("encode_prompt", "encode_prompts"),
-        "files": ("detect_family", "model_info_from_path", "read_safetensors_header"),
+        "files": ("detect_family", "read_safetensors_header"),
+        "model_info": ("model_info_from_path",),
         "weights": ("TensorSource", "folder_tensor_source", "load_tensors", "meta_model", "parameters_on_meta"),
         "builtin": ("BUILTIN_MODELS", "RANDOM_MODELS", "TRAINED_MODELS", "builtin_model_path"),
     },

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from ..errors import ConfigError
+from .families.registry import family as family_spec
 from .registry import adapter_class_for, supported_class_names
 
 PARTS: tuple[str, ...] = ("transformer", "vae", "text")
@@ -142,20 +143,10 @@ def _ordinal(device: str | torch.device) -> int:
 
 
 def text_encoder_options(family: str, folder: Path) -> dict[str, Any]:
-    """from_pretrained options for a family's text encoder: FLUX.2 reads Mistral's hidden states of layers
-    10, 20 and 30 only, so its text model is built with just the layers those need (31 of Mistral-Small's 40)."""
-    if family != "flux2":
-        return {}
-    from transformers import AutoConfig
-
-    from .text_big import layers_needed
-
-    config = AutoConfig.from_pretrained(folder, local_files_only=True)
-    text = getattr(config, "text_config", config)
-    if text.num_hidden_layers <= layers_needed():
-        return {}
-    text.num_hidden_layers = layers_needed()
-    return {"config": config}
+    """from_pretrained options the family states for its text encoder in ``folder`` (e.g. FLUX.2 builds
+    Mistral with only the layers it reads); none for most."""
+    options = family_spec(family).text_encoding().loader_options
+    return options(folder) if options is not None else {}
 
 
 def _check_parts(parts: Iterable[str]) -> tuple[str, ...]:

@@ -1,4 +1,4 @@
-"""Adapter registry keyed by the diffusers transformer class (subclasses resolve through the MRO)."""
+"""Adapters by diffusers transformer class (subclasses resolve through the MRO), from the family registry."""
 
 from __future__ import annotations
 
@@ -6,38 +6,18 @@ from torch import nn
 
 from ..errors import ConfigError
 from .base import LatentFormat, ModelAdapter
+from .families.registry import FAMILIES
 
 
 def adapter_classes() -> dict[type, type[ModelAdapter]]:
     """Supported transformer classes -> adapter classes (built on call; diffusers imported lazily)."""
-    from diffusers import (
-        Flux2Transformer2DModel,
-        FluxTransformer2DModel,
-        PixArtTransformer2DModel,
-        QwenImageTransformer2DModel,
-        SD3Transformer2DModel,
-        WanTransformer3DModel,
-    )
+    import diffusers
 
-    from .flux import FluxAdapter
-    from .flux2 import Flux2Adapter
-    from .pixart import PixArtAdapter
-    from .qwen_image import QwenImageAdapter
-    from .sd3 import SD3Adapter
-    from .wan import WanAdapter
-
-    return {
-        FluxTransformer2DModel: FluxAdapter,
-        SD3Transformer2DModel: SD3Adapter,
-        PixArtTransformer2DModel: PixArtAdapter,
-        QwenImageTransformer2DModel: QwenImageAdapter,
-        Flux2Transformer2DModel: Flux2Adapter,
-        WanTransformer3DModel: WanAdapter,
-    }
+    return {getattr(diffusers, spec.transformer_class): spec.adapter() for spec in FAMILIES}
 
 
 def supported_class_names() -> list[str]:
-    return [cls.__name__ for cls in adapter_classes()]
+    return [spec.transformer_class for spec in FAMILIES]
 
 
 def adapter_class_for(transformer_cls: type) -> type[ModelAdapter]:
@@ -55,7 +35,7 @@ def adapter_class_for(transformer_cls: type) -> type[ModelAdapter]:
 
 
 def family_of(transformer_cls: type) -> str:
-    """Family name ("flux", "sd3", "pixart", "qwen-image", "flux2") of a transformer class."""
+    """The id of the family whose adapter drives ``transformer_cls`` (see ``families.registry``)."""
     return adapter_class_for(transformer_cls).family
 
 

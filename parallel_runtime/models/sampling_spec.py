@@ -14,15 +14,15 @@ from typing import Literal
 
 from ..errors import ConfigError
 
-Kind = Literal["flux", "discrete_flow", "discrete_eps"]
-KINDS: tuple[str, ...] = ("flux", "discrete_flow", "discrete_eps")
+Kind = Literal["flux_flow", "discrete_flow", "discrete_eps"]
+KINDS: tuple[str, ...] = ("flux_flow", "discrete_flow", "discrete_eps")
 
 
 @dataclasses.dataclass(frozen=True)
 class ModelSamplingSpec:
     """One of ComfyUI's model samplings with its parameters, and where they came from.
 
-    - ``flux``: ModelSamplingFlux + CONST (Flux dev): ``shift`` is mu, sigma = e^mu / (e^mu + 1/t - 1);
+    - ``flux_flow``: ModelSamplingFlux + CONST (Flux dev): ``shift`` is mu, sigma = e^mu / (e^mu + 1/t - 1);
     - ``discrete_flow``: ModelSamplingDiscreteFlow + CONST (SD3, Flux schnell, AuraFlow):
       sigma = shift*t / (1 + (shift-1)*t), timestep = sigma * ``multiplier``;
     - ``discrete_eps``: ModelSamplingDiscrete + EPS over a DDPM beta schedule (PixArt).
@@ -65,7 +65,7 @@ class ModelSamplingSpec:
 
     def describe(self) -> str:
         """What a user sees on the sampler node, e.g. "Flux shift 1.15 (the model file's default)"."""
-        if self.kind == "flux":
+        if self.kind == "flux_flow":
             what = f"Flux shift {self.shift:.4g}"
         elif self.kind == "discrete_flow":
             what = f"discrete flow shift {self.shift:.4g}, multiplier {self.multiplier:.4g}"
@@ -76,7 +76,7 @@ class ModelSamplingSpec:
 
 def flux_sampling(shift: float = 1.15, source: str = "the model file's default") -> ModelSamplingSpec:
     """ComfyUI's ModelSamplingFlux: Flux dev files get shift 1.15."""
-    return ModelSamplingSpec("flux", shift=float(shift), source=source)
+    return ModelSamplingSpec("flux_flow", shift=float(shift), source=source)
 
 
 def discrete_flow_sampling(

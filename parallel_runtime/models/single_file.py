@@ -5,9 +5,9 @@
 ``model.diffusion_model.`` prefix next to VAE / text-encoder tensors), PixArt ``.safetensors`` /
 ``.pth`` (PixArt's layout). Nothing is fetched from a hub: the family is detected from the tensor
 names (``files.detect_family``), the variant from a few marker tensors, and the diffusers config
-is a copy shipped in ``parallel_runtime/models/configs/<variant>/`` with everything the weights decide
-(depth, width, channels, text widths, optional parts) read from the file's header. The weights
-are then converted to diffusers names (``original_layout``) and assigned to a transformer built
+is a copy shipped in the family's folder (``models/families/<family>/configs/<variant>/``) with everything
+the weights decide (depth, width, channels, text widths, optional parts) read from the file's header. The
+weights are then converted to diffusers names (``original_layout``) and assigned to a transformer built
 with its parameters on the "meta" device, so no random initialisation is ever materialised.
 
 A single file holds only the transformer: prompts are encoded and latents decoded by ComfyUI's
@@ -24,51 +24,24 @@ import os
 import pickle
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from types import MappingProxyType
 from typing import Any
 
 import torch
 from torch import nn
 
 from ..errors import ConfigError
+from .families.registry import family as family_spec
+from .families.registry import family_of_variant, labels, variants
 from .files import detect_family, read_safetensors_header
 from .loading import PipelineComponents
-from .original_layout import ANCHOR_KEYS, CONFIG_FROM_WEIGHTS, Shapes, StateDict, detect_variant, to_diffusers
+from .original_layout import Shapes, StateDict, anchor_key, config_from_weights, detect_variant, to_diffusers
 from .weights import FP8_STORAGE, TensorSource, cast_model, load_tensors, meta_model, parameters_on_meta
 
 log = logging.getLogger(__name__)
 
 SAFETENSORS_SUFFIXES: tuple[str, ...] = (".safetensors", ".sft")
 SINGLE_FILE_SUFFIXES: tuple[str, ...] = (*SAFETENSORS_SUFFIXES, ".pth", ".pt")
-CONFIG_ROOT = Path(__file__).resolve().parent / "configs"  # package data (pyproject: configs/**/*.json)
 TRANSFORMER_PREFIX = "model.diffusion_model."  # ComfyUI / Stability full checkpoints
-VARIANTS: Mapping[str, str] = MappingProxyType(
-    {  # shipped config folder -> family
-        "flux-dev": "flux",
-        "flux-schnell": "flux",
-        "sd3-medium": "sd3",
-        "sd3.5-medium": "sd3",
-        "sd3.5-large": "sd3",
-        "pixart-sigma-1024": "pixart",
-        "qwen-image": "qwen-image",
-        "flux2-dev": "flux2",
-        "wan2.1-t2v-1.3b": "wan",
-        "wan2.1-t2v-14b": "wan",  # also each expert of Wan 2.2 T2V A14B
-        "wan2.1-i2v-14b": "wan",
-        "wan2.2-i2v-a14b": "wan",
-        "wan2.2-ti2v-5b": "wan",
-    }
-)
-PIPELINE_CLASSES: Mapping[str, str] = MappingProxyType(
-    {
-        "flux": "FluxPipeline",
-        "sd3": "StableDiffusion3Pipeline",
-        "pixart": "PixArtSigmaPipeline",
-        "qwen-image": "QwenImagePipeline",
-        "flux2": "Flux2Pipeline",
-        "wan": "WanPipeline",
-    }
-)
 _SCALED_FP8_MARKERS = ("scaled_fp8", ".scale_weight", ".scale_input")
 
 
@@ -85,14 +58,15 @@ class SingleFileInfo:
 
 
 def shipped_config(variant: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(transformer config, scheduler config) shipped for ``variant``."""
-    if variant not in VARIANTS:
+    """(transformer config, scheduler config) shipped for ``variant`` (in its family's folder)."""
+    spec = family_of_variant(variant)
+    if spec is None:
         raise ConfigError(
             f"unknown model variant {variant!r}",
             "single files are loaded with a config shipped for each published variant",
-            f"use one of {', '.join(VARIANTS)}, or leave the variant empty to detect it",
+            f"use one of {', '.join(variants())}, or leave the variant empty to detect it",
         )
-    folder = CONFIG_ROOT / variant
+    folder = spec.config_folder(variant)
     configs = []
     for name in ("config.json", "scheduler_config.json"):
         entry = folder / name
@@ -169,7 +143,7 @@ def inspect_single_file(
     found = detect_family(shapes)
     if found is None:
         raise ConfigError(
-            f"{p.name} does not look like a Flux, FLUX.2, Qwen-Image, SD3, PixArt or Wan transformer",
+            f"{p.name} does not look like a {labels()} transformer",
             "its tensor names match none of the supported families (is it a VAE, a text encoder or a LoRA?)",
             "use a transformer file (models/diffusion_models) of a supported family, or a diffusers folder",
         )
@@ -179,7 +153,7 @@ def inspect_single_file(
             "the family decides the config and the conversion; a wrong one cannot load the weights",
             f"set family to {found!r} (or 'auto')",
         )
-    if ANCHOR_KEYS[found] not in shapes:
+    if anchor_key(found) not in shapes:
         raise ConfigError(
             f"{p.name} holds a {found} transformer under diffusers' tensor names, not its original layout",
             "single files are read in the layout their authors publish (Black Forest Labs, Stability, PixArt)",
@@ -188,15 +162,15 @@ def inspect_single_file(
         )
     if variant is None:
         variant = detect_variant(found, shapes)
-    elif VARIANTS.get(variant, found) != found:
+    elif variants().get(variant, found) != found:
         raise ConfigError(
-            f"variant {variant!r} is a {VARIANTS[variant]} model but {p.name} holds a {found} transformer",
+            f"variant {variant!r} is a {variants()[variant]} model but {p.name} holds a {found} transformer",
             "the variant picks the shipped config, which must belong to the file's family",
-            f"use a {found} variant ({', '.join(v for v, f in VARIANTS.items() if f == found)}) or leave it empty",
+            f"use a {found} variant ({', '.join(family_spec(found).variants)}) or leave it empty",
         )
     base, scheduler = shipped_config(variant)
     overrides = dict(overrides or {})
-    config = {**base, **CONFIG_FROM_WEIGHTS[found](shapes, {**base, **overrides}), **overrides}
+    config = {**base, **config_from_weights(found, shapes, {**base, **overrides}), **overrides}
     return SingleFileInfo(p, found, variant, config, scheduler, prefix)
 
 
@@ -409,7 +383,7 @@ def transformer_only(path, transformer: nn.Module, family: str, scheduler: dict[
     return PipelineComponents(
         path=Path(path).expanduser(),
         family=family,
-        pipeline_class=PIPELINE_CLASSES[family],
+        pipeline_class=family_spec(family).pipeline_class,
         model_index={},
         transformer_config=dict(transformer.config),
         scheduler_config=scheduler,

@@ -3,7 +3,7 @@
 The layout planner splits a model that does not fit one device into PipeFusion stages; what a stage
 holds is its blocks plus the embedding layers (first stage) or the output layers (last stage). This
 builds the module tree on the "meta" device, finds which tensors are embedding / output layers the way
-per-stage loading does (``weights.trace_extra_roles``) and counts each parameter in the bytes it will
+per-stage loading does (``extra_roles.trace_extra_roles``) and counts each parameter in the bytes it will
 be held in: the compute dtype's, or one byte for a Linear weight kept in fp8.
 """
 
@@ -15,8 +15,9 @@ from typing import Any
 
 import torch
 
+from .extra_roles import block_prefixes, trace_extra_roles
 from .registry import adapter_class_for
-from .weights import WEIGHT_STORAGE, block_prefixes, linear_weights, trace_extra_roles
+from .weights import WEIGHT_STORAGE, linear_weights
 
 
 @dataclasses.dataclass(frozen=True)

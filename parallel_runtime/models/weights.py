@@ -4,11 +4,8 @@ A model's module tree is built with every parameter on the "meta" device (no mem
 as position tables are real, as the constructor computes them); then only the tensors a caller
 wants are read from a :class:`TensorSource` (the safetensors files of a diffusers folder, or a
 converted single file) and put in place, with names and shapes checked against the model.
-PipeFusion stages (``parallel_runtime.pipefusion.stage_loading``) and single files use it.
-
-Which non-block parameters are "embedding" and which are "output layers" is found by tracing
-the adapter's ``embed_full`` and ``project_out`` on a fully meta copy of the model (shapes only,
-no data): the tensors each one touches. If tracing fails, both ends load every non-block tensor.
+PipeFusion stages (``parallel_runtime.pipefusion.stage_loading``) and single files use it; which
+tensors a stage needs is ``extra_roles``'. This module knows no model family.
 """
 
 from __future__ import annotations
@@ -16,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import logging
 import math
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -24,28 +20,13 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.overrides import TorchFunctionMode
-from torch.utils._pytree import tree_flatten
 
 from ..errors import ConfigError
-from .base import Conditioning, ModelAdapter
-from .files import read_safetensors_header
-from .registry import adapter_class_for
-
-log = logging.getLogger(__name__)
+from .tensor_files import read_header
 
 FP8_STORAGE = (torch.float8_e4m3fn, torch.float8_e5m2)
 SAFETENSORS_NAME = "diffusion_pytorch_model.safetensors"
 SAFETENSORS_INDEX = "diffusion_pytorch_model.safetensors.index.json"
-
-
-@dataclasses.dataclass(frozen=True)
-class ExtraRoles:
-    """Names of the non-block tensors the first stage (embed) and the last stage (final) need."""
-
-    embed: frozenset[str]
-    final: frozenset[str]
-    traced: bool
 
 
 @contextlib.contextmanager
@@ -64,61 +45,6 @@ def parameters_on_meta() -> Iterator[None]:
         yield
     finally:
         nn.Module.register_parameter = register  # type: ignore[method-assign]
-
-
-class _TensorUse(TorchFunctionMode):
-    """Records which named tensors (by identity) are passed to torch functions."""
-
-    def __init__(self, names: dict[int, str]):
-        super().__init__()
-        self.names, self.used = names, set()
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        for t in tree_flatten((args, kwargs))[0]:
-            if isinstance(t, torch.Tensor) and id(t) in self.names:
-                self.used.add(self.names[id(t)])
-        return func(*args, **kwargs)
-
-
-def _named_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
-    return {**dict(model.named_parameters()), **dict(model.named_buffers())}
-
-
-def trace_extra_roles(model_cls: type, config: dict[str, Any]) -> ExtraRoles:
-    """The tensors ``embed_full`` and ``project_out`` touch, found on a fully meta model."""
-    with torch.device("meta"):
-        skeleton = model_cls.from_config(config)
-    adapter = adapter_class_for(model_cls)(skeleton)
-    names = {id(t): n for n, t in _named_tensors(skeleton).items()}
-    prefixes = block_prefixes(skeleton, adapter)
-    extras = {n for n in names.values() if not n.startswith(tuple(prefixes))}
-    try:
-        p = adapter.plan.patch_size
-        x = torch.zeros(1, adapter.plan.latent_channels, 2 * p, 2 * p, device="meta")
-        dim = config.get("joint_attention_dim") or config.get("caption_channels") or config.get("cross_attention_dim")
-        pooled_dim = config.get("pooled_projection_dim")
-        cond = Conditioning(
-            torch.zeros(1, 4, int(dim), device="meta"),
-            torch.zeros(1, int(pooled_dim), device="meta") if pooled_dim else None,
-        )
-        one = torch.zeros(1, device="meta")
-        with _TensorUse(names) as embed_use:
-            acts = adapter.embed_full(x, one, cond, one)
-        with _TensorUse(names) as final_use:
-            adapter.project_out(acts)
-    except Exception as exc:  # noqa: BLE001 - any failure only costs memory: load both ends fully
-        log.warning("could not trace %s's embedding/output layers (%s); both ends load them all", model_cls, exc)
-        return ExtraRoles(frozenset(extras), frozenset(extras), False)
-    embed = embed_use.used & extras
-    final = final_use.used & extras
-    unused = extras - embed - final
-    return ExtraRoles(frozenset(embed | unused), frozenset(final), True)
-
-
-def block_prefixes(model: nn.Module, adapter: ModelAdapter) -> list[str]:
-    """State-dict prefix of every block, in execution order (index = block number)."""
-    return [f"{name}.{j}." for name in adapter.plan.block_lists for j in range(len(getattr(model, name)))]
 
 
 def _weight_map(folder: Path) -> dict[str, Path]:
@@ -146,7 +72,7 @@ def _tensor_numels(files: dict[str, Path]) -> dict[str, int]:
     """Element count of every tensor, read from the safetensors headers (no data is read)."""
     out: dict[str, int] = {}
     for file in sorted(set(files.values())):
-        for name, info in read_safetensors_header(file).items():
+        for name, info in read_header(file)[0].items():
             out[name] = math.prod(info.get("shape", []))
     return out
 

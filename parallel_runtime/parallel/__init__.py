@@ -25,6 +25,6 @@ __all__, __getattr__ = lazy_exports(
         ),
         "sharding": ("gather", "shard", "split_offsets", "split_sizes"),
         "machine": ("DeviceInfo", "GiB", "MachineInfo"),
-        "layout": ("LayoutPlan", "LayoutRequest", "ModelInfo", "plan_layout"),
+        "layout": ("LayoutHints", "LayoutPlan", "LayoutRequest", "ModelInfo", "plan_layout"),
     },
 )

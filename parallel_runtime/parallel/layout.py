@@ -14,7 +14,9 @@ the transformer's head count and depth, the token count (resolution) and whether
    without P2P (it sends only patch activations point to point).
 
 The machine comes from :class:`~.machine.MachineInfo`; the model facts (:class:`ModelInfo`) from
-the caller, who reads them from the model's files (``parallel_runtime.models.files``).
+the caller, who reads them from the model's files (``parallel_runtime.models.model_info``). What a model
+family usually runs with (its CFG scale, its text tokens in the attention) comes in as data too
+(:class:`LayoutHints`, which each family states in its folder): this wing knows no family.
 """
 
 from __future__ import annotations
@@ -31,16 +33,21 @@ from .stages import balanced_counts, plan_stages
 ASSUMED_SIDE = 1024  # image side the planner assumes when the size is not known
 ASSUMED_VIDEO = (832, 480, 81)  # video width, height, frames assumed when not known (ComfyUI's Wan defaults)
 TOKEN_PIXELS = 16  # one token per 16x16 image pixels (VAE 8 x patch 2); Wan 2.2 TI2V-5B: 32 (VAE 16 x patch 2)
-# Per family: default CFG scale when unknown, joint-attention text tokens (PixArt, Wan: cross-attention).
-_DEFAULT_CFG = {"flux": 1.0, "sd3": 4.5, "pixart": 4.5, "qwen-image": 2.5, "flux2": 1.0, "wan": 5.0}
-_TEXT_TOKENS = {"flux": 512, "sd3": 333, "pixart": 0, "qwen-image": 64, "flux2": 512, "wan": 0}
 
 
 # -- model ----------------------------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
+class LayoutHints:
+    """What a model family usually runs with, for planning before the sampler's values are known."""
+
+    default_cfg: float = 1.0  # the CFG scale assumed when the request gives none (> 1: two branches)
+    text_tokens: int = 0  # text tokens inside the attention sequence (0: cross-attention to the text)
+
+
+@dataclasses.dataclass(frozen=True)
 class ModelInfo:
     """What the planner needs to know about a transformer (read from its files by
-    :func:`parallel_runtime.models.files.model_info_from_path`)."""
+    :func:`parallel_runtime.models.model_info.model_info_from_path`)."""
 
     family: str
     num_heads: int
@@ -52,6 +59,7 @@ class ModelInfo:
     final_bytes: int = 0  # output layers (held by the last stage)
     token_pixels: int = TOKEN_PIXELS  # image pixels per token side (VAE factor x patch size)
     frames_per_latent: int = 0  # video families: frames per latent frame (Wan: 4); 0 for image models
+    hints: LayoutHints = LayoutHints()  # the family's usual CFG scale and text tokens
 
     def stage_counts(self, pp: int, capacities: Sequence[float] | None = None) -> tuple[int, ...]:
         """Blocks per stage: balancing the bytes held (per capacity) when the block sizes are known,
@@ -93,8 +101,9 @@ class LayoutRequest:
     text_tokens: int | None = None  # joint-attention text tokens; None: the family's usual count
     frames: int | None = None  # video frames (None: 81 for a video model, not known yet)
 
-    def cfg_for(self, family: str) -> float:
-        return _DEFAULT_CFG.get(family, 1.0) if self.cfg is None else float(self.cfg)
+    def cfg_for(self, model: ModelInfo) -> float:
+        """The CFG scale planned for: the request's, else the model family's usual one."""
+        return model.hints.default_cfg if self.cfg is None else float(self.cfg)
 
     def size(self, model: ModelInfo | None = None) -> tuple[int, int]:
         """(width, height) planned for: the given size, or the assumed one (1024x1024, 832x480 for video)."""
@@ -157,7 +166,7 @@ def _divisors(n: int) -> list[int]:
 def activation_bytes(model: ModelInfo, request: LayoutRequest, share: int, branches: int) -> int:
     """Rough peak activations of one block on one rank: a share of the tokens, ~24 hidden-size
     tensors (q, k, v, attention output, 4x MLP, norms), in 2-byte floats."""
-    text = _TEXT_TOKENS.get(model.family, 0) if request.text_tokens is None else request.text_tokens
+    text = model.hints.text_tokens if request.text_tokens is None else request.text_tokens
     tokens = request.tokens(model) + text
     return int(request.batch_size * branches * math.ceil(tokens / share) * model.hidden_size * 2 * 24)
 
@@ -201,7 +210,7 @@ def plan_layout(machine: MachineInfo, model: ModelInfo, request: LayoutRequest |
         reason = f"1 {kind}: single-device run, nothing to split; {weights_held(model, held)}"
         return LayoutPlan(ParallelConfig(), names, reason=reason, stage_weight_bytes=held)
 
-    cfg_scale = request.cfg_for(model.family)
+    cfg_scale = request.cfg_for(model)
     facts.append(request.describe_size(model))
 
     # 1. CFG parallel first when there are two branches to run - unless each half cannot hold the model even
@@ -308,7 +317,7 @@ def _pipefusion_for_memory(
     devs = [machine.devices[i] for i in order]
     smallest = min(devs, key=lambda d: d.free_bytes)
     gib = model.weight_bytes / GiB
-    branches = 1 if cfg == 2 else (2 if request.cfg_for(model.family) > 1 else 1)
+    branches = 1 if cfg == 2 else (2 if request.cfg_for(model) > 1 else 1)
     for pp in _divisors(group):
         if pp > model.num_layers:
             break

@@ -20,17 +20,11 @@ import torch
 from torch import nn
 
 from ..errors import ConfigError
+from ..models.extra_roles import block_prefixes, trace_extra_roles
 from ..models.loading import PipelineComponents, component_class, load_pipeline_components, read_model_index
 from ..models.registry import adapter_class_for
 from ..models.single_file import single_file_tensor_source, transformer_only
-from ..models.weights import (
-    TensorSource,
-    block_prefixes,
-    folder_tensor_source,
-    load_tensors,
-    meta_model,
-    trace_extra_roles,
-)
+from ..models.weights import TensorSource, folder_tensor_source, load_tensors, meta_model
 from ..parallel.mesh import ParallelMesh
 from ..parallel.stages import StagePlan, plan_stages
 

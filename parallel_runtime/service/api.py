@@ -19,6 +19,7 @@ from ..denoise.settings import SamplingSettings
 from ..errors import ConfigError, PoolRestarted, RuntimeTimeout
 from ..models.base import Conditioning
 from ..models.builtin import BUILTIN_MODELS, builtin_model_path
+from ..models.families.registry import FAMILIES, family
 from ..models.lora.keymap import ModelKeys
 from ..models.sampling_spec import ModelSamplingSpec
 from ..parallel.config import ParallelConfig, parse_devices
@@ -195,10 +196,11 @@ class ParallelModel:
         text-encoder file from ComfyUI's models/text_encoders, its tokenizer folder)."""
         prompts = input_checks.prompts(prompt)
         if text_encoder is not None:
-            if self.family != "qwen-image":
+            if family(self.family).text_encoder_file is None:
+                readers = [f"{f.label}'s {f.text_encoder_file().what}" for f in FAMILIES if f.text_encoder_file]
                 raise ConfigError(
                     f"a text-encoder file ({Path(text_encoder[0]).name}) for a {self.family} model",
-                    "Parallel Text Encode reads only Qwen-Image's Qwen2.5-VL from models/text_encoders so far",
+                    f"Parallel Text Encode reads only {' and '.join(readers)} from models/text_encoders so far",
                     "choose \"(the model's own)\" with a diffusers folder, or ComfyUI's own text-encode nodes",
                 )
             return _stack(

@@ -20,6 +20,7 @@ from ..denoise.model_sampling import model_sampling_for
 from ..denoise.settings import SamplingSettings
 from ..errors import ConfigError, NonFiniteValues
 from ..models.base import Conditioning, ModelAdapter
+from ..models.families.registry import FAMILIES, family
 from ..models.lora.patcher import StackEntry
 from ..runtime.jobs import JobContext
 from .load_job import TEXT_RANK, LoadedModel, loaded_model
@@ -70,34 +71,35 @@ def encode_text_file(
     max_sequence_length: int | None = None,
     overrides: dict[str, Any] | None = None,
 ) -> list[Conditioning] | None:
-    """Encode each prompt with a text-encoder FILE (ComfyUI's models/text_encoders; Qwen-Image's Qwen2.5-VL,
-    bf16 or fp8) on TEXT_RANK, in the model's dtype. The encoder stays loaded for the next prompts."""
+    """Encode each prompt with a text-encoder FILE (ComfyUI's models/text_encoders, of a family that reads one:
+    Qwen-Image's Qwen2.5-VL, bf16 or fp8) on TEXT_RANK, in the model's dtype. The encoder stays loaded for the
+    next prompts."""
     from transformers import AutoTokenizer
 
-    from ..models.text_big import QWEN_DEFAULT_LENGTH, encode_qwen_image
-    from ..models.text_files import load_qwen25_text_file
-
     model = loaded_model(ctx)
-    family = model.adapter.plan.family
-    if family != "qwen-image":
+    family_id = model.adapter.plan.family
+    spec = family(family_id)
+    if spec.text_encoder_file is None:
+        readers = [f"{f.text_encoder_file().what} files ({f.label}'s)" for f in FAMILIES if f.text_encoder_file]
         raise ConfigError(
-            f"a text-encoder file for a {family} model",
-            "Parallel Text Encode reads Qwen2.5-VL files (Qwen-Image's) from models/text_encoders",
+            f"a text-encoder file for a {family_id} model",
+            f"Parallel Text Encode reads {' and '.join(readers)} from models/text_encoders",
             "encode with ComfyUI's CLIPLoader + CLIPTextEncode, or load the model's diffusers folder",
         )
     if ctx.rank != TEXT_RANK:
         return None
+    reader = spec.text_encoder_file()
     key = (encoder_path, tokenizer_dir, str(overrides), model.adapter.dtype)
     cached = ctx.state.get("text_file")
     if cached is None or cached[0] != key:
         ctx.state.pop("text_file", None)
-        encoder = load_qwen25_text_file(encoder_path, ctx.device, model.adapter.dtype, overrides=overrides)
+        encoder = reader.load(encoder_path, ctx.device, model.adapter.dtype, overrides=overrides)
         cached = (key, encoder, AutoTokenizer.from_pretrained(tokenizer_dir, local_files_only=True))
         ctx.state["text_file"] = cached
     _, encoder, tokenizer = cached
     with torch.no_grad():
         return [
-            encode_qwen_image(encoder, tokenizer, [p], max_sequence_length or QWEN_DEFAULT_LENGTH).to(
+            reader.encode(encoder, tokenizer, [p], max_sequence_length or reader.default_length).to(
                 "cpu", torch.float32
             )
             for p in prompts

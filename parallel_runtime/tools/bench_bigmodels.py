@@ -23,14 +23,21 @@ from typing import Any
 
 import torch
 
+from ..models.families import flux, flux2, qwen_image
+from ..models.families.registry import family_of_variant
 from ..parallel.config import ParallelConfig
 from ..parallel.layout import ModelInfo
 from ..parallel.stages import plan_stages
 from ..runtime.jobs import JobContext
 from ..runtime.pool import WorkerPool
 
-REAL = {"flux": "flux-dev", "qwen-image": "qwen-image", "flux2": "flux2-dev"}
+REAL = (flux.DEV, qwen_image.QWEN_IMAGE, flux2.DEV)  # the shipped configs of the models measured at real size
 GB = 1e9
+
+
+def _package_path(folder: Path) -> str:
+    """``folder`` relative to the package (``models/families/<family>/configs/<variant>``)."""
+    return folder.relative_to(Path(__file__).resolve().parent.parent).as_posix()
 
 
 def real_weight_gb(storage: str) -> dict[str, dict[str, float]]:
@@ -41,7 +48,8 @@ def real_weight_gb(storage: str) -> dict[str, dict[str, float]]:
     from ..models.weight_budget import weight_budget
 
     out = {}
-    for family, variant in REAL.items():
+    for variant in REAL:
+        family = family_of_variant(variant).id
         config, _ = shipped_config(variant)
         budget = weight_budget(getattr(diffusers, config["_class_name"]), config, 2, storage=storage)
         info = ModelInfo(family, 1, len(budget.blocks), 1, budget.total, budget.blocks, budget.embed, budget.final)
@@ -153,7 +161,7 @@ def _measure(path: Path, pp: int, staged: bool) -> list[dict[str, Any]]:
 
 def run(quick: bool = False) -> dict[str, Any]:
     """Run the benchmark; ``quick`` measures a smaller generated file."""
-    from ..models.files import model_info_from_path
+    from ..models.model_info import model_info_from_path
 
     width, blocks = (512, 4) if quick else (1024, 6)
     results: dict[str, Any] = {
@@ -164,7 +172,7 @@ def run(quick: bool = False) -> dict[str, Any]:
         "holds (fp8)",
         "weight_gb_per_rank": real_weight_gb("auto"),
         "weight_gb_per_rank_fp8": real_weight_gb("fp8_e4m3fn"),
-        "real_configs": {k: f"models/configs/{v}" for k, v in REAL.items()},
+        "real_configs": {family_of_variant(v).id: _package_path(family_of_variant(v).config_folder(v)) for v in REAL},
         "measured_file": f"Qwen-Image-shaped, {blocks} blocks {width} wide, random weights, bf16 compute",
     }
     with tempfile.TemporaryDirectory(prefix="bigmodels-bench-") as tmp:

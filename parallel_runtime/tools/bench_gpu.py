@@ -31,7 +31,7 @@ from ..attention.kernels import usable_backends
 from ..denoise.denoiser import Denoiser
 from ..denoise.model_sampling import model_sampling_for
 from ..models.base import Conditioning
-from ..models.flux import FluxAdapter, image_ids
+from ..models.families.flux.adapter import FluxAdapter, image_ids
 from ..parallel.mesh import ParallelMesh
 from ..pipefusion.transport import ActivationFormat
 from .gpu_model import LINK_NAMES, LINKS, Profile, model_layouts, single_gpu_seconds

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from ..checkout import devtools_module
+from ..models.families.registry import family_of_class_name
 from ..models.lora.files import lora_file_id
 from ..models.lora.patcher import StackEntry
 from ..models.lora.skeleton import original_skeleton
@@ -58,7 +59,8 @@ def write_lora(config: dict[str, Any], path: Path, seed: int) -> int:
 
     gen = torch.Generator().manual_seed(seed)
     tensors: dict[str, torch.Tensor] = {}
-    for name, shape in original_skeleton("flux", config).items():
+    family = family_of_class_name(config["_class_name"]).id
+    for name, shape in original_skeleton(family, config).items():
         if len(shape) != 2 or not name.endswith(".weight") or "blocks." not in name:
             continue
         base = "lora_unet_" + name[: -len(".weight")].replace(".", "_")
@@ -133,7 +135,7 @@ def run(quick: bool = False) -> dict[str, Any]:
     repeats = 1 if quick else 5
     with tempfile.TemporaryDirectory(prefix="lora-bench-") as tmp:
         folder = build_tiny_pipeline(
-            "tiny-flux", Path(tmp) / "flux", num_attention_heads=heads, attention_head_dim=64, num_layers=layers,
+            "tiny-flux", Path(tmp) / "tiny-flux", num_attention_heads=heads, attention_head_dim=64, num_layers=layers,
             num_single_layers=singles,
         )  # fmt: skip
         config = json.loads((folder / "transformer" / "config.json").read_text())

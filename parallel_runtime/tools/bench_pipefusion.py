@@ -31,6 +31,7 @@ from ..checkout import devtools_module
 from ..denoise.model_sampling import model_sampling_for
 from ..denoise.settings import SamplingSettings
 from ..models.base import Conditioning
+from ..models.families import registry
 from ..parallel.config import ParallelConfig
 from ..runtime.jobs import JobContext
 from ..runtime.pool import WorkerPool
@@ -211,7 +212,7 @@ def stale_kv_error(pools: dict[str, WorkerPool], model: str, quick: bool) -> dic
     pos, neg, comps = _prompts(path)
     family = comps.family
     px, steps = (128, 4) if quick else (256, 8)
-    cfg = 1.0 if family == "flux" else 4.0
+    cfg = 1.0 if registry.family(family).distilled_guidance else 4.0  # guidance-distilled: one branch
     infos = {k: pool.submit(load_model, str(path), "fp32", "sdpa").result(600) for k, pool in pools.items()}
     latent = torch.zeros(1, infos["single"]["latent_channels"], px // 8, px // 8)
     settings = SamplingSettings(seed=3, steps=steps, cfg=cfg, sampler="euler", guidance=3.5)

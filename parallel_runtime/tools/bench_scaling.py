@@ -45,6 +45,16 @@ def encode(ctx: JobContext, prompt: str):
     return encode_text(ctx, [prompt])
 
 
+def family_of_folder(folder: Path) -> str:
+    """The family id of a diffusers folder's transformer (the benches label their contenders with it)."""
+    import json
+
+    from ..models.families.registry import family_of_class_name
+
+    config = json.loads((folder / "transformer" / "config.json").read_text(encoding="utf-8"))
+    return family_of_class_name(config["_class_name"]).id
+
+
 def _build(name: str, root: Path, **overrides) -> Path:
     build_tiny_pipeline = devtools_module("tiny", "bench scaling").build_tiny_pipeline
 
@@ -108,14 +118,15 @@ def run(quick: bool = False) -> dict[str, Any]:
             patch_size=2,
             pos_embed_max_size=px // 16,
         )
+        flux_id, sd3_id = family_of_folder(flux), family_of_folder(sd3)  # the contenders' labels
         specs = {
-            "flux 1 rank x 1 thread": (flux, ParallelConfig(), 1, 1.0),
-            "flux 1 rank x 2 threads": (flux, ParallelConfig(), 2, 1.0),
-            "flux ulysses 2 ranks x 1 thread": (flux, ParallelConfig(ulysses=2), 1, 1.0),
-            "flux ring 2 ranks x 1 thread": (flux, ParallelConfig(ring=2), 1, 1.0),
-            "sd3 1 rank x 1 thread": (sd3, ParallelConfig(), 1, 4.0),
-            "sd3 1 rank x 2 threads": (sd3, ParallelConfig(), 2, 4.0),
-            "sd3 cfg 2 ranks x 1 thread": (sd3, ParallelConfig(cfg=2), 1, 4.0),
+            f"{flux_id} 1 rank x 1 thread": (flux, ParallelConfig(), 1, 1.0),
+            f"{flux_id} 1 rank x 2 threads": (flux, ParallelConfig(), 2, 1.0),
+            f"{flux_id} ulysses 2 ranks x 1 thread": (flux, ParallelConfig(ulysses=2), 1, 1.0),
+            f"{flux_id} ring 2 ranks x 1 thread": (flux, ParallelConfig(ring=2), 1, 1.0),
+            f"{sd3_id} 1 rank x 1 thread": (sd3, ParallelConfig(), 1, 4.0),
+            f"{sd3_id} 1 rank x 2 threads": (sd3, ParallelConfig(), 2, 4.0),
+            f"{sd3_id} cfg 2 ranks x 1 thread": (sd3, ParallelConfig(cfg=2), 1, 4.0),
         }
         contenders: dict[str, Contender] = {}
         try:
@@ -128,19 +139,19 @@ def run(quick: bool = False) -> dict[str, Any]:
 
     res["seconds"] = {name: t.summary() for name, t in times.items()}
     speedups: dict[str, Any] = {}
-    for family, parallel in (("flux", ("ulysses", "ring")), ("sd3", ("cfg",))):
+    for family, parallel in ((flux_id, ("ulysses", "ring")), (sd3_id, ("cfg",))):
         for kind in parallel:
             mine = f"{family} {kind} 2 ranks x 1 thread"
             speedups[f"{kind}2_vs_1rank_1thread"] = ratio(times, f"{family} 1 rank x 1 thread", mine)
             speedups[f"{kind}2_vs_1rank_2threads"] = ratio(times, f"{family} 1 rank x 2 threads", mine)
     res["speedup"] = speedups
     e, b, n = 4, 1, 2
-    single = contenders["flux 1 rank x 1 thread"]
+    single = contenders[f"{flux_id} 1 rank x 1 thread"]
     s = tokens + single.text_tokens
     h = heads * head_dim
     layers = single.info["num_blocks"]
-    uly = contenders["flux ulysses 2 ranks x 1 thread"].sent
-    ring = contenders["flux ring 2 ranks x 1 thread"].sent
+    uly = contenders[f"{flux_id} ulysses 2 ranks x 1 thread"].sent
+    ring = contenders[f"{flux_id} ring 2 ranks x 1 thread"].sent
     res.update(
         {
             "attention_layers": layers,
@@ -149,7 +160,7 @@ def run(quick: bool = False) -> dict[str, Any]:
             "formula_bytes_ulysses2": 4 * e * b * s * h * layers * (n - 1) / n**2,
             "bytes_per_step_ring2": ring.get("ring", 0) / steps,
             "formula_bytes_ring2": 2 * e * b * s * h * layers * (n - 1) / n,
-            "bytes_per_step_cfg2": contenders["sd3 cfg 2 ranks x 1 thread"].sent.get("cfg", 0) / steps,
+            "bytes_per_step_cfg2": contenders[f"{sd3_id} cfg 2 ranks x 1 thread"].sent.get("cfg", 0) / steps,
             "other_bytes_per_step_ulysses2": {k: v / steps for k, v in uly.items() if k != "ulysses"},
         }
     )

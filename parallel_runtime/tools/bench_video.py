@@ -123,7 +123,7 @@ def run(quick: bool = False) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="dit-bench-video-") as tmp:
         root = Path(tmp)
         wan = build_tiny_pipeline(
-            "tiny-wan", root / "wan", num_attention_heads=HEADS, attention_head_dim=HEAD_DIM, num_layers=BLOCKS,
+            "tiny-wan", root / "tiny-wan", num_attention_heads=HEADS, attention_head_dim=HEAD_DIM, num_layers=BLOCKS,
             ffn_dim=4 * HEADS * HEAD_DIM,
         )  # fmt: skip
         specs = {

@@ -19,11 +19,10 @@ from ..errors import (
     WorkerError,
     WorkerHung,
 )
+from ..models.families.registry import family
 from ..parallel.config import ParallelConfig
 from ..runtime.pools import PoolRegistry
 from ..service.api import LoadRequest, check_sample_request, load_parallel_model
-
-DEFAULT_CFG = {"flux": 1.0, "sd3": 5.0, "pixart": 4.5}
 
 
 def _layout(args: argparse.Namespace) -> ParallelConfig | None:
@@ -101,7 +100,7 @@ def _generate(args: argparse.Namespace, registry: PoolRegistry) -> int:
     if stages:
         per_rank = ", ".join(f"rank {r['rank']}: {r['param_bytes'] / 2**20:.1f} MiB" for r in stages["ranks"])
         print(f"  PipeFusion stages (blocks) {stages['stages']}; weights loaded {per_rank}")
-    cfg = args.cfg_scale if args.cfg_scale is not None else DEFAULT_CFG.get(model.family, 1.0)
+    cfg = args.cfg_scale if args.cfg_scale is not None else family(model.family).generate_cfg
     positive = model.encode_text(args.prompt)
     negative = model.encode_text(args.negative) if cfg != 1.0 else None
 

@@ -7,8 +7,9 @@ The structure (levels, widths, blocks per level, latent channels, quant convs, m
 attention) is read from the tensor shapes in the header; the only thing weights do not record is
 the GroupNorm group count, 32 in every published SD / SDXL / SD3 / Flux VAE. Original (LDM) names
 are converted by diffusers' own ``convert_ldm_vae_checkpoint`` (through ``models.compat``); files already in diffusers names
-load as they are. Wan 2.1 / 2.2 video VAEs (``wan_2.1_vae.safetensors``, ``wan2.2_vae.safetensors``) become
-``AutoencoderKLWan`` (``vae.wan_file``). Only the VAE's tensors are read, so a 10 GB checkpoint costs its VAE's bytes.
+load as they are. A family may bring its own VAE file layout (``FamilySpec.vae_file``: Wan 2.1 / 2.2's video VAEs,
+``wan_2.1_vae.safetensors`` / ``wan2.2_vae.safetensors``, become ``AutoencoderKLWan``); such a file's layout is
+the family's id. Only the VAE's tensors are read, so a 10 GB checkpoint costs its VAE's bytes.
 Decoding needs no scaling factors (a LATENT holds raw VAE latents), so none are guessed.
 """
 
@@ -25,8 +26,8 @@ from torch import nn
 
 from ..errors import ConfigError
 from ..models import compat
+from ..models.families.registry import FAMILIES, family
 from ..models.files import read_safetensors_header
-from .wan_file import build_wan_vae, is_wan_vae_file, wan_vae_config
 
 PREFIXES: tuple[str, ...] = ("", "first_stage_model.", "vae.")
 BATCH_NORM = "bn.running_mean"  # FLUX.2's VAE: batch-norm statistics of the packed latent
@@ -54,7 +55,7 @@ class VaeFileInfo:
 
     path: Path
     prefix: str
-    layout: str  # "ldm" | "diffusers" | "wan" (original Wan 2.1 / 2.2 names)
+    layout: str  # "ldm" | "diffusers" | the id of the family whose VAE file layout it is (FamilySpec.vae_file)
     config: dict[str, Any]
     batch_norm: bool = False  # FLUX.2's VAE: AutoencoderKLFlux2 with the running statistics in ``bn.*``
 
@@ -79,10 +80,12 @@ def inspect_vae_file(path: str | os.PathLike, norm_num_groups: int = DEFAULT_NOR
             "use the .safetensors release of the VAE",
         )
     shapes = {k: tuple(v["shape"]) for k, v in read_safetensors_header(path).items()}
+    formats = [(spec.id, spec.vae_file()) for spec in FAMILIES if spec.vae_file is not None]
     for prefix in PREFIXES:
-        if is_wan_vae_file(shapes, prefix):  # Wan 2.1 / 2.2 video VAE (AutoencoderKLWan)
-            local = {k[len(prefix) :]: s for k, s in shapes.items() if k.startswith(prefix)}
-            return VaeFileInfo(path, prefix, "wan", wan_vae_config(local))
+        for layout, fmt in formats:  # a family's own VAE file layout (e.g. Wan's video VAEs)
+            if fmt.matches(shapes, prefix):
+                local = {k[len(prefix) :]: s for k, s in shapes.items() if k.startswith(prefix)}
+                return VaeFileInfo(path, prefix, layout, fmt.config(local))
         for layout, marker, conv2, attention in _LAYOUTS:
             if prefix + marker in shapes:
                 local = {k[len(prefix) :]: s for k, s in shapes.items() if k.startswith(prefix)}
@@ -157,8 +160,8 @@ def load_vae_file(
     with safe_open(str(info.path), framework="pt", device="cpu") as f:
         names = [k for k in f.keys() if k.startswith(info.prefix)]  # noqa: SIM118 - safe_open is not iterable
         state = {k[len(info.prefix) :]: f.get_tensor(k) for k in names}
-    if info.layout == "wan":
-        vae = build_wan_vae(state, info.config, info.path.name)
+    if info.layout not in ("ldm", "diffusers"):  # a family's own layout
+        vae = family(info.layout).vae_file().build(state, info.config, info.path.name)
         return nn.Module.to(vae, device=torch.device(device), dtype=dtype).eval().requires_grad_(False)
     if info.layout == "ldm":
         norms = {k: v for k, v in state.items() if k.startswith("bn.")}  # the converter knows no batch norm

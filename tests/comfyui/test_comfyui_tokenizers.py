@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from transformers import AutoTokenizer
 
-from parallel_runtime.models.text_big import qwen_prefix_tokens
+from parallel_runtime.models.families.qwen_image.text import qwen_prefix_tokens
 
 
 def test_comfyuis_own_qwen_tokenizer_drops_the_34_template_tokens(comfy_snapshot):

@@ -14,7 +14,7 @@ __all__, __getattr__ = lazy_exports(
     __name__,
     {
         "files": ("LoraFileId", "lora_file_id", "read_lora"),
-        "keymap": ("ModelKeys", "TEXT_ENCODER_ROLES", "TRANSFORMER"),
+        "keymap": ("ModelKeys", "TRANSFORMER"),
         "model_keys": ("model_keys",),
         "patcher": ("LoraPatcher", "StackEntry"),
         "resolve": ("Resolution", "check_resolution", "resolve"),

@@ -2,7 +2,8 @@
 
 A model is described by a :class:`ModelKeys` table (names and shapes only): the transformer's diffusers
 tensors, its original-layout tensors with their row routing (when the family has an original layout), and
-each text encoder with the role ComfyUI gives it (clip_l, clip_g, t5xxl). From it, every name a LoRA
+each text encoder with the role ComfyUI gives it (clip_l, clip_g, t5xxl; each family states them:
+``FamilySpec.text.lora_roles``). From it, every name a LoRA
 trainer may use for a tensor is listed:
 
 - original layout: ``diffusion_model.<name>`` and kohya's ``lora_unet_<name with _ for .>``;
@@ -22,20 +23,12 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections.abc import Mapping
-from types import MappingProxyType
 
 from .routing import Routing
 
 Shape = tuple[int, ...]
 TRANSFORMER = "transformer"
 
-TEXT_ENCODER_ROLES: Mapping[str, Mapping[str, str]] = MappingProxyType(
-    {  # family -> pipeline component -> ComfyUI's name for that encoder
-        "flux": {"text_encoder": "clip_l", "text_encoder_2": "t5xxl"},
-        "sd3": {"text_encoder": "clip_l", "text_encoder_2": "clip_g", "text_encoder_3": "t5xxl"},
-        "pixart": {"text_encoder": "t5xxl"},
-    }
-)
 _CLIP_LAYER = re.compile(r"text_model\.encoder\.layers\.(\d+)\.(mlp\.fc[12]|self_attn\.(?:[qkv]|out)_proj)\.weight")
 
 

@@ -8,7 +8,8 @@ from typing import Any
 
 from torch import nn
 
-from .keymap import TEXT_ENCODER_ROLES, EncoderKeys, ModelKeys, Shape, canonical_encoder_name
+from ..families.registry import find_family
+from .keymap import EncoderKeys, ModelKeys, Shape, canonical_encoder_name
 from .routing import Routing, identity_routing, probe_routing
 from .skeleton import original_skeleton
 
@@ -27,7 +28,8 @@ def encoder_kind(module: nn.Module) -> str:
 
 def encoder_keys(family: str, encoders: Mapping[str, nn.Module]) -> dict[str, EncoderKeys]:
     """Text encoders of a pipeline (component -> module) with the roles ComfyUI gives them."""
-    roles = TEXT_ENCODER_ROLES.get(family, {})
+    spec = find_family(family)
+    roles = spec.text.lora_roles if spec is not None else {}
     out = {}
     for component, module in encoders.items():
         if component not in roles:

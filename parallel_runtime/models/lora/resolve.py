@@ -14,6 +14,7 @@ from collections.abc import Mapping
 import torch
 
 from ...errors import ConfigError
+from ..families.registry import lora_markers
 from .files import alphas
 from .keymap import TRANSFORMER, ModelKeys, Target, alias_map
 from .modules import UNSUPPORTED_KINDS, Module, Patch, group_modules, numel
@@ -116,15 +117,7 @@ def _fits(patch: Patch, target: Target) -> bool:
     return len(target.shape) < 2 or patch.shape[0] == target.shape[0]
 
 
-_FAMILY_MARKERS: tuple[tuple[str, str], ...] = (
-    ("double_blocks", "flux"),
-    ("single_blocks", "flux"),
-    ("single_transformer_blocks", "flux"),
-    ("joint_blocks", "sd3"),
-    ("context_block", "sd3"),
-    ("img_mlp", "qwen-image"),
-    ("self_attn.q", "wan"),
-    ("cross_attn", "wan or pixart"),
+_UNET_MARKERS: tuple[tuple[str, str], ...] = (
     ("down_blocks", "SD 1.5 / SDXL (UNet)"),
     ("input_blocks", "SD 1.5 / SDXL (UNet)"),
 )
@@ -141,7 +134,7 @@ def is_text_module(name: str) -> bool:
 def guess_family(names: list[str]) -> str | None:
     """Which model family a LoRA's module names suggest (for error messages only)."""
     flat = " ".join(n.replace("_", ".") for n in names)
-    for marker, family in _FAMILY_MARKERS:
+    for marker, family in (*lora_markers(), *_UNET_MARKERS):
         if marker.replace("_", ".") in flat:
             return family
     return None

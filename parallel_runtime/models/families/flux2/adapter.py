@@ -20,18 +20,20 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from ..errors import ConfigError
-from . import compat
-from .base import Activations, Conditioning, ModelAdapter, ModelPlan, Split
-from .latent_formats import LatentFormat
-from .sampling_spec import flux_sampling
+from ....errors import ConfigError
+from ... import compat
+from ...base import Activations, Conditioning, ModelAdapter, ModelPlan, Split
+from ...latent_formats import LatentFormat
+from ...sampling_spec import flux_sampling
+from . import ID
+from .latent import latent_format as flux2_latent_format
 
 TEXT_TOKENS = 512  # ComfyUI pads FLUX.2 text to this many tokens (zeros in front)
 DOUBLE, SINGLE = "transformer_blocks", "single_transformer_blocks"
 
 
 class Flux2Adapter(ModelAdapter):
-    family = "flux2"
+    family = ID
     sdpa_processors = (compat.FLUX2_ATTN_PROCESSOR, compat.FLUX2_SINGLE_ATTN_PROCESSOR)
 
     @classmethod
@@ -56,7 +58,7 @@ class Flux2Adapter(ModelAdapter):
             text_attention="joint",
             guidance_embed=bool(config.guidance_embeds),
             timestep="sigma",
-            latent_format=latent_format or LatentFormat(out, 1.0, 0.0),
+            latent_format=latent_format or flux2_latent_format(out),
             splits=(Split("img", 1), Split("txt", 1), Split("img_rope", 0), Split("txt_rope", 0)),
             model_sampling=flux_sampling(2.02),  # ComfyUI's Flux2: ModelType.FLUX, shift 2.02 (as issue 14 found)
             vae_scale_factor=16,

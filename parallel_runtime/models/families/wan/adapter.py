@@ -23,11 +23,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..errors import ConfigError
-from . import compat
-from .base import Activations, Conditioning, LatentFormat, ModelAdapter, ModelPlan, Split
-from .latent_formats import WAN21, WAN22
-from .sampling_spec import discrete_flow_sampling
+from ....errors import ConfigError
+from ... import compat
+from ...base import Activations, Conditioning, LatentFormat, ModelAdapter, ModelPlan, Split
+from ...sampling_spec import discrete_flow_sampling
+from . import ID
+from .latent import WAN21, WAN22
 
 WAN_SHIFT = 8.0  # ComfyUI 0.3.64 WAN21_T2V sampling_settings, inherited by WAN21_I2V and WAN22_T2V (TI2V-5B)
 
@@ -35,7 +36,7 @@ TEXT_TOKENS_WITH_IMAGE = 512  # diffusers' WanAttnProcessor takes the last 512 c
 
 
 class WanAdapter(ModelAdapter):
-    family = "wan"
+    family = ID
     sdpa_processors = (compat.WAN_ATTN_PROCESSOR,)
 
     @classmethod

@@ -12,16 +12,18 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..errors import ConfigError
-from . import compat
-from .base import Activations, Conditioning, LatentFormat, ModelAdapter, ModelPlan, Split
-from .sampling_spec import discrete_flow_sampling, flux_sampling
+from ....errors import ConfigError
+from ... import compat
+from ...base import Activations, Conditioning, LatentFormat, ModelAdapter, ModelPlan, Split
+from ...sampling_spec import discrete_flow_sampling, flux_sampling
+from . import ID
+from .latent import latent_format as flux_latent_format
 
 PACK = 2  # FluxPipeline packs 2x2 latent pixels into one token
 
 
 class FluxAdapter(ModelAdapter):
-    family = "flux"
+    family = ID
     sdpa_processors = (compat.FLUX_ATTN_PROCESSOR,)
 
     @classmethod
@@ -47,7 +49,7 @@ class FluxAdapter(ModelAdapter):
             text_attention="joint",
             guidance_embed=bool(config.guidance_embeds),
             timestep="sigma",
-            latent_format=latent_format or LatentFormat(channels, 0.3611, 0.1159),
+            latent_format=latent_format or flux_latent_format(channels),
             splits=(Split("img", 1), Split("txt", 1), Split("img_rope", 0), Split("txt_rope", 0)),
             # ComfyUI: Flux dev (guidance input) ModelSamplingFlux shift 1.15; schnell discrete flow 1.0 / 1.0
             model_sampling=flux_sampling(1.15) if config.guidance_embeds else discrete_flow_sampling(1.0, 1.0),

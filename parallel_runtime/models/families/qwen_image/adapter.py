@@ -23,11 +23,13 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from ..errors import ConfigError
-from . import compat
-from .base import Activations, Conditioning, ModelAdapter, ModelPlan, Split
-from .latent_formats import WAN21, LatentFormat
-from .sampling_spec import flux_sampling
+from ....errors import ConfigError
+from ... import compat
+from ...base import Activations, Conditioning, ModelAdapter, ModelPlan, Split
+from ...latent_formats import LatentFormat
+from ...sampling_spec import flux_sampling
+from ..wan.latent import WAN21  # Qwen-Image's VAE is Wan 2.1's (ComfyUI's QwenImage: latent_formats.Wan21)
+from . import ID
 
 PACK = 2  # 2x2 latent pixels per token
 ROPE_TABLE_LEN = 4096  # rows of QwenEmbedRope's pos_freqs / neg_freqs
@@ -40,7 +42,7 @@ _UNSUPPORTED = {
 
 
 class QwenImageAdapter(ModelAdapter):
-    family = "qwen-image"
+    family = ID
     sdpa_processors = (compat.QWEN_ATTN_PROCESSOR,)
     rope_centre: Literal["comfyui", "diffusers"] = "comfyui"
 

@@ -13,16 +13,13 @@ from typing import Any
 
 import torch
 
-from . import compat
+from ... import compat
+from ...layout_shapes import Shapes, block_count
+from ..spec import OriginalLayout
+from . import I2V_14B, I2V_A14B, T2V_1_3B, T2V_14B, TI2V_5B
 
 HEAD_DIM = 128  # every Wan model; ComfyUI derives num_heads = dim // 128 the same way
 ANCHOR = "head.modulation"
-Shapes = Mapping[str, tuple[int, ...]]
-
-
-def _count(shapes: Shapes, prefix: str) -> int:
-    found = {k[len(prefix) :].split(".", 1)[0] for k in shapes if k.startswith(prefix)}
-    return max((int(i) for i in found if i.isdigit()), default=-1) + 1
 
 
 def wan_config(shapes: Shapes, base: Mapping[str, Any]) -> dict[str, Any]:
@@ -39,7 +36,7 @@ def wan_config(shapes: Shapes, base: Mapping[str, Any]) -> dict[str, Any]:
         "text_dim": shapes["text_embedding.0.weight"][1],
         "freq_dim": shapes["time_embedding.0.weight"][1],
         "ffn_dim": shapes["blocks.0.ffn.0.weight"][0],
-        "num_layers": _count(shapes, "blocks."),
+        "num_layers": block_count(shapes, "blocks."),
         "cross_attn_norm": "blocks.0.norm3.weight" in shapes,
         "qk_norm": "rms_norm_across_heads" if "blocks.0.self_attn.norm_q.weight" in shapes else None,
         "image_dim": shapes["img_emb.proj.1.weight"][1] if image else None,
@@ -53,11 +50,14 @@ def wan_variant(shapes: Shapes) -> str:
     embedding), Wan 2.2 I2V A14B (36 without), else text-to-video: Wan 2.1 1.3B or 14B (the Wan 2.2 A14B
     experts have the 14B structure)."""
     if shapes["head.head.weight"][0] // 4 == 48:
-        return "wan2.2-ti2v-5b"
+        return TI2V_5B
     if shapes["patch_embedding.weight"][1] == 36:
-        return "wan2.1-i2v-14b" if "img_emb.proj.1.weight" in shapes else "wan2.2-i2v-a14b"
-    return "wan2.1-t2v-1.3b" if shapes[ANCHOR][-1] <= 2048 else "wan2.1-t2v-14b"
+        return I2V_14B if "img_emb.proj.1.weight" in shapes else I2V_A14B
+    return T2V_1_3B if shapes[ANCHOR][-1] <= 2048 else T2V_14B
 
 
 def wan_to_diffusers(state: dict[str, torch.Tensor], config: Mapping[str, Any]) -> dict[str, torch.Tensor]:
     return compat.convert_wan_transformer(state)
+
+
+LAYOUT = OriginalLayout(ANCHOR, wan_config, wan_variant, wan_to_diffusers)

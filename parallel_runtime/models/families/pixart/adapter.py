@@ -12,13 +12,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from . import compat
-from .base import Activations, Conditioning, LatentFormat, ModelAdapter, ModelPlan, Split
-from .sampling_spec import discrete_eps_sampling
+from ... import compat
+from ...base import Activations, Conditioning, LatentFormat, ModelAdapter, ModelPlan, Split
+from ...sampling_spec import discrete_eps_sampling
+from . import ID
+from .latent import latent_format as pixart_latent_format
 
 
 class PixArtAdapter(ModelAdapter):
-    family = "pixart"
+    family = ID
     sdpa_processors = (compat.ATTN_PROCESSOR,)
 
     @classmethod
@@ -36,9 +38,7 @@ class PixArtAdapter(ModelAdapter):
             text_attention="cross",
             guidance_embed=False,
             timestep="discrete",
-            # ComfyUI tells PixArt-alpha (micro-conditions) from Sigma: SD1.5's latent scale vs SDXL's
-            latent_format=latent_format
-            or LatentFormat(channels, 0.18215 if config.use_additional_conditions else 0.13025),
+            latent_format=latent_format or pixart_latent_format(channels, bool(config.use_additional_conditions)),
             splits=(Split("img", 1),),
             model_sampling=discrete_eps_sampling("sqrt_linear", 0.0001, 0.02, 1000),  # ComfyUI's PixArtAlpha/Sigma
             pads_to_patch=False,  # ComfyUI's PixArt builds its position embedding for whole patches only

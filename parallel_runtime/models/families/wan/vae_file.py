@@ -6,7 +6,8 @@ Wan 2.1's layout is converted by diffusers' own ``convert_wan_vae_to_diffusers``
 single-file converter for Wan 2.2's (residual up/down blocks: ``decoder.upsamples.B.upsamples.J``), so
 :func:`wan22_to_diffusers` renames it with the table below. Widths, latent channels and the 2x2 pixel
 patch of Wan 2.2 are read from the tensor shapes; what a file does not record — the per-channel latent
-statistics — are ComfyUI's Wan21 / Wan22 values (``models.latent_formats``).
+statistics — are ComfyUI's Wan21 / Wan22 values (``latent.py``). ``vae.file`` finds the format through the
+registry (``FamilySpec.vae_file``).
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ from typing import Any
 
 import torch
 
-from ..errors import ConfigError
-from ..models import compat
-from ..models.latent_formats import WAN21, WAN22
+from ....errors import ConfigError
+from ... import compat
+from ..spec import VaeFileFormat
+from .latent import WAN21, WAN22
 
 MARKER = "decoder.middle.0.residual.0.gamma"
 WAN22_MARKER = "decoder.upsamples.0.upsamples.0.residual.2.weight"
@@ -122,7 +124,7 @@ def build_wan_vae(state: dict[str, torch.Tensor], config: Mapping[str, Any], nam
     """An AutoencoderKLWan holding ``state`` (original layout), its parameters never materialised randomly."""
     from diffusers import AutoencoderKLWan
 
-    from ..models.weights import parameters_on_meta
+    from ...weights import parameters_on_meta
 
     converted = to_diffusers(state, config)
     with parameters_on_meta():
@@ -138,3 +140,6 @@ def build_wan_vae(state: dict[str, torch.Tensor], config: Mapping[str, Any], nam
         )
     vae.load_state_dict(converted, strict=True, assign=True)
     return vae
+
+
+FORMAT = VaeFileFormat(is_wan_vae_file, wan_vae_config, build_wan_vae)

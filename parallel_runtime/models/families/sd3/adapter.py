@@ -12,14 +12,16 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..errors import ConfigError
-from . import compat
-from .base import Activations, Conditioning, LatentFormat, ModelAdapter, ModelPlan, Split
-from .sampling_spec import discrete_flow_sampling
+from ....errors import ConfigError
+from ... import compat
+from ...base import Activations, Conditioning, LatentFormat, ModelAdapter, ModelPlan, Split
+from ...sampling_spec import discrete_flow_sampling
+from . import ID
+from .latent import latent_format as sd3_latent_format
 
 
 class SD3Adapter(ModelAdapter):
-    family = "sd3"
+    family = ID
     sdpa_processors = (compat.JOINT_ATTN_PROCESSOR,)
 
     @classmethod
@@ -36,7 +38,7 @@ class SD3Adapter(ModelAdapter):
             text_attention="joint",
             guidance_embed=False,
             timestep="sigma_x1000",
-            latent_format=latent_format or LatentFormat(channels, 1.5305, 0.0609),
+            latent_format=latent_format or sd3_latent_format(channels),
             splits=(Split("img", 1), Split("txt", 1)),
             model_sampling=discrete_flow_sampling(3.0, 1000.0),  # ComfyUI's SD3 (and SD3.5) sampling_settings
             max_grid_side=config.pos_embed_max_size,  # the position table is cropped, never extended

@@ -19,8 +19,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..errors import ConfigError
-from .weights import TensorSource, load_tensors, parameters_on_meta
+from ....errors import ConfigError
+from ...weights import TensorSource, load_tensors, parameters_on_meta
+from ..spec import TextEncoderFile
+from .text import QWEN_DEFAULT_LENGTH, encode_qwen_image
 
 QWEN25_VL_7B: Mapping[str, Any] = {  # Qwen/Qwen2.5-VL-7B-Instruct's text config: what the weights do not show
     "head_dim": 128,
@@ -75,8 +77,8 @@ def load_qwen25_text_file(
     """The Qwen2.5-VL text model in ComfyUI's ``path`` (see the module doc), on ``device``."""
     from transformers import Qwen2_5_VLTextConfig, Qwen2_5_VLTextModel
 
-    from .fp8 import detect_quantisation
-    from .tensor_files import SafetensorsFile
+    from ...fp8 import detect_quantisation
+    from ...tensor_files import SafetensorsFile
 
     file = SafetensorsFile(Path(path).expanduser())
     with file:
@@ -111,3 +113,6 @@ def _numel(shape: tuple[int, ...]) -> int:
     for s in shape:
         n *= s
     return n
+
+
+ENCODER_FILE = TextEncoderFile("Qwen2.5-VL", load_qwen25_text_file, encode_qwen_image, QWEN_DEFAULT_LENGTH)

@@ -1,0 +1,87 @@
+"""The model families: one line per folder, and the questions the rest of the engine asks about them.
+
+Nothing outside ``models/families/<family>/`` names a family; it asks here (by id, by diffusers class, by the
+tensor names of a file, by a shipped variant). Importing the registry is light (no torch, no diffusers).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from ...errors import ConfigError
+from .flux.spec import FAMILY as FLUX
+from .flux2.spec import FAMILY as FLUX2
+from .pixart.spec import FAMILY as PIXART
+from .qwen_image.spec import FAMILY as QWEN_IMAGE
+from .sd3.spec import FAMILY as SD3
+from .spec import FamilySpec
+from .wan.spec import FAMILY as WAN
+
+FAMILIES: tuple[FamilySpec, ...] = (FLUX, FLUX2, QWEN_IMAGE, SD3, PIXART, WAN)  # the order users see them in
+
+
+def family_ids() -> tuple[str, ...]:
+    return tuple(f.id for f in FAMILIES)
+
+
+def labels(conjunction: str = "or") -> str:
+    """The families' names for a message, e.g. "Flux, FLUX.2, ... or Wan"."""
+    names = [f.label for f in FAMILIES]
+    return f"{', '.join(names[:-1])} {conjunction} {names[-1]}" if len(names) > 1 else names[0]
+
+
+def family(family_id: str) -> FamilySpec:
+    """The family called ``family_id``; a clear error for an unknown one."""
+    for spec in FAMILIES:
+        if spec.id == family_id:
+            return spec
+    raise ConfigError(
+        f"unknown model family {family_id!r}",
+        "each family states its adapter, files, text encoders and defaults in its folder (models/families)",
+        f"use one of: {', '.join(family_ids())}",
+    )
+
+
+def find_family(family_id: str | None) -> FamilySpec | None:
+    """The family called ``family_id``, or None."""
+    return next((spec for spec in FAMILIES if spec.id == family_id), None)
+
+
+def family_of_class_name(class_name: str) -> FamilySpec | None:
+    """The family whose adapter drives the diffusers transformer class ``class_name`` (None: no family)."""
+    return next((spec for spec in FAMILIES if spec.transformer_class == class_name), None)
+
+
+def family_of_variant(variant: str) -> FamilySpec | None:
+    """The family that ships the config ``variant`` (None: none does)."""
+    return next((spec for spec in FAMILIES if variant in spec.variants), None)
+
+
+def variants() -> dict[str, str]:
+    """Every shipped variant -> its family's id."""
+    return {variant: spec.id for spec in FAMILIES for variant in spec.variants}
+
+
+def detection_order() -> tuple[FamilySpec, ...]:
+    """The families in the order files are matched against their markers (highest priority first)."""
+    return tuple(sorted(FAMILIES, key=lambda spec: -spec.detection_priority))
+
+
+def detect(keys: Iterable[str]) -> FamilySpec | None:
+    """The family of a transformer state dict from its tensor names (diffusers or original layout)."""
+    keys = list(keys)
+    for spec in detection_order():
+        if any(marker in key for key in keys for marker in spec.markers):
+            return spec
+    return None
+
+
+def lora_markers() -> tuple[tuple[str, str], ...]:
+    """(LoRA module-name fragment, the families it suggests), the fragments one family declares first."""
+    owners: dict[str, list[str]] = {}
+    for spec in FAMILIES:
+        for marker in spec.lora_markers:
+            owners.setdefault(marker, []).append(spec.id)
+    unique = [(m, ids[0]) for m, ids in owners.items() if len(ids) == 1]
+    shared = [(m, " or ".join(ids)) for m, ids in owners.items() if len(ids) > 1]
+    return tuple(unique + shared)

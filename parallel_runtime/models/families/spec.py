@@ -1,0 +1,143 @@
+"""What a model family states about itself: :class:`FamilySpec`, one per folder under ``models/families``.
+
+A family's facts are data (names, numbers, key fragments) and a few functions. The data is light: importing
+a spec loads neither torch nor diffusers, so the node layer can list families, their labels and hints at
+ComfyUI's start. The heavy parts (the adapter, the original-layout conversion, the text encoders, a VAE file
+format) are reached through zero-argument loaders that import the family's own modules on first call.
+
+Everything outside the family folders asks the registry (``families.registry``) for these facts instead of
+naming a family; ``tests/test_family_folders.py`` fails when a family name appears anywhere else.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
+
+from ...parallel.layout import LayoutHints
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+    from ..base import Conditioning, ModelAdapter
+    from ..text_parts import TextComponents
+
+Shape = tuple[int, ...]
+Shapes = Mapping[str, Shape]
+StateDict = dict[str, "torch.Tensor"]
+RGB = tuple[float, float, float]
+
+
+@dataclasses.dataclass(frozen=True)
+class LatentPreview:
+    """ComfyUI's latent -> RGB preview factors of one latent format (``comfy.latent_formats.<comfy_class>``):
+    a preview pixel is ``bias + sum_c latent[c] * rgb_factors[c]``, on the raw VAE latent."""
+
+    comfy_class: str
+    rgb_factors: tuple[RGB, ...]  # one (r, g, b) row per latent channel
+    rgb_bias: RGB | None = None
+
+    @property
+    def channels(self) -> int:
+        return len(self.rgb_factors)
+
+
+@dataclasses.dataclass(frozen=True)
+class TextFacts:
+    """How a family's prompts are encoded (the light facts; the encoder itself is ``FamilySpec.text_encoding``)."""
+
+    max_length: int  # tokens the family's diffusers pipeline encodes a prompt to by default
+    comfy_nodes: str  # ComfyUI's own nodes that encode prompts for this family (said in error messages)
+    lora_roles: Mapping[str, str] = dataclasses.field(default_factory=lambda: MappingProxyType({}))  # component -> role
+
+
+@dataclasses.dataclass(frozen=True)
+class OriginalLayout:
+    """A family's single-file (original) tensor layout: what the weights decide of the diffusers config, which
+    shipped variant fits, and the conversion to diffusers names."""
+
+    anchor: str  # a tensor every file of the family has in its original layout (diffusers' layout lacks it)
+    config_from_weights: Callable[[Shapes, Mapping[str, Any]], dict[str, Any]]  # (shapes, base config) -> entries
+    variant_of: Callable[[Shapes], str]  # the shipped config folder that fits these weights
+    to_diffusers: Callable[[StateDict, Mapping[str, Any]], StateDict]  # converted tensors leave the state dict
+    skeleton: Callable[[Mapping[str, Any]], dict[str, Shape]] | None = None  # original names/shapes from a config
+
+
+@dataclasses.dataclass(frozen=True)
+class TextEncoding:
+    """A family's prompt -> Conditioning with a pipeline's own text encoders."""
+
+    encode: Callable[[TextComponents, list[str], int, torch.device], Conditioning]  # (parts, prompts, tokens, device)
+    default_length: Callable[[TextComponents], int] | None = None  # when it depends on the pipeline (else max_length)
+    loader_options: Callable[[Path], dict[str, Any]] | None = None  # extra from_pretrained options per encoder folder
+
+
+@dataclasses.dataclass(frozen=True)
+class TextEncoderFile:
+    """A text encoder read from ONE file (ComfyUI's ``models/text_encoders``) and how it encodes prompts."""
+
+    what: str  # the file kind, for messages, e.g. "Qwen2.5-VL"
+    load: Callable[..., nn.Module]  # (path, device, dtype, overrides=None) -> encoder
+    encode: Callable[..., Conditioning]  # (encoder, tokenizer, prompts, max_sequence_length) -> Conditioning
+    default_length: int
+
+
+@dataclasses.dataclass(frozen=True)
+class VaeFileFormat:
+    """A VAE file layout a family brings (read by ``vae.file``): how to recognise it, its diffusers config, and
+    the VAE module built from its tensors."""
+
+    matches: Callable[[Shapes, str], bool]  # (shapes of the whole file, tensor prefix)
+    config: Callable[[Shapes], dict[str, Any]]  # (shapes under the prefix) -> diffusers VAE config
+    build: Callable[[StateDict, dict[str, Any], str], nn.Module]  # (state, config, file name) -> VAE on the CPU
+
+
+@dataclasses.dataclass(frozen=True)
+class ComfyConditioning:
+    """ComfyUI CONDITIONING options this family takes beyond text (e.g. WanImageToVideo's start image)."""
+
+    keys: tuple[str, ...]  # option names the family uses (others beyond text are refused)
+    to_fields: Callable[[Mapping[str, Any], Mapping[str, Any], str], dict[str, Any]]  # (options, expected, where)
+
+
+def default_geometry(latent_channels: int | None) -> tuple[int, int]:
+    """(image pixels per token side, video frames per latent frame) of an image family: 16 (VAE 8 x patch 2), 0."""
+    return 16, 0
+
+
+@dataclasses.dataclass(frozen=True)
+class FamilySpec:
+    """Everything one model family states (see the module doc). Fields that hold ``Callable[[], X]`` are loaders
+    of the family's heavy modules."""
+
+    id: str  # what the loader node, ModelPlan.family and the layout planner call the family
+    label: str  # the name users read, e.g. "FLUX.2"
+    transformer_class: str  # the diffusers transformer class the family's adapter drives
+    pipeline_class: str  # the diffusers pipeline a transformer-only load stands for
+    adapter: Callable[[], type[ModelAdapter]]
+    markers: tuple[str, ...]  # tensor-name fragments, any one of which marks the family's files (either layout)
+    variants: tuple[str, ...]  # shipped configs, ``<folder>/configs/<variant>/`` (single files)
+    folder: Path  # the family's folder
+    original_layout: Callable[[], OriginalLayout]
+    text: TextFacts
+    text_encoding: Callable[[], TextEncoding]
+    layout: LayoutHints  # the planner's assumptions before the sampler's values are known
+    head_dim: int  # the usual attention head width (heads of a header-only file: width / head_dim)
+    previews: tuple[LatentPreview, ...] = ()  # ComfyUI's preview factors of each latent format the family uses
+    detection_priority: int = 0  # tried highest first: above the families whose markers its files also hold
+    geometry: Callable[[int | None], tuple[int, int]] = default_geometry  # (latent channels) -> token px, frames
+    distilled_guidance: bool = False  # takes an embedded guidance value (FluxGuidance) instead of true CFG only
+    generate_cfg: float = 1.0  # ``python -m parallel_runtime generate``'s CFG scale when none is given
+    node_preview: str | None = None  # the ComfyUI latent format the nodes' live previews use (None: SD15's)
+    lora_markers: tuple[str, ...] = ()  # LoRA module-name fragments that suggest this family (error messages)
+    text_encoder_file: Callable[[], TextEncoderFile] | None = None
+    vae_file: Callable[[], VaeFileFormat] | None = None
+    comfy_conditioning: ComfyConditioning | None = None
+
+    def config_folder(self, variant: str) -> Path:
+        """Where the shipped configs of ``variant`` (one of :attr:`variants`) are."""
+        return self.folder / "configs" / variant

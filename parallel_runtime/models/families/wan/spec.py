@@ -1,0 +1,63 @@
+"""Wan 2.1 / 2.2's declaration: see ``families.spec.FamilySpec`` for what each field means."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ....parallel.layout import LayoutHints
+from ..spec import FamilySpec, TextFacts
+from . import I2V_14B, I2V_A14B, ID, T2V_1_3B, T2V_14B, TI2V_5B
+from .comfy_inputs import COMFY_CONDITIONING
+from .latent import WAN21_PREVIEW, WAN22, WAN22_PREVIEW
+
+
+def _adapter():
+    from .adapter import WanAdapter
+
+    return WanAdapter
+
+
+def _original_layout():
+    from .keys import LAYOUT
+
+    return LAYOUT
+
+
+def _text_encoding():
+    from .text import ENCODING
+
+    return ENCODING
+
+
+def _vae_file():
+    from .vae_file import FORMAT
+
+    return FORMAT
+
+
+def geometry(latent_channels: int | None) -> tuple[int, int]:
+    """(pixels per token side, frames per latent frame): 16 (VAE 8 x patch 2), or 32 for the 48-channel TI2V-5B
+    whose VAE compresses 16x; 4 frames per latent frame."""
+    return (32 if latent_channels == WAN22.channels else 16), 4
+
+
+FAMILY = FamilySpec(
+    id=ID,
+    label="Wan",
+    transformer_class="WanTransformer3DModel",
+    pipeline_class="WanPipeline",
+    adapter=_adapter,
+    markers=("head.modulation", "condition_embedder.time_proj."),
+    variants=(T2V_1_3B, T2V_14B, I2V_14B, I2V_A14B, TI2V_5B),
+    folder=Path(__file__).resolve().parent,
+    original_layout=_original_layout,
+    text=TextFacts(max_length=512, comfy_nodes="CLIPLoader (umt5_xxl, type wan) with CLIPTextEncode"),
+    text_encoding=_text_encoding,
+    layout=LayoutHints(default_cfg=5.0, text_tokens=0),  # cross-attention: the text is not in the sequence
+    head_dim=128,
+    previews=(WAN21_PREVIEW, WAN22_PREVIEW),
+    geometry=geometry,
+    lora_markers=("self_attn.q", "cross_attn"),
+    vae_file=_vae_file,
+    comfy_conditioning=COMFY_CONDITIONING,
+)
