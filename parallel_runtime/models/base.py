@@ -5,13 +5,13 @@ An adapter drives a diffusers transformer through its own sub-modules in three p
 (one transformer block, self/joint attention routed to a sequence-parallel attention) and
 ``final`` (output layer on local tokens, gather, unpatchify).
 
-A family also declares, in its ``make_plan``, what ComfyUI derives from its model file, so a graph
-gives the same picture as with ComfyUI's KSampler: the latent format (``LatentFormat``, ComfyUI's
+A family's adapter also declares, in its ``make_plan``, what ComfyUI derives from its model file, so a
+graph gives the same picture as with ComfyUI's KSampler: the latent format (``LatentFormat``, ComfyUI's
 ``latent_formats``), the model sampling (``ModelPlan.model_sampling``, a ``ModelSamplingSpec``: ComfyUI's
 ``supported_models`` ``sampling_settings`` and model type), whether latents that are not a multiple of
 the patch size are padded and cropped as ComfyUI's model does (``pads_to_patch``) and the largest token
-grid the model's position embedding covers (``max_grid_side``). That is the one place a new family
-states them.
+grid the model's position embedding covers (``max_grid_side``). Adapters live in their family's folder
+(``families/<family>/adapter.py``) with everything else the family states (``families.spec.FamilySpec``).
 """
 
 from __future__ import annotations
