@@ -90,7 +90,7 @@ def _entry(entry: Any, expected: Mapping[str, int | None], family: str, role: st
             "connect the output of a text encoder node",
         )
     embeds, options = entry[0], dict(entry[1] or {})
-    image_extras = families.conditioning_fields(family, options, expected, where)
+    extras = families.conditioning_extras(family, options, expected, where)
     taken = families.conditioning_keys(family)  # e.g. WanImageToVideo's start image, for Wan
     for key, what in UNSUPPORTED_KEYS.items():
         if key in taken:
@@ -146,7 +146,7 @@ def _entry(entry: Any, expected: Mapping[str, int | None], family: str, role: st
         mask = None  # a mask for other tokens (e.g. a padded encoder) cannot be applied: run unmasked
     guidance = options.get("guidance")
     return CondEntry(
-        Conditioning(embeds.float().cpu(), pooled, mask, **image_extras),
+        Conditioning(embeds.float().cpu(), pooled, mask, extras),
         guidance=None if guidance is None else float(guidance),
         strength=float(options.get("strength", 1.0)),
         start_percent=None if options.get("start_percent") is None else float(options["start_percent"]),

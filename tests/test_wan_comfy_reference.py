@@ -14,6 +14,7 @@ import torch
 
 from parallel_runtime.denoise import SamplingSettings, denoise_latent, model_sampling_for
 from parallel_runtime.models.base import Conditioning
+from parallel_runtime.models.families.wan.conditioning import WanImageInputs
 from parallel_runtime.models.single_file import load_single_file_components
 from parallel_runtime.parallel.mesh import ParallelMesh
 
@@ -71,7 +72,10 @@ def close(ours: torch.Tensor, ref: torch.Tensor) -> None:
 
 
 def conds(case: dict, **extras) -> tuple[Conditioning, Conditioning]:
-    return Conditioning(generated(case["positive"]), **extras), Conditioning(generated(case["negative"]), **extras)
+    inputs = WanImageInputs(**extras) if extras else None
+    return Conditioning(generated(case["positive"]), extras=inputs), Conditioning(
+        generated(case["negative"]), extras=inputs
+    )
 
 
 @pytest.mark.parametrize("run_index", [0, 1], ids=["euler-cfg5", "euler_ancestral-cfg1"])

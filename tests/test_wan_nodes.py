@@ -116,11 +116,11 @@ def test_wan_image_to_video_conditioning():
     states = torch.randn(1, 257, 1280)
     opts = {"concat_latent_image": image, "concat_mask": mask, "clip_vision_output": ClipVisionOutput(states)}
     (entry,) = to_branch([[torch.randn(1, 512, 4096), opts]], WAN, "wan")
-    cond = entry.cond
-    assert torch.equal(cond.concat_image, image) and torch.equal(cond.concat_mask, mask)
-    assert torch.equal(cond.image_embeds, states)
+    inputs = entry.cond.extras
+    assert torch.equal(inputs.concat_image, image) and torch.equal(inputs.concat_mask, mask)
+    assert torch.equal(inputs.image_embeds, states)
     (entry,) = to_branch([[torch.randn(1, 512, 4096), opts]], {**WAN, "image_dim": None}, "wan")
-    assert entry.cond.image_embeds is None  # a model without image K/V ignores it, as ComfyUI's WanModel does
+    assert entry.cond.extras.image_embeds is None  # a model without image K/V ignores it, as ComfyUI's WanModel does
     with pytest.raises(ConfigError, match="no 1280-wide penultimate states"):
         bad = {"clip_vision_output": ClipVisionOutput(torch.randn(1, 257, 1024))}
         to_branch([[torch.randn(1, 512, 4096), bad]], WAN, "wan")

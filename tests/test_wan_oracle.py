@@ -8,6 +8,7 @@ import torch
 
 from dit_devtools.tiny import ensure_tiny_model
 from parallel_runtime.denoise import SamplingSettings, denoise_latent, model_sampling_for
+from parallel_runtime.models.families.wan.conditioning import WanImageInputs
 from parallel_runtime.models.families.wan.latent import WAN21, WAN22
 from parallel_runtime.models.loading import load_pipeline_components
 from parallel_runtime.models.text_encoding import encode_prompts
@@ -76,7 +77,8 @@ def test_wan21_i2v_matches_diffusers_image_to_video_pipeline():
     start = pipe.vae.encode(video).latent_dist.mode()  # the raw start-image latent (ComfyUI's concat_latent_image)
     mask = torch.ones(1, 1, 3, 4, 4)
     mask[:, :, 0] = 0.0  # ComfyUI's concat_mask: 0 where the start image is kept
-    pos, neg = (type(c)(c.prompt_embeds, image_embeds=embeds, concat_image=start, concat_mask=mask) for c in (pos, neg))
+    inputs = WanImageInputs(image_embeds=embeds, concat_image=start, concat_mask=mask)
+    pos, neg = (type(c)(c.prompt_embeds, extras=inputs) for c in (pos, neg))
     noise = torch.randn(1, 16, 3, 4, 4, generator=torch.Generator().manual_seed(4))
     ref = pipe(
         image=image,

@@ -13,6 +13,7 @@ from parallel_runtime.denoise.loop import denoise_latent
 from parallel_runtime.denoise.model_sampling import model_sampling_for
 from parallel_runtime.denoise.settings import SamplingSettings
 from parallel_runtime.models.base import Conditioning
+from parallel_runtime.models.families.wan.conditioning import WanImageInputs
 from parallel_runtime.models.loading import load_pipeline_components
 from parallel_runtime.models.text_encoding import encode_prompts
 from parallel_runtime.parallel.config import ParallelConfig
@@ -40,9 +41,9 @@ class Case:
         comps = load_pipeline_components(self.path, "cpu", torch.float32)
         adapter = comps.adapter()
         pos, neg = encode_prompts(comps, "wan", "a paper boat drifting down a gutter", "static, blurry")
-        extras = extras or {}
-        self.pos = Conditioning(pos.prompt_embeds, **extras)
-        self.neg = Conditioning(neg.prompt_embeds, **extras)
+        extras = WanImageInputs(**extras) if extras else None
+        self.pos = Conditioning(pos.prompt_embeds, extras=extras)
+        self.neg = Conditioning(neg.prompt_embeds, extras=extras)
         channels = adapter.plan.latent_channels
         self.latent = torch.zeros(1, channels, *LATENT[2:]) if mask is None else torch.randn(1, channels, *LATENT[2:])
         self.mask = mask

@@ -92,11 +92,13 @@ def expand_conditioning(cond: Conditioning, batch: int) -> Conditioning:
     def rep(t):
         return None if t is None or t.shape[0] == batch else t.expand(batch, *t.shape[1:]).contiguous()
 
-    return Conditioning(**{name: rep(t) for name, t in tensors.items()})
+    return cond.with_tensors({name: rep(t) for name, t in tensors.items()})
 
 
 def can_batch(a: Conditioning, b: Conditioning) -> bool:
     """Whether two conditionings can run as one batch: the same optional parts, of the same shapes."""
+    if type(a.extras) is not type(b.extras):  # a family's extras hold at least one tensor when present
+        return False
     for x, y in zip(a.tensors().values(), b.tensors().values()):
         if (x is None) != (y is None) or (x is not None and x.shape[1:] != y.shape[1:]):
             return False
@@ -110,7 +112,7 @@ def concat_conditioning(*conds: Conditioning) -> Conditioning:
         return None if parts[0] is None else torch.cat([p.to(parts[0].dtype) for p in parts])
 
     names = conds[0].tensors().keys()
-    return Conditioning(**{name: cat([c.tensors()[name] for c in conds]) for name in names})
+    return conds[0].with_tensors({name: cat([c.tensors()[name] for c in conds]) for name in names})
 
 
 class ActiveWindow:

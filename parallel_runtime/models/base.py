@@ -79,24 +79,47 @@ class ModelPlan:
 
 
 @dataclasses.dataclass(frozen=True)
+class ConditioningExtras:
+    """Inputs a family adds to the shared :class:`Conditioning`: a frozen dataclass of optional batch-first
+    tensors declared in the family's folder (e.g. Wan's image-to-video inputs). The helpers that move, batch
+    and expand conditioning treat its fields as they treat the shared ones."""
+
+    def tensors(self) -> dict[str, torch.Tensor | None]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+
+EXTRAS = "extras."  # the prefix of a family's extra tensors in Conditioning.tensors()
+
+
+@dataclasses.dataclass(frozen=True)
 class Conditioning:
     """Conditioning for one branch (positive or negative). Every tensor is batch first; the optional ones
-    are None when absent, and the helpers that batch branches (denoise.denoiser) treat them all alike."""
+    are None when absent, and the helpers that batch branches (denoise.entries) treat them all alike."""
 
     prompt_embeds: torch.Tensor  # [B, T, D]
     pooled: torch.Tensor | None = None  # [B, Dp] (Flux, SD3)
     attention_mask: torch.Tensor | None = None  # [B, T], 1 = keep (PixArt)
-    image_embeds: torch.Tensor | None = None  # [B, N, Di] CLIP-vision penultimate states (Wan 2.1 I2V)
-    concat_image: torch.Tensor | None = None  # [B, C, T, H, W] raw start-image latent (ComfyUI concat_latent_image)
-    concat_mask: torch.Tensor | None = None  # [B, 1, T, H, W], 0 where the start image is kept (concat_mask)
+    extras: ConditioningExtras | None = None  # what the family adds (its folder declares the type)
 
     @property
     def batch_size(self) -> int:
         return self.prompt_embeds.shape[0]
 
     def tensors(self) -> dict[str, torch.Tensor | None]:
-        """Every field by name (None for the absent ones)."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        """Every tensor by name (None for the absent ones); a family's extras as ``extras.<field>``."""
+        out = {"prompt_embeds": self.prompt_embeds, "pooled": self.pooled, "attention_mask": self.attention_mask}
+        if self.extras is not None:
+            out.update({EXTRAS + name: t for name, t in self.extras.tensors().items()})
+        return out
+
+    def with_tensors(self, tensors: Mapping[str, torch.Tensor | None]) -> Conditioning:
+        """This conditioning's structure holding ``tensors`` (named as :meth:`tensors` names them)."""
+        extras = self.extras
+        if extras is not None:
+            extras = dataclasses.replace(
+                extras, **{n[len(EXTRAS) :]: t for n, t in tensors.items() if n.startswith(EXTRAS)}
+            )
+        return Conditioning(tensors["prompt_embeds"], tensors.get("pooled"), tensors.get("attention_mask"), extras)
 
     def to(self, device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> Conditioning:
         """Move the tensors to ``device``, the floating ones to ``dtype`` (masks keep integer dtypes)."""
@@ -106,7 +129,7 @@ class Conditioning:
                 return None
             return t.to(device=device, dtype=dtype if t.is_floating_point() else None)
 
-        return Conditioning(**{name: move(t) for name, t in self.tensors().items()})
+        return self.with_tensors({name: move(t) for name, t in self.tensors().items()})
 
 
 Rope = tuple[torch.Tensor, ...]  # (cos, sin) tables, or one real view of a complex table (Qwen-Image)

@@ -354,7 +354,7 @@ def _stack(conds: list[Conditioning]) -> Conditioning:
         return None if ts[0] is None else torch.cat(ts)
 
     fields = conds[0].tensors()
-    return Conditioning(**{name: cat([c.tensors()[name] for c in conds]) for name in fields})
+    return conds[0].with_tensors({name: cat([c.tensors()[name] for c in conds]) for name in fields})
 
 
 def check_pipefusion_request(request: LoadRequest, config: ParallelConfig) -> None:

@@ -49,11 +49,10 @@ def conditioning_keys(family_id: str) -> tuple[str, ...]:
     return spec.comfy_conditioning.keys if spec is not None and spec.comfy_conditioning is not None else ()
 
 
-def conditioning_fields(
-    family_id: str, options: Mapping[str, Any], expected: Mapping[str, int | None], where: str
-) -> dict[str, Any]:
-    """The runtime Conditioning fields the family makes of one entry's ``options`` (those keys only)."""
+def conditioning_extras(family_id: str, options: Mapping[str, Any], expected: Mapping[str, int | None], where: str):
+    """What the family adds to the runtime Conditioning from one entry's ``options`` (``Conditioning.extras``;
+    None when it adds nothing)."""
     spec = find_family(family_id)
     if spec is None or spec.comfy_conditioning is None:
-        return {}
-    return spec.comfy_conditioning.to_fields(options, expected, where)
+        return None
+    return spec.comfy_conditioning.to_extras(options, expected, where)

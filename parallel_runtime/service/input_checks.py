@@ -104,7 +104,7 @@ def conditioning(name: str, value: object, required: bool) -> None:
                 "encode at least one prompt",
             )
         for field, tensor in cond.tensors().items():
-            finite_tensor(f"{label} conditioning's {FIELD_NAMES.get(field, field)}", tensor)
+            finite_tensor(f"{label} conditioning's {FIELD_NAMES.get(field, field.rpartition('.')[2])}", tensor)
         if isinstance(entry, CondEntry) and entry.guidance is not None:
             finite_number(f"{label} guidance", entry.guidance, "Flux's embedded guidance (FluxGuidance)")
 

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
-    from ..base import Conditioning, ModelAdapter
+    from ..base import Conditioning, ConditioningExtras, ModelAdapter
     from ..text_parts import TextComponents
 
 Shape = tuple[int, ...]
@@ -101,7 +101,8 @@ class ComfyConditioning:
     """ComfyUI CONDITIONING options this family takes beyond text (e.g. WanImageToVideo's start image)."""
 
     keys: tuple[str, ...]  # option names the family uses (others beyond text are refused)
-    to_fields: Callable[[Mapping[str, Any], Mapping[str, Any], str], dict[str, Any]]  # (options, expected, where)
+    to_extras: Callable[[Mapping[str, Any], Mapping[str, Any], str], ConditioningExtras | None]  # options, expected,
+    # where -> the family's Conditioning.extras (None when the options hold none of its keys)
 
 
 def default_geometry(latent_channels: int | None) -> tuple[int, int]:

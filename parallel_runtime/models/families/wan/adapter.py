@@ -28,6 +28,7 @@ from ... import compat
 from ...base import Activations, Conditioning, LatentFormat, ModelAdapter, ModelPlan, Split
 from ...sampling_spec import discrete_flow_sampling
 from . import ID
+from .conditioning import image_inputs
 from .latent import WAN21, WAN22
 
 WAN_SHIFT = 8.0  # ComfyUI 0.3.64 WAN21_T2V sampling_settings, inherited by WAN21_I2V and WAN22_T2V (TI2V-5B)
@@ -89,7 +90,8 @@ class WanAdapter(ModelAdapter):
         extra = self.transformer.config.in_channels - x.shape[1]
         if extra == 0:
             return x
-        image, mask = cond.concat_image, cond.concat_mask
+        inputs = image_inputs(cond)
+        image, mask = inputs.concat_image, inputs.concat_mask
         if image is None:
             return torch.cat([x, x.new_zeros(x.shape[0], extra, *x.shape[2:])], dim=1)
         image = _fit(image, x, "concat_latent_image").to(x.dtype)
@@ -128,7 +130,7 @@ class WanAdapter(ModelAdapter):
                 "Wan takes one timestep per sample, or (TI2V) one per latent frame",
                 "pass a [batch] or [batch, frames] timestep",
             )
-        image_states = cond.image_embeds
+        image_states = image_inputs(cond).image_embeds
         if image_states is not None and cond.prompt_embeds.shape[1] != TEXT_TOKENS_WITH_IMAGE:
             raise ConfigError(
                 f"{cond.prompt_embeds.shape[1]} text tokens with a CLIP-vision image embedding (Wan 2.1 I2V)",

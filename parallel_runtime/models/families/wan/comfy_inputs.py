@@ -1,9 +1,9 @@
 """What Wan takes from a ComfyUI CONDITIONING beyond text: ``WanImageToVideo``'s start image.
 
 ``concat_latent_image`` / ``concat_mask`` (the start-image latent and where it is kept) and
-``clip_vision_output``'s penultimate hidden states (Wan 2.1 I2V) become Conditioning fields. As in ComfyUI, a
-model without image K/V (``expected["image_dim"]`` None) does not use the CLIP-vision output. Light to import:
-torch is imported on call.
+``clip_vision_output``'s penultimate hidden states (Wan 2.1 I2V) become the Conditioning's ``WanImageInputs``.
+As in ComfyUI, a model without image K/V (``expected["image_dim"]`` None) does not use the CLIP-vision output.
+Light to import: torch is imported on call.
 """
 
 from __future__ import annotations
@@ -17,9 +17,11 @@ from ..spec import ComfyConditioning
 KEYS = ("concat_latent_image", "concat_mask", "clip_vision_output")  # WanImageToVideo's additions
 
 
-def image_inputs(options: Mapping[str, Any], expected: Mapping[str, int | None], role: str) -> dict[str, Any]:
-    """The Conditioning fields (``concat_image``, ``concat_mask``, ``image_embeds``) of one entry's ``options``."""
+def image_inputs(options: Mapping[str, Any], expected: Mapping[str, int | None], role: str):
+    """The ``WanImageInputs`` of one entry's ``options`` (None when they hold none)."""
     import torch
+
+    from .conditioning import WanImageInputs
 
     out: dict[str, Any] = {}
     for key, field in (("concat_latent_image", "concat_image"), ("concat_mask", "concat_mask")):
@@ -42,7 +44,7 @@ def image_inputs(options: Mapping[str, Any], expected: Mapping[str, int | None],
                 "encode the start image with CLIPVisionLoader (clip_vision_h) and CLIPVisionEncode",
             )
         out["image_embeds"] = states.float().cpu()
-    return out
+    return WanImageInputs(**out) if out else None
 
 
 COMFY_CONDITIONING = ComfyConditioning(KEYS, image_inputs)

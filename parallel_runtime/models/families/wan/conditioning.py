@@ -1,0 +1,36 @@
+"""What Wan adds to the shared Conditioning: the image-to-video inputs (``Conditioning.extras``)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from ....errors import ConfigError
+from ...base import Conditioning, ConditioningExtras
+
+
+@dataclasses.dataclass(frozen=True)
+class WanImageInputs(ConditioningExtras):
+    """WanImageToVideo's start image, as ComfyUI's conditioning carries it (each None when absent)."""
+
+    image_embeds: torch.Tensor | None = None  # [B, N, Di] CLIP-vision penultimate states (Wan 2.1 I2V)
+    concat_image: torch.Tensor | None = None  # [B, C, T, H, W] raw start-image latent (ComfyUI concat_latent_image)
+    concat_mask: torch.Tensor | None = None  # [B, 1, T, H, W], 0 where the start image is kept (concat_mask)
+
+
+NONE = WanImageInputs()
+
+
+def image_inputs(cond: Conditioning) -> WanImageInputs:
+    """The Wan inputs ``cond`` carries (all None when it carries none)."""
+    extras = cond.extras
+    if extras is None:
+        return NONE
+    if not isinstance(extras, WanImageInputs):
+        raise ConfigError(
+            f"conditioning with {type(extras).__name__} given to a Wan model",
+            "a family's extra conditioning inputs belong to that family's model",
+            "encode the prompt for this Wan model (its text encoder, WanImageToVideo for a start image)",
+        )
+    return extras
