@@ -64,9 +64,15 @@ def family_model_info(
     spec = family(family_id)
     token_pixels, frames = spec.geometry(channels)
     return ModelInfo(
-        family_id, heads, layers, hidden, weight_bytes, token_pixels=token_pixels, frames_per_latent=frames,
+        family_id,
+        heads,
+        layers,
+        hidden,
+        weight_bytes,
+        token_pixels=token_pixels,
+        frames_per_latent=frames,
         hints=spec.layout,
-    )  # fmt: skip
+    )
 
 
 def _from_diffusers_folder(path: Path, run_bytes: int) -> ModelInfo:
