@@ -24,7 +24,7 @@ import torch
 
 from ..errors import ConfigError
 from ..parallel.sharding import split_sizes
-from ..sampling import Guided, ModelSampling, sampler_spec, sampler_steps
+from ..sampling import Guided, ModelSampling, SamplerSpec, sampler_spec, sampler_steps
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,6 +94,20 @@ class Round:
     sigma: float
 
 
+def require_per_patch(sampler: str) -> SamplerSpec:
+    """The sampler's table entry, or a clear error if it cannot run patch by patch."""
+    spec = sampler_spec(sampler)
+    if not spec.per_patch:
+        raise ConfigError(
+            f"the {sampler} sampler with PipeFusion",
+            f"{sampler} chooses its step sizes from an error norm over the whole latent, so PipeFusion's "
+            "patches would each take their own steps and the stages could not agree on a schedule",
+            "choose another sampler (e.g. dpm_fast, dpmpp_2m or uni_pc), or a layout without PipeFusion "
+            f"(Ulysses / Ring / CFG parallel run {sampler})",
+        )
+    return spec
+
+
 def sampler_rounds(
     sampler: str,
     sigmas: torch.Tensor,
@@ -105,15 +119,7 @@ def sampler_rounds(
 
     Which evaluations a sampler makes depends only on the schedule for every sampler that works patch
     by patch (its table entry says so); the others are refused here."""
-    spec = sampler_spec(sampler)
-    if not spec.per_patch:
-        raise ConfigError(
-            f"the {sampler} sampler with PipeFusion",
-            f"{sampler} chooses its step sizes from an error norm over the whole latent, so PipeFusion's "
-            "patches would each take their own steps and the stages could not agree on a schedule",
-            "choose another sampler (e.g. dpm_fast, dpmpp_2m or uni_pc), or a layout without PipeFusion "
-            "(Ulysses / Ring / CFG parallel run dpm_adaptive)",
-        )
+    spec = require_per_patch(sampler)
     x = torch.zeros(1, 1, 1, 1)
 
     def no_noise(sigma: torch.Tensor, sigma_next: torch.Tensor) -> torch.Tensor:
