@@ -298,7 +298,7 @@ class ParallelModel:
         if sigmas is None and denoise <= 0.0:
             return latent.float().clone()  # KSampler: no sigmas, the input latent comes back
         self.check_latent_size(latent.shape[-2], latent.shape[-1])
-        check_branches_for_layout(self.config, cfg, positive_branch, negative_branch)
+        check_branches_for_layout(self.config, cfg, positive_branch, negative_branch, sampler_name)
         settings = SamplingSettings(
             seed,
             steps,

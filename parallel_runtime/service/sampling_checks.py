@@ -49,8 +49,8 @@ def check_sampling_args(
             "use e.g. 1.0 for text to image or 0.6 for image to image",
         )
     spec = sampler_spec(sampler)
-    scheduled = (steps if denoise > 0.9999 else int(steps / denoise)) + int(spec.drops_penultimate)
-    if scheduler == "kl_optimal" and denoise > 0 and scheduled < 2:
+    scheduled = 0 if denoise <= 0 else (steps if denoise > 0.9999 else int(steps / denoise)) + spec.drops_penultimate
+    if scheduler == "kl_optimal" and scheduled == 1:
         raise ConfigError(
             "the kl_optimal scheduler with 1 step",
             "its formula spaces steps by 1 / (steps - 1): ComfyUI's own kl_optimal gives NaN sigmas for 1 step",
@@ -122,9 +122,12 @@ def check_sampler_for_layout(config: ParallelConfig, sampler: str) -> None:
         require_per_patch(sampler)
 
 
-def check_branches_for_layout(config: ParallelConfig, cfg: float, positive: Branch, negative: Branch | None) -> None:
-    """PipeFusion runs one plain entry per branch (see ``pipefusion.branches.single_entry``)."""
+def check_branches_for_layout(
+    config: ParallelConfig, cfg: float, positive: Branch, negative: Branch | None, sampler: str = "euler"
+) -> None:
+    """PipeFusion runs one plain entry per branch (see ``pipefusion.branches.single_entry``); a CFG++
+    sampler runs the negative at cfg 1 too."""
     if config.pp > 1:
         single_entry(positive, "positive")
-        if uses_uncond(cfg, negative):
+        if uses_uncond(cfg, negative) or (sampler_spec(sampler).cfg_pp and negative is not None):
             single_entry(negative, "negative")
