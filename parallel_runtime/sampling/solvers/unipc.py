@@ -4,9 +4,11 @@ runs it (docs/sampling.md §4.9)."""
 
 from __future__ import annotations
 
+from collections.abc import Generator
+
 import torch
 
-from ..protocol import Run, SamplerGen, ask
+from ..protocol import Answer, ModelCall, Run, SamplerGen, ask
 
 UNIPC_LAST_SIGMA = 0.001
 """A schedule's final sigma 0 becomes this (the result stays at it; flow models divide by 1 - it)."""
@@ -56,10 +58,10 @@ def _update(
     correct: bool,
     bh2: bool,
     step: int,
-) -> SamplerGen:
+) -> Generator[ModelCall, Answer, tuple[torch.Tensor, torch.Tensor | None]]:
     """One UniPC step from the newest history point to ``t``; returns (x, D at the predicted point or None)."""
     (s, newest), earlier = history[-1], history[-order:-1][::-1]
-    log_alpha_s, sigma_vp_s, lam_s = vp_marginals(s)
+    _, sigma_vp_s, lam_s = vp_marginals(s)
     log_alpha_t, sigma_vp_t, lam_t = vp_marginals(t)
     alpha_t = torch.exp(log_alpha_t)
     h = lam_t - lam_s
