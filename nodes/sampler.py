@@ -24,10 +24,12 @@ log = logging.getLogger("dit_parallel.nodes")
 SEED_MAX = 0xFFFFFFFFFFFFFFFF
 
 
-def sampler_names() -> tuple[tuple[str, ...], tuple[str, ...]]:
+def sampler_names() -> tuple[list[str], list[str]]:
+    """ComfyUI 0.3.64's sampler and scheduler lists, same order, as lists (ComfyUI validates a combo
+    choice only when its options are a list)."""
     from parallel_runtime.sampling import SAMPLER_NAMES, SCHEDULER_NAMES
 
-    return tuple(SAMPLER_NAMES), tuple(SCHEDULER_NAMES)
+    return list(SAMPLER_NAMES), list(SCHEDULER_NAMES)
 
 
 def prepare_latent(
@@ -232,6 +234,13 @@ class ParallelSampler(ContextNode):
             },
             "optional": {
                 "sigmas": ("SIGMAS", {"tooltip": "Custom sigma schedule (replaces steps, scheduler and denoise)."}),
+                "sampler": (
+                    "SAMPLER",
+                    {
+                        "tooltip": "A ComfyUI SAMPLER (KSamplerSelect, SamplerEulerAncestral, SamplerDPMPP_2M_SDE, "
+                        "...): replaces sampler_name and brings its eta / s_noise."
+                    },
+                ),
                 "guidance": (
                     "FLOAT",
                     {
@@ -271,7 +280,13 @@ class ParallelSampler(ContextNode):
         denoise: float,
         sigmas: Any = None,
         guidance: float = 3.5,
+        sampler: Any = None,
     ) -> dict[str, Any]:
+        options: dict[str, float] = {}
+        if sampler is not None:
+            from .sampler_input import sampler_from_input
+
+            sampler_name, options = sampler_from_input(sampler)
         return run_sampler(
             self.context,
             parallel_model,
@@ -286,6 +301,7 @@ class ParallelSampler(ContextNode):
             denoise=float(denoise),
             sigmas=sigmas,
             guidance=guidance,
+            **options,
         )
 
 

@@ -10,7 +10,7 @@ from ..attention.usp import SequenceParallelAttention
 from ..models.base import Conditioning, ModelAdapter
 from ..parallel.collectives import all_gather_cat
 from ..parallel.mesh import ParallelMesh
-from ..sampling import ModelSampling, cfg_combine, uses_uncond
+from ..sampling import Guided, ModelSampling, cfg_combine, uses_uncond
 from .entries import COUNT_FLOOR, ActiveWindow, Branch, CondEntry, as_branch, can_batch, concat_conditioning
 from .settings import embedded_guidance
 
@@ -23,6 +23,10 @@ class Denoiser:
     positive and negative together (as ComfyUI does); others one model call each. With a cfg mesh
     dimension of 2, rank cfg=0 evaluates the positive branch, cfg=1 the negative, and one all-gather
     over "cfg" gives both ranks both predictions (exact).
+
+    ``with_uncond`` (the CFG++ samplers): the negative is evaluated at every cfg, cfg 1 included, and
+    the answer is ``Guided(denoised, uncond)``; without a negative the unconditional prediction is 0
+    (ComfyUI's, for a guider without one).
     """
 
     def __init__(
@@ -35,11 +39,12 @@ class Denoiser:
         cfg: float,
         guidance: float | None = None,
         attention_backend: str = "auto",
+        with_uncond: bool = False,
     ):
         self.adapter, self.mesh, self.ms = adapter, mesh, model_sampling
-        self.cfg = cfg
+        self.cfg, self.with_uncond = cfg, with_uncond
         positive, negative = as_branch(positive), as_branch(negative)
-        self.use_uncond = uses_uncond(cfg, negative)
+        self.use_uncond = uses_uncond(cfg, negative) or (with_uncond and negative is not None)
         self.branches: list[Branch] = [positive, negative] if self.use_uncond else [positive]
         self.guidance = embedded_guidance(adapter, guidance)  # for entries without their own
         self.windows = {id(e): ActiveWindow(e, model_sampling) for b in self.branches for e in b}
@@ -89,11 +94,12 @@ class Denoiser:
                 counts[i] += entry.strength
         return [s / c for s, c in zip(sums, counts)]
 
-    def __call__(self, x: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor | Guided:
         x = x.float()
         sigma = torch.as_tensor(sigma, dtype=torch.float32).reshape(())
         if not self.use_uncond:
-            return self.branch_predictions(x, sigma, self.branches)[0]
+            cond_pred = self.branch_predictions(x, sigma, self.branches)[0]
+            return Guided(cond_pred, torch.zeros_like(cond_pred)) if self.with_uncond else cond_pred
         if self.cfg_parallel:
             mine = self.branches[self.mesh.rank("cfg")]
             pred = self.branch_predictions(x, sigma, [mine])[0]
@@ -101,4 +107,5 @@ class Denoiser:
             cond_pred, uncond_pred = both.chunk(2, dim=0)
         else:
             cond_pred, uncond_pred = self.branch_predictions(x, sigma, self.branches)
-        return cfg_combine(cond_pred, uncond_pred, self.cfg)
+        guided = cfg_combine(cond_pred, uncond_pred, self.cfg)
+        return Guided(guided, uncond_pred) if self.with_uncond else guided

@@ -13,7 +13,17 @@ import torch
 
 from ..models.base import Conditioning, LatentFormat, ModelAdapter
 from ..parallel.mesh import ParallelMesh
-from ..sampling import ModelSampling, default_noise, initial_noise, noise_latent, sample, sigmas_for_denoise
+from ..sampling import (
+    Guided,
+    ModelSampling,
+    default_noise,
+    final_sigma,
+    initial_noise,
+    noise_latent,
+    sample,
+    sampler_spec,
+    sigmas_for_denoise,
+)
 from .denoiser import Denoiser
 from .entries import Branch, as_branch, expand_branch
 from .settings import SamplingSettings
@@ -66,7 +76,8 @@ def prepare_denoise_mask(mask: torch.Tensor, shape: tuple[int, ...]) -> torch.Te
 class Inpainting:
     """ComfyUI's ``KSamplerX0Inpaint``: before each model call the kept region (mask 0) is set to the
     input latent (re-noised to the current sigma, or clean for families that keep it clean, ComfyUI's
-    WAN22), and the prediction there is the input latent."""
+    WAN22), and the prediction there is the input latent (a CFG++ sampler's unconditional prediction
+    stays the model's)."""
 
     def __init__(
         self,
@@ -81,10 +92,12 @@ class Inpainting:
             denoiser, mask, latent, noise, model_sampling, clean
         )  # fmt: skip
 
-    def __call__(self, x: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor | Guided:
         keep = 1.0 - self.mask
         fill = self.latent if self.clean else self.ms.noise_scaling(sigma, self.noise, self.latent)
         out = self.denoiser(x * self.mask + fill * keep, sigma)
+        if isinstance(out, Guided):
+            return Guided(out.denoised * self.mask + self.latent * keep, out.uncond)
         return out * self.mask + self.latent * keep
 
 
@@ -95,7 +108,7 @@ class Experts:
     def __init__(self, high: Callable, low: Callable, boundary: float):
         self.high, self.low, self.boundary = high, low, boundary
 
-    def __call__(self, x: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor | Guided:
         return (self.high if float(sigma) >= self.boundary else self.low)(x, sigma)
 
 
@@ -109,6 +122,15 @@ def latent_to_model(fmt: LatentFormat, latent_raw: torch.Tensor) -> torch.Tensor
 def start_noise(settings: SamplingSettings, shape: torch.Size | tuple[int, ...]) -> torch.Tensor:
     """The initial noise ComfyUI's KSampler draws for the LATENT (its batch_index honoured)."""
     return initial_noise(settings.seed, tuple(shape), batch_index=settings.batch_index)
+
+
+def inpaint_noise(settings: SamplingSettings, start: torch.Tensor) -> torch.Tensor:
+    """The noise the kept region of a noise mask is re-noised with: the start noise, or for ddim a
+    fresh draw seeded ``seed + 1`` (ComfyUI's ``inpaint_options`` random, with or without added noise)."""
+    offset = sampler_spec(settings.sampler).inpaint_seed_offset
+    if offset is None:
+        return start
+    return initial_noise(settings.seed + offset, tuple(start.shape)).to(start.device)
 
 
 def denoise_latent(
@@ -144,15 +166,25 @@ def denoise_latent(
     noise = noise.to(latent.device)
     x = noise_latent(model_sampling, sigmas, noise, latent) if start_model_space is None else start_model_space.float()
     mask = None if noise_mask is None else prepare_denoise_mask(noise_mask, tuple(latent.shape)).to(latent.device)
+    with_uncond = sampler_spec(settings.sampler).cfg_pp
 
     def make(expert: ModelAdapter) -> Callable:
         inner = Denoiser(
-            expert, mesh, model_sampling, positive, negative, settings.cfg, settings.guidance, attention_backend
+            expert,
+            mesh,
+            model_sampling,
+            positive,
+            negative,
+            settings.cfg,
+            settings.guidance,
+            attention_backend,
+            with_uncond=with_uncond,
         )
         inner.denoise_mask = mask
         if mask is None:
             return inner
-        return Inpainting(inner, mask, latent, noise, model_sampling, expert.plan.inpaint_with_clean_latent)
+        fill_noise = inpaint_noise(settings, noise)
+        return Inpainting(inner, mask, latent, fill_noise, model_sampling, expert.plan.inpaint_with_clean_latent)
 
     denoiser = make(adapter) if expert_2 is None else Experts(make(adapter), make(expert_2[0]), expert_2[1])
     noise_sampler = default_noise(settings.sampler, tuple(x.shape), sigmas, settings.seed)
@@ -164,7 +196,15 @@ def denoise_latent(
 
     with torch.no_grad():
         x = sample(
-            settings.sampler, denoiser, x, sigmas, noise_sampler, model_sampling=model_sampling, callback=callback
+            settings.sampler,
+            denoiser,
+            x,
+            sigmas,
+            noise_sampler,
+            model_sampling=model_sampling,
+            eta=settings.eta,
+            s_noise=settings.s_noise,
+            callback=callback,
         )
-        x = model_sampling.inverse_noise_scaling(sigmas[-1], x)
+        x = model_sampling.inverse_noise_scaling(final_sigma(settings.sampler, sigmas), x)
     return fmt.to_raw(x)

@@ -33,6 +33,9 @@ class SamplingSettings:
     start_at_step: int = 0
     end_at_step: int = 10000
     return_with_leftover_noise: bool = False
+    # a ComfyUI SAMPLER's noise options (SamplerEulerAncestral, ...); None: the sampler's default
+    eta: float | None = None
+    s_noise: float | None = None
 
 
 def embedded_guidance(adapter: ModelAdapter, guidance: float | None) -> float | None:

@@ -9,7 +9,7 @@ from ..errors import ConfigError
 from ..models.base import Conditioning
 from ..parallel.collectives import all_gather_cat
 from ..parallel.mesh import ParallelMesh
-from ..sampling import cfg_combine, uses_uncond
+from ..sampling import Guided, cfg_combine, uses_uncond
 
 
 def single_entry(branch: Branch | None, role: str) -> CondEntry | None:
@@ -32,7 +32,8 @@ class Branches:
     """The conditioning branches this rank's pipeline evaluates per item and how they combine.
 
     ``guidance`` is the Flux guidance of entries without their own (None for models without one);
-    each branch keeps its entry's guidance (FluxGuidance on the negative included)."""
+    each branch keeps its entry's guidance (FluxGuidance on the negative included). ``with_uncond``
+    (CFG++ samplers): the negative runs at every cfg and ``combine`` answers ``Guided(denoised, uncond)``."""
 
     def __init__(
         self,
@@ -42,10 +43,11 @@ class Branches:
         cfg: float,
         batch: int,
         guidance: float | None = None,
+        with_uncond: bool = False,
     ):
-        self.cfg = cfg
+        self.cfg, self.with_uncond = cfg, with_uncond
         negative = as_branch(negative)
-        self.use_uncond = uses_uncond(cfg, negative)
+        self.use_uncond = uses_uncond(cfg, negative) or (with_uncond and negative is not None)
         pos = single_entry(expand_branch(as_branch(positive), batch), "positive")
         neg = single_entry(expand_branch(negative, batch), "negative") if self.use_uncond else None
         assert pos is not None
@@ -76,14 +78,18 @@ class Branches:
     def model_input(self, x: torch.Tensor) -> torch.Tensor:
         return torch.cat([x, x]) if self.mode == "batched" else x
 
-    def combine(self, denoised: list[torch.Tensor], mesh: ParallelMesh) -> torch.Tensor:  # denoised per branch, float32
+    def combine(self, denoised: list[torch.Tensor], mesh: ParallelMesh) -> torch.Tensor | Guided:
+        """The guided prediction from each branch's (float32), with the unconditional one when asked."""
         if self.mode == "single":
-            return denoised[0]
-        if self.mode == "batched":
+            cond, uncond = denoised[0], None
+        elif self.mode == "batched":
             cond, uncond = denoised[0].chunk(2, dim=0)
-            return cfg_combine(cond, uncond, self.cfg)
-        if self.mode == "separate":
-            return cfg_combine(denoised[0], denoised[1], self.cfg)
-        both = all_gather_cat(denoised[0].contiguous(), mesh.group("cfg"), mesh.stats, dim=0, op="cfg")
-        cond, uncond = both.chunk(2, dim=0)
-        return cfg_combine(cond, uncond, self.cfg)
+        elif self.mode == "separate":
+            cond, uncond = denoised
+        else:
+            both = all_gather_cat(denoised[0].contiguous(), mesh.group("cfg"), mesh.stats, dim=0, op="cfg")
+            cond, uncond = both.chunk(2, dim=0)
+        guided = cfg_combine(cond, uncond, self.cfg)
+        if not self.with_uncond:
+            return guided
+        return Guided(guided, torch.zeros_like(cond) if uncond is None else uncond)

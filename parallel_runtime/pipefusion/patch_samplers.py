@@ -9,7 +9,7 @@ import torch
 
 from ..denoise.loop import start_noise
 from ..denoise.settings import SamplingSettings
-from ..sampling import ModelCall, ModelSampling, SharedNoise, default_noise, noise_latent, sampler_steps
+from ..sampling import Guided, ModelCall, ModelSampling, SharedNoise, default_noise, noise_latent, sampler_steps
 from .schedule import Band, Item, PipelineSchedule
 
 
@@ -39,8 +39,9 @@ class PatchSamplers:
         p = patch_size
         self.rows = [band.latent_rows(p) for band in sched.bands]
         views = [None if shared is None else shared.view(r) for r in self.rows]
+        options = {"model_sampling": ms, "eta": settings.eta, "s_noise": settings.s_noise}
         self.gens = [
-            sampler_steps(settings.sampler, x[..., r0:r1, :], sigmas, v, model_sampling=ms)
+            sampler_steps(settings.sampler, x[..., r0:r1, :], sigmas, v, **options)
             for (r0, r1), v in zip(self.rows, views)
         ]
         self.calls: list[ModelCall | None] = [next(g) for g in self.gens]
@@ -64,15 +65,19 @@ class PatchSamplers:
             xs.append(call.x)
         return xs[0] if len(xs) == 1 else torch.cat(xs, dim=-2)
 
-    def step(self, item: Item, denoised: torch.Tensor) -> None:
-        """Feed the item's denoised prediction to its patches' samplers; send ready latents to stage 0."""
+    def step(self, item: Item, answer: torch.Tensor | Guided) -> None:
+        """Feed the item's prediction (Guided for CFG++) to its patches' samplers; send ready latents to stage 0."""
         rnd = self.sched.rounds[item.round]
         start = self.rows[self._patches_of(item.band)[0]][0]
         for p in self._patches_of(item.band):
             r0, r1 = self.rows[p]
-            part = denoised[..., r0 - start : r1 - start, :]
+            rows = (..., slice(r0 - start, r1 - start), slice(None))
+            if isinstance(answer, Guided):
+                part = Guided(answer.denoised[rows], answer.uncond[rows])
+            else:
+                part = answer[rows]
             if rnd.stage == 0:
-                self.preview[..., r0:r1, :] = part
+                self.preview[..., r0:r1, :] = part.denoised if isinstance(part, Guided) else part
             try:
                 self.calls[p] = self.gens[p].send(part)
             except StopIteration as stop:

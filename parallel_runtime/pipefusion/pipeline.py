@@ -43,9 +43,7 @@ from ..models.token_grid import stacked, unstacked
 from ..parallel.collectives import PendingP2P, recv_object, recv_start, send_object, send_start
 from ..parallel.mesh import ParallelMesh
 from ..parallel.stages import StagePlan
-from ..sampling import (
-    ModelSampling,
-)
+from ..sampling import Guided, ModelSampling, final_sigma, sampler_spec
 from .branches import Branches
 from .patch_samplers import PatchSamplers
 from .schedule import Band, Item, PipelineSchedule, build_schedule, default_patches, sampler_rounds
@@ -164,7 +162,8 @@ class Pipeline:
         self.latent_raw = latent_raw
         self.batch = latent_raw.shape[0]
         guidance = embedded_guidance(adapter, settings.guidance)
-        self.branches = Branches(mesh, positive, negative, settings.cfg, self.batch, guidance)
+        with_uncond = sampler_spec(settings.sampler).cfg_pp
+        self.branches = Branches(mesh, positive, negative, settings.cfg, self.batch, guidance, with_uncond)
         self.branches.conds = [c.to(self.device) for c in self.branches.conds]
         self.sigmas = schedule(ms, settings)
         latent = latent_to_model(self.fmt, latent_raw)
@@ -178,7 +177,7 @@ class Pipeline:
         self.patches = options.patches or default_patches(self.pp, self.rows)
         self.sched: PipelineSchedule | None = None
         if self.sigmas.numel() >= 2:
-            rounds = sampler_rounds(settings.sampler, self.sigmas, ms)
+            rounds = sampler_rounds(settings.sampler, self.sigmas, ms, settings.eta, settings.s_noise)
             self.sched = build_schedule(rounds, (self.rows, self.cols), self.patches, self.pp, options.warmup)
         self.joint = adapter.plan.text_attention == "joint"
         self.text_tokens: list[int] = []
@@ -438,7 +437,7 @@ class Pipeline:
             out.append(a)
         return out
 
-    def _denoise(self, item: Item, acts: list[Activations], x: torch.Tensor) -> torch.Tensor:
+    def _denoise(self, item: Item, acts: list[Activations], x: torch.Tensor) -> torch.Tensor | Guided:
         assert self.sched is not None
         sigma = torch.tensor(self.sched.rounds[item.round].sigma, dtype=torch.float32, device=self.device)
         preds = []
@@ -463,5 +462,5 @@ class Pipeline:
             return None
         buf = torch.empty(tuple(self.latent.shape), dtype=torch.float32, device=self.device)
         x = recv_start(buf, self.pp - 1, self.group, "pp_final", self.tags["final"]).wait(self.timeout)
-        x = self.ms.inverse_noise_scaling(self.sigmas[-1], x)
+        x = self.ms.inverse_noise_scaling(final_sigma(self.settings.sampler, self.sigmas), x)
         return unstacked(self.fmt.to_raw(x), self.full_size).cpu()

@@ -4,7 +4,7 @@ Everything here is a pure function of the settings, so every rank computes the s
 its own and no rank ever waits for a message that is not coming.
 
 - A *round* is one model evaluation of the whole latent as the sampler asks for it (one per step,
-  two for the steps of heun / dpm_2). A dry run of the sampler on a 1-element latent lists them.
+  two or three for the steps of heun, dpm_2, seeds_3, ...). A dry run of the sampler on a 1-element latent lists them.
 - An *item* is what flows through the pipeline: the whole image for the warmup rounds (steps
   ``< warmup``), else one patch. Items are numbered in the order every stage processes them.
 - A *slot* is one tick of the lockstep: at slot ``t`` stage ``s`` processes at most one item; at
@@ -24,7 +24,7 @@ import torch
 
 from ..errors import ConfigError
 from ..parallel.sharding import split_sizes
-from ..sampling import ModelSampling, sampler_steps, sampler_uses_noise
+from ..sampling import Guided, ModelSampling, SamplerSpec, sampler_spec, sampler_steps
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,8 +90,22 @@ class Round:
     """One model evaluation the sampler asks for (the same for every patch)."""
 
     step: int
-    stage: int  # 0: first evaluation of the step; 1: heun / dpm_2 second evaluation
+    stage: int  # 0: first evaluation of the step; 1, 2: the later ones (heun, seeds_3, dpm_fast, ...)
     sigma: float
+
+
+def require_per_patch(sampler: str) -> SamplerSpec:
+    """The sampler's table entry, or a clear error if it cannot run patch by patch."""
+    spec = sampler_spec(sampler)
+    if not spec.per_patch:
+        raise ConfigError(
+            f"the {sampler} sampler with PipeFusion",
+            f"{sampler} chooses its step sizes from an error norm over the whole latent, so PipeFusion's "
+            "patches would each take their own steps and the stages could not agree on a schedule",
+            "choose another sampler (e.g. dpm_fast, dpmpp_2m or uni_pc), or a layout without PipeFusion "
+            f"(Ulysses / Ring / CFG parallel run {sampler})",
+        )
+    return spec
 
 
 def sampler_rounds(
@@ -103,20 +117,23 @@ def sampler_rounds(
 ) -> list[Round]:
     """The model evaluations ``sampler`` makes over ``sigmas`` (a dry run on a 1-element latent).
 
-    Which evaluations a sampler makes depends only on the schedule, never on the latent values."""
+    Which evaluations a sampler makes depends only on the schedule for every sampler that works patch
+    by patch (its table entry says so); the others are refused here."""
+    spec = require_per_patch(sampler)
     x = torch.zeros(1, 1, 1, 1)
 
     def no_noise(sigma: torch.Tensor, sigma_next: torch.Tensor) -> torch.Tensor:
         return torch.zeros_like(x)
 
-    noise = no_noise if sampler_uses_noise(sampler) else None
+    noise = no_noise if spec.noise is not None else None
     gen = sampler_steps(sampler, x, sigmas, noise, model_sampling=model_sampling, eta=eta, s_noise=s_noise)
     rounds = []
     try:
         call = next(gen)
         while True:
             rounds.append(Round(call.step, call.stage, float(call.sigma)))
-            call = gen.send(torch.zeros_like(call.x))
+            zero = torch.zeros_like(call.x)
+            call = gen.send(Guided(zero, zero) if spec.cfg_pp else zero)
     except StopIteration:
         pass
     return rounds

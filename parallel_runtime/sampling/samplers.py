@@ -1,17 +1,18 @@
-"""k-diffusion samplers (ComfyUI names and math) written as generators, with the model evaluated outside.
+"""ComfyUI's samplers by name: one table of what each one is and needs (docs/sampling.md §5), and the
+generator API every layout drives.
 
-``sampler_steps`` returns a generator that yields a :class:`ModelCall` for every model evaluation,
-receives the denoised prediction (x0) through ``.send()`` and returns the final latent. Each patch of a
-split latent can run its own generator (with a :class:`~.noise.SharedNoise` view as its noise). The
-results equal ComfyUI's k-diffusion samplers (stored reference values in tests/data), including the
-rectified-flow (CONST) branches of euler_ancestral and dpmpp_2m_sde and lcm's use of the model's
-noise scaling.
+``sampler_steps`` returns a generator that yields a :class:`~.protocol.ModelCall` for every model
+evaluation, receives the prediction through ``.send()`` (a tensor, or :class:`~.protocol.Guided` with the
+unconditional prediction for the CFG++ samplers) and returns the final latent. Each patch of a split
+latent can run its own generator (with a :class:`~.noise.SharedNoise` view as its noise). Results equal
+ComfyUI 0.3.64's (stored reference values in tests/data).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Generator, Mapping
+import functools
+from collections.abc import Callable, Mapping
 from types import MappingProxyType
 
 import torch
@@ -19,247 +20,120 @@ import torch
 from ..errors import ConfigError
 from .model_sampling import ModelSampling
 from .noise import BrownianTreeNoise, GeneratorNoise, NoiseSampler
+from .protocol import Guided, Run, SamplerGen, Solver
+from .solvers import ancestral, dpm_solver, exponential, multistep, ode, sa_solver, sde, unipc
 
-SamplerGen = Generator["ModelCall", torch.Tensor, torch.Tensor]
-DenoiseFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+DenoiseFn = Callable[[torch.Tensor, torch.Tensor], "torch.Tensor | Guided"]
 StepCallback = Callable[[int, torch.Tensor, torch.Tensor], None]
 
-
-@dataclasses.dataclass(frozen=True)
-class ModelCall:
-    """One model evaluation a sampler asks for: denoise ``x`` at noise level ``sigma``."""
-
-    x: torch.Tensor
-    """The noisy latent (or patch) to denoise; not scaled by ``calculate_input``."""
-    sigma: torch.Tensor
-    """0-dim float tensor: the noise level of ``x``."""
-    step: int
-    """Index of the sampling step (into sigmas) this evaluation belongs to."""
-    stage: int = 0
-    """0 for the first evaluation of a step, 1 for the second one of heun / dpm_2."""
+NOISY = MappingProxyType({"eta": 1.0, "s_noise": 1.0})
+S_NOISE = MappingProxyType({"s_noise": 1.0})
 
 
 @dataclasses.dataclass(frozen=True)
-class _Options:
-    model_sampling: ModelSampling
-    noise: NoiseSampler | None
-    eta: float
-    s_noise: float
+class SamplerSpec:
+    """One ComfyUI sampler: its solver and what it needs from the caller."""
 
-
-def _evaluate(x: torch.Tensor, sigma: torch.Tensor, step: int, stage: int = 0) -> SamplerGen:
-    denoised = yield ModelCall(x, sigma, step, stage)
-    if not isinstance(denoised, torch.Tensor) or denoised.shape != x.shape:
-        got = f"shape {list(denoised.shape)}" if isinstance(denoised, torch.Tensor) else repr(denoised)
-        raise ConfigError(
-            f"sampler received {got} as the denoised prediction for an x of shape {list(x.shape)}",
-            "each ModelCall must be answered with the model's x0 prediction for exactly that x",
-            "drive the generator with gen.send(denoised) (not next()), denoised shaped like call.x",
-        )
-    return denoised
-
-
-def _noise(opts: _Options, sigma: torch.Tensor, sigma_next: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    assert opts.noise is not None  # checked in sampler_steps
-    noise = opts.noise(sigma, sigma_next)
-    if noise.shape != like.shape:
-        raise ConfigError(
-            f"noise sampler returned shape {list(noise.shape)} for a latent of shape {list(like.shape)}",
-            "stochastic samplers add noise shaped exactly like the latent (or patch) they update",
-            "give each patch the SharedNoise.view() of its own region",
-        )
-    return noise.to(device=like.device, dtype=like.dtype)
-
-
-def _to_d(x: torch.Tensor, sigma: torch.Tensor, denoised: torch.Tensor) -> torch.Tensor:
-    return (x - denoised) / sigma
-
-
-def _euler(x: torch.Tensor, sigmas: torch.Tensor, opts: _Options) -> SamplerGen:
-    for i in range(len(sigmas) - 1):
-        denoised = yield from _evaluate(x, sigmas[i], i)
-        d = _to_d(x, sigmas[i], denoised)
-        x = x + d * (sigmas[i + 1] - sigmas[i])
-    return x
-
-
-def _ancestral_step(
-    sigma_from: torch.Tensor, sigma_to: torch.Tensor, eta: float
-) -> tuple[torch.Tensor, torch.Tensor | float]:
-    """(sigma_down, sigma_up): deterministic step target and the noise added on top (k-diffusion)."""
-    if not eta:
-        return sigma_to, 0.0
-    sigma_up = min(sigma_to, eta * (sigma_to**2 * (sigma_from**2 - sigma_to**2) / sigma_from**2) ** 0.5)
-    sigma_down = (sigma_to**2 - sigma_up**2) ** 0.5
-    return sigma_down, sigma_up
-
-
-def _euler_ancestral(x: torch.Tensor, sigmas: torch.Tensor, opts: _Options) -> SamplerGen:
-    if opts.model_sampling.is_flow:
-        return (yield from _euler_ancestral_flow(x, sigmas, opts))
-    for i in range(len(sigmas) - 1):
-        denoised = yield from _evaluate(x, sigmas[i], i)
-        sigma_down, sigma_up = _ancestral_step(sigmas[i], sigmas[i + 1], opts.eta)
-        if sigma_down == 0:
-            x = denoised
-        else:
-            d = _to_d(x, sigmas[i], denoised)
-            noise = _noise(opts, sigmas[i], sigmas[i + 1], x)
-            x = x + d * (sigma_down - sigmas[i]) + noise * opts.s_noise * sigma_up
-    return x
-
-
-def _euler_ancestral_flow(x: torch.Tensor, sigmas: torch.Tensor, opts: _Options) -> SamplerGen:
-    eta = opts.eta
-    for i in range(len(sigmas) - 1):
-        denoised = yield from _evaluate(x, sigmas[i], i)
-        if sigmas[i + 1] == 0:
-            x = denoised
-            continue
-        sigma_down = sigmas[i + 1] * (1 + (sigmas[i + 1] / sigmas[i] - 1) * eta)
-        alpha_next, alpha_down = 1 - sigmas[i + 1], 1 - sigma_down
-        renoise = (sigmas[i + 1] ** 2 - sigma_down**2 * alpha_next**2 / alpha_down**2) ** 0.5
-        ratio = sigma_down / sigmas[i]
-        x = ratio * x + (1 - ratio) * denoised
-        if eta > 0:
-            x = (alpha_next / alpha_down) * x + _noise(opts, sigmas[i], sigmas[i + 1], x) * opts.s_noise * renoise
-    return x
-
-
-def _heun(x: torch.Tensor, sigmas: torch.Tensor, opts: _Options) -> SamplerGen:
-    for i in range(len(sigmas) - 1):
-        denoised = yield from _evaluate(x, sigmas[i], i)
-        d = _to_d(x, sigmas[i], denoised)
-        dt = sigmas[i + 1] - sigmas[i]
-        if sigmas[i + 1] == 0:
-            x = x + d * dt
-        else:
-            x_2 = x + d * dt
-            denoised_2 = yield from _evaluate(x_2, sigmas[i + 1], i, 1)
-            d_2 = _to_d(x_2, sigmas[i + 1], denoised_2)
-            x = x + (d + d_2) / 2 * dt
-    return x
-
-
-def _dpm_2(x: torch.Tensor, sigmas: torch.Tensor, opts: _Options) -> SamplerGen:
-    for i in range(len(sigmas) - 1):
-        denoised = yield from _evaluate(x, sigmas[i], i)
-        d = _to_d(x, sigmas[i], denoised)
-        if sigmas[i + 1] == 0:
-            x = x + d * (sigmas[i + 1] - sigmas[i])
-        else:
-            sigma_mid = sigmas[i].log().lerp(sigmas[i + 1].log(), 0.5).exp()
-            x_2 = x + d * (sigma_mid - sigmas[i])
-            denoised_2 = yield from _evaluate(x_2, sigma_mid, i, 1)
-            x = x + _to_d(x_2, sigma_mid, denoised_2) * (sigmas[i + 1] - sigmas[i])
-    return x
-
-
-def _dpmpp_2m(x: torch.Tensor, sigmas: torch.Tensor, opts: _Options) -> SamplerGen:
-    old_denoised = None
-    for i in range(len(sigmas) - 1):
-        denoised = yield from _evaluate(x, sigmas[i], i)
-        t, t_next = sigmas[i].log().neg(), sigmas[i + 1].log().neg()
-        h = t_next - t
-        scale = t_next.neg().exp() / t.neg().exp()
-        if old_denoised is None or sigmas[i + 1] == 0:
-            x = scale * x - (-h).expm1() * denoised
-        else:
-            r = (t - sigmas[i - 1].log().neg()) / h
-            denoised_d = (1 + 1 / (2 * r)) * denoised - (1 / (2 * r)) * old_denoised
-            x = scale * x - (-h).expm1() * denoised_d
-        old_denoised = denoised
-    return x
-
-
-def _half_log_snr(sigma: torch.Tensor, model_sampling: ModelSampling) -> torch.Tensor:
-    """lambda = log(alpha / sigma): ``-log(sigma)`` (alpha = 1), or ``-logit(sigma)`` for flow models
-    (alpha = 1 - sigma)."""
-    return sigma.logit().neg() if model_sampling.is_flow else sigma.log().neg()
-
-
-def _dpmpp_2m_sde(x: torch.Tensor, sigmas: torch.Tensor, opts: _Options) -> SamplerGen:
-    """DPM-Solver++(2M) SDE (Lu et al.), data-prediction form, midpoint correction.
-
-    With the model's clean-image prediction D and lambda = log(alpha / sigma), the exact solution
-    of the SDE over one step of length h = lambda_next - lambda, D held constant, is
-
-        x_next = (sigma_next / sigma) e^(-eta h) x + alpha_next (1 - e^(-(1 + eta) h)) D
-                 + sigma_next sqrt(1 - e^(-2 eta h)) z,   z ~ N(0, I)
-
-    (eta = 0 gives the deterministic DPM-Solver++ step). The second order comes from the previous
-    step: D is extrapolated to the middle of the step, D + (h / (2 h_prev)) (D - D_prev)."""
-    ms, eta, s_noise = opts.model_sampling, opts.eta, opts.s_noise
-    if ms.is_flow and len(sigmas) > 1 and sigmas[0] >= 1:
-        # lambda(1) is -inf for a flow model (alpha = 0): start just below 1, as ComfyUI does
-        sigmas = sigmas.clone()
-        sigmas[0] = ms.percent_to_sigma(1e-4)
-    previous: tuple[torch.Tensor, torch.Tensor] | None = None  # (D, h) of the last step
-    for i in range(len(sigmas) - 1):
-        sigma, sigma_next = sigmas[i], sigmas[i + 1]
-        denoised = yield from _evaluate(x, sigma, i)
-        if sigma_next == 0:  # the last step lands on the prediction itself
-            x = denoised
-            continue
-        lam, lam_next = _half_log_snr(sigma, ms), _half_log_snr(sigma_next, ms)
-        h = lam_next - lam
-        alpha_next = sigma_next * lam_next.exp()
-        target = denoised
-        if previous is not None:
-            denoised_prev, h_prev = previous
-            target = denoised + (h / (2 * h_prev)) * (denoised - denoised_prev)
-        keep = (sigma_next / sigma) * torch.exp(-eta * h)
-        x = keep * x - alpha_next * torch.expm1(-(1 + eta) * h) * target
-        if eta > 0 and s_noise > 0:
-            spread = sigma_next * torch.sqrt(-torch.expm1(-2 * eta * h))
-            x = x + _noise(opts, sigma, sigma_next, x) * spread * s_noise
-        previous = (denoised, h)
-    return x
-
-
-def _lcm(x: torch.Tensor, sigmas: torch.Tensor, opts: _Options) -> SamplerGen:
-    for i in range(len(sigmas) - 1):
-        x = yield from _evaluate(x, sigmas[i], i)
-        if sigmas[i + 1] > 0:
-            noise = _noise(opts, sigmas[i], sigmas[i + 1], x)
-            x = opts.model_sampling.noise_scaling(sigmas[i + 1], noise, x)
-    return x
-
-
-@dataclasses.dataclass(frozen=True)
-class _Spec:
-    run: Callable[[torch.Tensor, torch.Tensor, _Options], SamplerGen]
+    solver: Solver
+    order: int
+    """Order of accuracy of its deterministic part (for the docs; lcm and ddpm count as 1)."""
+    calls: int
+    """Most model evaluations in one step (dpm_adaptive: in one try; how many tries depends on the latent)."""
     noise: str | None = None
-    """Default noise of the sampler in ComfyUI: 'generator', 'brownian' or None (deterministic)."""
-    eta: float | None = None
-    """Default eta; None if the sampler has no eta."""
-    s_noise: float | None = None
+    """ComfyUI's default noise sampler: 'generator', 'brownian', or None (deterministic)."""
+    options: Mapping[str, float] = dataclasses.field(default_factory=lambda: MappingProxyType({}))
+    """The noise options (eta, s_noise) it takes, with ComfyUI's defaults."""
+    cfg_pp: bool = False
+    """Needs the unconditional prediction (CFG++)."""
+    drops_penultimate: bool = False
+    """ComfyUI's KSampler schedules one step more and drops the second-to-last sigma."""
+    per_patch: bool = True
+    """Gives the whole latent's result when run patch by patch (PipeFusion)."""
+    last_sigma: float | None = None
+    """The sigma a final 0 becomes for the inverse noise scaling (uni_pc)."""
+    inpaint_seed_offset: int | None = None
+    """ddim: the kept region of a noise mask is re-noised from a generator seeded seed + this."""
 
 
-SAMPLERS: Mapping[str, _Spec] = MappingProxyType(
+P = functools.partial
+SAMPLERS: Mapping[str, SamplerSpec] = MappingProxyType(
     {
-        "euler": _Spec(_euler),
-        "euler_ancestral": _Spec(_euler_ancestral, "generator", 1.0, 1.0),
-        "heun": _Spec(_heun),
-        "dpm_2": _Spec(_dpm_2),
-        "dpmpp_2m": _Spec(_dpmpp_2m),
-        "dpmpp_2m_sde": _Spec(_dpmpp_2m_sde, "brownian", 1.0, 1.0),
-        # ComfyUI's "ddim" is euler; its only difference (random inpaint noise) needs a denoise mask
-        "ddim": _Spec(_euler),
-        "lcm": _Spec(_lcm, "generator"),
+        "euler": SamplerSpec(ode.euler, 1, 1),
+        "euler_cfg_pp": SamplerSpec(exponential.euler_cfg_pp, 1, 1, cfg_pp=True),
+        "euler_ancestral": SamplerSpec(ancestral.euler_ancestral, 1, 1, noise="generator", options=NOISY),
+        "euler_ancestral_cfg_pp": SamplerSpec(
+            P(exponential.euler_cfg_pp, ancestral=True), 1, 1, noise="generator", options=NOISY, cfg_pp=True
+        ),
+        "heun": SamplerSpec(ode.heun, 2, 2),
+        "heunpp2": SamplerSpec(ode.heunpp2, 3, 3),
+        "dpm_2": SamplerSpec(ode.dpm_2, 2, 2, drops_penultimate=True),
+        "dpm_2_ancestral": SamplerSpec(
+            ancestral.dpm_2_ancestral, 2, 2, noise="generator", options=NOISY, drops_penultimate=True
+        ),
+        "lms": SamplerSpec(multistep.lms, 4, 1),
+        "dpm_fast": SamplerSpec(dpm_solver.dpm_fast, 3, 3),
+        "dpm_adaptive": SamplerSpec(dpm_solver.dpm_adaptive, 3, 3, per_patch=False),
+        "dpmpp_2s_ancestral": SamplerSpec(ancestral.dpmpp_2s_ancestral, 2, 2, noise="generator", options=NOISY),
+        "dpmpp_2s_ancestral_cfg_pp": SamplerSpec(
+            exponential.dpmpp_2s_ancestral_cfg_pp, 2, 2, noise="generator", options=NOISY, cfg_pp=True
+        ),
+        "dpmpp_sde": SamplerSpec(sde.dpmpp_sde, 2, 2, noise="brownian", options=NOISY),
+        "dpmpp_sde_gpu": SamplerSpec(sde.dpmpp_sde, 2, 2, noise="brownian", options=NOISY),
+        "dpmpp_2m": SamplerSpec(exponential.dpmpp_2m, 2, 1),
+        "dpmpp_2m_cfg_pp": SamplerSpec(exponential.dpmpp_2m_cfg_pp, 2, 1, cfg_pp=True),
+        "dpmpp_2m_sde": SamplerSpec(sde.dpmpp_multistep_sde, 2, 1, noise="brownian", options=NOISY),
+        "dpmpp_2m_sde_gpu": SamplerSpec(sde.dpmpp_multistep_sde, 2, 1, noise="brownian", options=NOISY),
+        "dpmpp_2m_sde_heun": SamplerSpec(P(sde.dpmpp_multistep_sde, heun=True), 2, 1, noise="brownian", options=NOISY),
+        "dpmpp_2m_sde_heun_gpu": SamplerSpec(
+            P(sde.dpmpp_multistep_sde, heun=True), 2, 1, noise="brownian", options=NOISY
+        ),
+        "dpmpp_3m_sde": SamplerSpec(P(sde.dpmpp_multistep_sde, order=3), 3, 1, noise="brownian", options=NOISY),
+        "dpmpp_3m_sde_gpu": SamplerSpec(P(sde.dpmpp_multistep_sde, order=3), 3, 1, noise="brownian", options=NOISY),
+        "ddpm": SamplerSpec(ancestral.ddpm, 1, 1, noise="generator"),
+        "lcm": SamplerSpec(ancestral.lcm, 1, 1, noise="generator"),
+        "ipndm": SamplerSpec(multistep.ipndm, 4, 1),
+        "ipndm_v": SamplerSpec(multistep.ipndm_v, 4, 1),
+        "deis": SamplerSpec(multistep.deis, 3, 1),
+        "res_multistep": SamplerSpec(exponential.res_multistep, 2, 1),
+        "res_multistep_cfg_pp": SamplerSpec(P(exponential.res_multistep, cfg_pp=True), 2, 1, cfg_pp=True),
+        "res_multistep_ancestral": SamplerSpec(
+            P(exponential.res_multistep, ancestral=True), 2, 1, noise="generator", options=NOISY
+        ),
+        "res_multistep_ancestral_cfg_pp": SamplerSpec(
+            P(exponential.res_multistep, ancestral=True, cfg_pp=True),
+            2,
+            1,
+            noise="generator",
+            options=NOISY,
+            cfg_pp=True,
+        ),
+        "gradient_estimation": SamplerSpec(ode.gradient_estimation, 2, 1),
+        "gradient_estimation_cfg_pp": SamplerSpec(P(ode.gradient_estimation, cfg_pp=True), 2, 1, cfg_pp=True),
+        "er_sde": SamplerSpec(sde.er_sde, 3, 1, noise="generator", options=S_NOISE),
+        "seeds_2": SamplerSpec(sde.seeds, 2, 2, noise="generator", options=NOISY),
+        "seeds_3": SamplerSpec(P(sde.seeds, stages=3), 3, 3, noise="generator", options=NOISY),
+        "sa_solver": SamplerSpec(sa_solver.sa_solver, 3, 1, noise="generator", options=S_NOISE),
+        "sa_solver_pece": SamplerSpec(P(sa_solver.sa_solver, pece=True), 4, 2, noise="generator", options=S_NOISE),
+        "ddim": SamplerSpec(ode.euler, 1, 1, inpaint_seed_offset=1),
+        "uni_pc": SamplerSpec(unipc.unipc, 3, 1, drops_penultimate=True, last_sigma=unipc.UNIPC_LAST_SIGMA),
+        "uni_pc_bh2": SamplerSpec(
+            P(unipc.unipc, bh2=True), 3, 1, drops_penultimate=True, last_sigma=unipc.UNIPC_LAST_SIGMA
+        ),
     }
 )
-"""Sampler implementations by ComfyUI name."""
+"""Every sampler of ComfyUI 0.3.64 by name, in ComfyUI's order (KSAMPLER_NAMES, then ddim, uni_pc, uni_pc_bh2)."""
 
-SAMPLER_NAMES: tuple[str, ...] = tuple(SAMPLERS)
+SAMPLER_NAMES: list[str] = list(SAMPLERS)
+"""ComfyUI 0.3.64's ``SAMPLER_NAMES``, same order."""
 
 
-def _spec(name: str) -> _Spec:
+def sampler_spec(name: str) -> SamplerSpec:
+    """The table entry of sampler ``name`` (a clear error for an unknown name)."""
     spec = SAMPLERS.get(name)
     if spec is None:
         raise ConfigError(
             f"unknown sampler {name!r}",
-            "only samplers that reproduce ComfyUI's k-diffusion math are implemented",
+            "the samplers are ComfyUI's, by name",
             f"use one of: {', '.join(SAMPLER_NAMES)}",
         )
     return spec
@@ -267,7 +141,25 @@ def _spec(name: str) -> _Spec:
 
 def sampler_uses_noise(name: str) -> bool:
     """Whether the sampler adds fresh noise during sampling (and so needs a noise sampler)."""
-    return _spec(name).noise is not None
+    return sampler_spec(name).noise is not None
+
+
+def sampler_needs_uncond(name: str) -> bool:
+    """Whether the sampler needs the unconditional prediction (CFG++), even at cfg 1."""
+    return sampler_spec(name).cfg_pp
+
+
+def drops_penultimate_sigma(name: str) -> bool:
+    """Whether ComfyUI's KSampler drops the second-to-last sigma of one extra step for this sampler."""
+    return sampler_spec(name).drops_penultimate
+
+
+def final_sigma(name: str, sigmas: torch.Tensor) -> torch.Tensor:
+    """The sigma ComfyUI undoes the noise scaling at after sampler ``name`` ran over ``sigmas``."""
+    last = sampler_spec(name).last_sigma
+    if last is not None and sigmas[-1] == 0:
+        return torch.tensor(last, dtype=sigmas.dtype)
+    return sigmas[-1]
 
 
 def default_noise(
@@ -275,11 +167,11 @@ def default_noise(
 ) -> NoiseSampler | None:
     """The full-latent noise sampler ComfyUI gives sampler ``name`` for ``seed`` (None if it needs none).
 
-    Generator noise for euler_ancestral / lcm, a Brownian tree over the schedule for dpmpp_2m_sde
-    (needs torchsde). Note: ComfyUI seeds it with the same seed as the initial noise; it draws on the
-    CPU here (ComfyUI draws on the latent's device, so on a GPU its ancestral noise differs).
+    A generator seeded with the seed, or a Brownian tree over the schedule's [smallest positive, largest]
+    sigma (needs torchsde; the _gpu samplers share it: on the CPU ComfyUI's trees are equal). ComfyUI
+    draws generator noise on the latent's device, so on a GPU its draws differ from these CPU ones.
     """
-    kind = _spec(name).noise
+    kind = sampler_spec(name).noise
     if kind == "generator":
         return GeneratorNoise(shape, seed)
     if kind == "brownian":
@@ -290,14 +182,16 @@ def default_noise(
     return None
 
 
-def _option(name: str, spec_default: float | None, value: float | None, option: str) -> float:
+def _option(name: str, spec: SamplerSpec, option: str, value: float | None) -> float:
+    default = spec.options.get(option)
     if value is None:
-        return 1.0 if spec_default is None else spec_default
-    if spec_default is None:
+        return {"eta": 0.0, "s_noise": 1.0}[option] if default is None else default
+    if default is None:
+        takers = ", ".join(n for n, s in SAMPLERS.items() if option in s.options)
         raise ConfigError(
             f"{option}={value!r} given for sampler {name!r}",
             f"{name} has no {option} parameter, so the value would be silently ignored",
-            f"drop {option}, or use a sampler that has it (euler_ancestral, dpmpp_2m_sde)",
+            f"drop {option}, or use a sampler that has it ({takers})",
         )
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
         raise ConfigError(
@@ -318,14 +212,13 @@ def sampler_steps(
 ) -> SamplerGen:
     """Generator running sampler ``name`` from latent ``x`` (already noised to ``sigmas[0]``).
 
-    Yields a :class:`ModelCall` per model evaluation, expects the denoised x0 back via ``.send()``
-    and returns the final latent (StopIteration.value). ``noise`` is required by the stochastic samplers
-    (see :func:`default_noise` and :class:`~.noise.SharedNoise`); ``eta`` / ``s_noise`` only exist for
-    euler_ancestral and dpmpp_2m_sde (default 1.0). ``model_sampling`` selects ComfyUI's flow branches.
-    ``ModelCall.sigma`` is where ComfyUI evaluates the model: for dpmpp_2m_sde on a flow model a first
-    sigma of 1 becomes ``percent_to_sigma(1e-4)``.
+    Yields a ModelCall per model evaluation, expects the prediction back via ``.send()`` (``Guided`` for
+    the CFG++ samplers) and returns the final latent (StopIteration.value). ``noise`` is required by the
+    stochastic samplers (see :func:`default_noise` and :class:`~.noise.SharedNoise`); ``eta`` /
+    ``s_noise`` exist for the samplers whose table entry lists them (ComfyUI's defaults otherwise).
+    ``ModelCall.sigma`` is where ComfyUI evaluates the model (e.g. a flow start moved off sigma 1).
     """
-    spec = _spec(name)
+    spec = sampler_spec(name)
     if not isinstance(sigmas, torch.Tensor) or sigmas.ndim != 1:
         raise ConfigError(
             f"sigmas is {type(sigmas).__name__} with shape {getattr(sigmas, 'shape', None)}",
@@ -335,19 +228,17 @@ def sampler_steps(
     if spec.noise is not None and noise is None:
         raise ConfigError(
             f"sampler {name!r} needs a noise sampler but got none",
-            f"{name} adds fresh noise every step",
+            f"{name} adds fresh noise during sampling",
             "pass noise=default_noise(name, full_latent_shape, sigmas, seed), or a SharedNoise view per patch",
         )
     if not isinstance(model_sampling, ModelSampling):
         raise ConfigError(
             f"model_sampling is {type(model_sampling).__name__}",
-            "samplers need the model's sampling object for the flow (CONST) branches and lcm's noise scaling",
+            "samplers need the model's sampling object (flow or not, percent_to_sigma, noise scaling)",
             "pass discrete_eps(), flow_sd3() or flow_flux(...)",
         )
-    opts = _Options(
-        model_sampling, noise, _option(name, spec.eta, eta, "eta"), _option(name, spec.s_noise, s_noise, "s_noise")
-    )
-    return spec.run(x, sigmas, opts)
+    run = Run(model_sampling, noise, _option(name, spec, "eta", eta), _option(name, spec, "s_noise", s_noise))
+    return spec.solver(x, sigmas.float(), run)
 
 
 @torch.no_grad()
@@ -363,17 +254,17 @@ def sample(
     s_noise: float | None = None,
     callback: StepCallback | None = None,
 ) -> torch.Tensor:
-    """Run sampler ``name`` with ``denoise_fn(x, sigma) -> x0`` (under no_grad, as ComfyUI).
+    """Run sampler ``name`` with ``denoise_fn(x, sigma)`` -> x0 (or Guided) under no_grad, as ComfyUI.
 
-    ``callback(step, x, denoised)`` is called once per step, after its first model evaluation.
+    ``callback(step, x, denoised)`` is called once per step, at its first model evaluation.
     """
     steps = sampler_steps(name, x, sigmas, noise, model_sampling=model_sampling, eta=eta, s_noise=s_noise)
     try:
         call = next(steps)
         while True:
-            denoised = denoise_fn(call.x, call.sigma)
+            answer = denoise_fn(call.x, call.sigma)
             if callback is not None and call.stage == 0:
-                callback(call.step, call.x, denoised)
-            call = steps.send(denoised)
+                callback(call.step, call.x, answer.denoised if isinstance(answer, Guided) else answer)
+            call = steps.send(answer)
     except StopIteration as done:
         return done.value

@@ -1,8 +1,8 @@
-"""Noise schedules (sigma sequences) with ComfyUI's names and math (comfy.samplers / k_diffusion).
+"""Noise schedules (sigma sequences) with ComfyUI's names, written from docs/sampling.md §3.
 
-Every schedule ends with sigma 0 and is float32, like ComfyUI's. ``calculate_sigmas`` is ComfyUI's
-function of the same name; ``sigmas_for_denoise`` is what its KSampler node uses (denoise < 1 and the
-samplers that drop the penultimate sigma).
+Each rule maps (model sampling, steps) to a float32 tensor of decreasing sigmas ending with 0, with
+ComfyUI's numbers. ``calculate_sigmas`` is ComfyUI's function of the same name; ``sigmas_for_denoise``
+is what its KSampler node uses (denoise < 1 and the samplers that drop the penultimate sigma).
 """
 
 from __future__ import annotations
@@ -16,110 +16,133 @@ import torch
 
 from ..errors import ConfigError
 from .model_sampling import ModelSampling
+from .samplers import drops_penultimate_sigma
+
+NEAR_ZERO = 1e-5
+"""A table entry or schedule end at most this far from 0 counts as 0 (ddim_uniform, normal)."""
 
 
-def _to_sigmas(values: list[float]) -> torch.Tensor:
-    return torch.tensor(values, dtype=torch.float32)
+def _ending_with_zero(sigmas: torch.Tensor) -> torch.Tensor:
+    return torch.cat([sigmas.float(), torch.zeros(1)])
 
 
-def _append_zero(x: torch.Tensor) -> torch.Tensor:
-    return torch.cat([x, x.new_zeros([1])])
+def _bounds(model_sampling: ModelSampling) -> tuple[float, float]:
+    return float(model_sampling.sigma_min), float(model_sampling.sigma_max)
 
 
-def simple_scheduler(model_sampling: ModelSampling, steps: int) -> torch.Tensor:
-    """Evenly strided entries of the model's sigma table, from the top."""
+def simple(model_sampling: ModelSampling, steps: int) -> torch.Tensor:
+    """Table entries at evenly spaced positions from the top: ``s[T-1-floor(k*T/n)]``."""
     table = model_sampling.sigmas
-    stride = len(table) / steps
-    return _to_sigmas([float(table[-(1 + int(x * stride))]) for x in range(steps)] + [0.0])
+    positions = torch.arange(steps, dtype=torch.float64) * (len(table) / steps)
+    return _ending_with_zero(table.flip(0)[positions.floor().long()])
 
 
-def ddim_uniform_scheduler(model_sampling: ModelSampling, steps: int) -> torch.Tensor:
-    """Every ``len(table) // steps``-th table entry starting at index 1, reversed (DDIM's uniform spacing)."""
-    table = model_sampling.sigmas
-    x = 1
-    if math.isclose(float(table[x]), 0, abs_tol=0.00001):
-        steps += 1
-        sigs: list[float] = []
-    else:
-        sigs = [0.0]
-    stride = max(len(table) // steps, 1)
-    while x < len(table):
-        sigs.append(float(table[x]))
-        x += stride
-    return _to_sigmas(sigs[::-1])
+def sgm_uniform(model_sampling: ModelSampling, steps: int) -> torch.Tensor:
+    """``steps`` of ``steps + 1`` timesteps evenly spaced from the largest to the smallest sigma."""
+    return _timestep_spaced(model_sampling, steps, drop_last=True)
 
 
-def normal_scheduler(model_sampling: ModelSampling, steps: int, sgm: bool = False) -> torch.Tensor:
-    """Sigmas at timesteps evenly spaced between the model's largest and smallest timestep."""
+def normal(model_sampling: ModelSampling, steps: int) -> torch.Tensor:
+    """Timesteps evenly spaced from the largest to the smallest sigma (both included)."""
+    return _timestep_spaced(model_sampling, steps, drop_last=False)
+
+
+def _timestep_spaced(model_sampling: ModelSampling, steps: int, drop_last: bool) -> torch.Tensor:
     ms = model_sampling
-    start = ms.timestep(ms.sigma_max)
-    end = ms.timestep(ms.sigma_min)
-    append_zero = True
-    if sgm:
-        timesteps = torch.linspace(start, end, steps + 1)[:-1]
-    else:
-        if math.isclose(float(ms.sigma(end)), 0, abs_tol=0.00001):
-            steps += 1
-            append_zero = False
-        timesteps = torch.linspace(start, end, steps)
-    sigs = [float(ms.sigma(ts)) for ts in timesteps]
-    if append_zero:
-        sigs.append(0.0)
-    return _to_sigmas(sigs)
+    first, last = ms.timestep(ms.sigma_max), ms.timestep(ms.sigma_min)
+    reaches_zero = not drop_last and abs(float(ms.sigma(last))) <= NEAR_ZERO
+    points = steps + 1 if drop_last or reaches_zero else steps
+    timesteps = torch.linspace(first, last, points)
+    if drop_last:
+        timesteps = timesteps[:-1]
+    sigmas = torch.as_tensor(ms.sigma(timesteps)).float()
+    return sigmas if reaches_zero else _ending_with_zero(sigmas)
 
 
-def sgm_uniform_scheduler(model_sampling: ModelSampling, steps: int) -> torch.Tensor:
-    """Like ``normal`` but over ``steps + 1`` points with the last (smallest) one dropped."""
-    return normal_scheduler(model_sampling, steps, sgm=True)
-
-
-def karras_scheduler(model_sampling: ModelSampling, steps: int, rho: float = 7.0) -> torch.Tensor:
-    """Karras et al. (2022): linear in ``sigma ** (1/rho)`` between sigma_max and sigma_min."""
-    sigma_min, sigma_max = float(model_sampling.sigma_min), float(model_sampling.sigma_max)
+def karras(model_sampling: ModelSampling, steps: int, rho: float = 7.0) -> torch.Tensor:
+    """Karras et al. (2022): evenly spaced in ``sigma ** (1/rho)`` between sigma_max and sigma_min."""
+    sigma_min, sigma_max = _bounds(model_sampling)
+    low, high = sigma_min ** (1 / rho), sigma_max ** (1 / rho)
     ramp = torch.linspace(0, 1, steps)
-    min_inv_rho = sigma_min ** (1 / rho)
-    max_inv_rho = sigma_max ** (1 / rho)
-    return _append_zero((max_inv_rho + ramp * (min_inv_rho - max_inv_rho)) ** rho)
+    return _ending_with_zero((high + ramp * (low - high)) ** rho)
 
 
-def exponential_scheduler(model_sampling: ModelSampling, steps: int) -> torch.Tensor:
-    """Linear in log sigma between sigma_max and sigma_min."""
-    sigma_min, sigma_max = float(model_sampling.sigma_min), float(model_sampling.sigma_max)
-    return _append_zero(torch.linspace(math.log(sigma_max), math.log(sigma_min), steps).exp())
+def exponential(model_sampling: ModelSampling, steps: int) -> torch.Tensor:
+    """Evenly spaced in log sigma between sigma_max and sigma_min."""
+    sigma_min, sigma_max = _bounds(model_sampling)
+    return _ending_with_zero(torch.linspace(math.log(sigma_max), math.log(sigma_min), steps).exp())
 
 
-def beta_scheduler(model_sampling: ModelSampling, steps: int, alpha: float = 0.6, beta: float = 0.6) -> torch.Tensor:
-    """Table entries at Beta(alpha, beta) quantiles (arXiv 2407.12173), with scipy's quantile
-    function as ComfyUI uses it; repeated entries are dropped."""
+def ddim_uniform(model_sampling: ModelSampling, steps: int) -> torch.Tensor:
+    """Every ``T // steps``-th table entry from index 1, largest first (DDIM's uniform timesteps)."""
+    table = model_sampling.sigmas
+    first_is_zero = abs(float(table[1])) <= NEAR_ZERO
+    stride = max(len(table) // (steps + 1 if first_is_zero else steps), 1)
+    picked = table[1::stride].flip(0).float()
+    return picked if first_is_zero else _ending_with_zero(picked)
+
+
+def beta(model_sampling: ModelSampling, steps: int, alpha: float = 0.6, beta: float = 0.6) -> torch.Tensor:
+    """Table entries at Beta(alpha, beta) quantiles (Lee et al. 2024, SciPy's quantile function as
+    ComfyUI uses it); an index equal to the one before is dropped."""
     from scipy.stats import beta as beta_distribution  # imported on use: scipy.stats is slow to import
 
-    total = len(model_sampling.sigmas) - 1
-    quantiles = 1.0 - numpy.linspace(0.0, 1.0, steps, endpoint=False)
-    indices = numpy.rint(beta_distribution.ppf(quantiles, alpha, beta) * total)
-    sigs: list[float] = []
-    for k, index in enumerate(indices):
-        if k == 0 or index != indices[k - 1]:
-            sigs.append(float(model_sampling.sigmas[int(index)]))
-    return _to_sigmas(sigs + [0.0])
+    last = len(model_sampling.sigmas) - 1
+    levels = 1.0 - numpy.linspace(0.0, 1.0, steps, endpoint=False)
+    indices = numpy.rint(beta_distribution.ppf(levels, alpha, beta) * last)
+    keep = numpy.concatenate([[True], indices[1:] != indices[:-1]])
+    return _ending_with_zero(model_sampling.sigmas[torch.from_numpy(indices[keep]).long()])
+
+
+def linear_quadratic(
+    model_sampling: ModelSampling, steps: int, threshold: float = 0.025, linear_steps: int | None = None
+) -> torch.Tensor:
+    """Mochi's schedule: 1 - u with u linear up to ``threshold`` over the first half of the steps, then
+    the quadratic that meets it there (value and slope) and reaches 1; scaled by sigma_max."""
+    if steps == 1:
+        ramp = torch.tensor([0.0, 1.0], dtype=torch.float64)
+    else:
+        m = steps // 2 if linear_steps is None else linear_steps
+        rest = steps - m
+        gap = m - threshold * steps
+        quad = gap / (m * rest**2)
+        slope = threshold / m - 2 * gap / rest**2
+        i = torch.arange(steps, dtype=torch.float64)
+        curve = torch.where(i < m, i * threshold / m, quad * i**2 + slope * i + quad * m**2)
+        ramp = torch.cat([curve, torch.ones(1, dtype=torch.float64)])
+    return (1.0 - ramp).float() * model_sampling.sigma_max.cpu()
+
+
+def kl_optimal(model_sampling: ModelSampling, steps: int) -> torch.Tensor:
+    """``tan`` of the evenly spaced points between ``atan(sigma_max)`` and ``atan(sigma_min)``."""
+    if steps < 2:
+        raise ConfigError(
+            "the kl_optimal scheduler with 1 step",
+            "its formula spaces steps by 1 / (steps - 1): ComfyUI's own kl_optimal gives NaN sigmas for 1 step",
+            "use 2 or more steps, or another scheduler for a single step",
+        )
+    sigma_min, sigma_max = _bounds(model_sampling)
+    weight = torch.arange(steps, dtype=torch.float32) / (steps - 1)
+    return _ending_with_zero((weight * math.atan(sigma_min) + (1 - weight) * math.atan(sigma_max)).tan())
 
 
 SCHEDULERS: Mapping[str, Callable[[ModelSampling, int], torch.Tensor]] = MappingProxyType(
     {
-        "simple": simple_scheduler,
-        "sgm_uniform": sgm_uniform_scheduler,
-        "karras": karras_scheduler,
-        "exponential": exponential_scheduler,
-        "ddim_uniform": ddim_uniform_scheduler,
-        "beta": beta_scheduler,
-        "normal": normal_scheduler,
+        "simple": simple,
+        "sgm_uniform": sgm_uniform,
+        "karras": karras,
+        "exponential": exponential,
+        "ddim_uniform": ddim_uniform,
+        "beta": beta,
+        "normal": normal,
+        "linear_quadratic": linear_quadratic,
+        "kl_optimal": kl_optimal,
     }
 )
-"""Scheduler functions by ComfyUI name."""
+"""Scheduler rules by ComfyUI name, in ComfyUI's order."""
 
-SCHEDULER_NAMES: tuple[str, ...] = tuple(SCHEDULERS)
-
-DISCARD_PENULTIMATE_SIGMA_SAMPLERS: frozenset[str] = frozenset({"dpm_2"})
-"""Samplers for which ComfyUI's KSampler computes one extra step and drops the second-to-last sigma."""
+SCHEDULER_NAMES: list[str] = list(SCHEDULERS)
+"""ComfyUI 0.3.64's ``SCHEDULER_NAMES``, same order."""
 
 
 def _check_steps(steps: int) -> None:
@@ -132,23 +155,23 @@ def _check_steps(steps: int) -> None:
 
 
 def calculate_sigmas(model_sampling: ModelSampling, scheduler: str, steps: int) -> torch.Tensor:
-    """``steps + 1`` float32 sigmas (ending with 0) of the named scheduler, as ComfyUI's calculate_sigmas."""
-    handler = SCHEDULERS.get(scheduler)
-    if handler is None:
+    """The float32 sigmas (ending with 0) of the named scheduler, as ComfyUI's calculate_sigmas."""
+    rule = SCHEDULERS.get(scheduler)
+    if rule is None:
         raise ConfigError(
             f"unknown scheduler {scheduler!r}",
-            "only schedulers that reproduce ComfyUI's math are implemented",
+            "the schedulers are ComfyUI's, by name",
             f"use one of: {', '.join(SCHEDULER_NAMES)}",
         )
     _check_steps(steps)
-    return handler(model_sampling, steps)
+    return rule(model_sampling, steps)
 
 
-def _ksampler_sigmas(model_sampling: ModelSampling, scheduler: str, steps: int, sampler: str | None) -> torch.Tensor:
-    if sampler in DISCARD_PENULTIMATE_SIGMA_SAMPLERS:
-        sigmas = calculate_sigmas(model_sampling, scheduler, steps + 1)
-        return torch.cat([sigmas[:-2], sigmas[-1:]])
-    return calculate_sigmas(model_sampling, scheduler, steps)
+def _ksampler_sigmas(model_sampling: ModelSampling, scheduler: str, steps: int, drop_penultimate: bool) -> torch.Tensor:
+    if not drop_penultimate:
+        return calculate_sigmas(model_sampling, scheduler, steps)
+    sigmas = calculate_sigmas(model_sampling, scheduler, steps + 1)
+    return torch.cat([sigmas[:-2], sigmas[-1:]])
 
 
 def sigmas_for_denoise(
@@ -158,7 +181,7 @@ def sigmas_for_denoise(
 
     ``denoise < 1`` schedules ``int(steps / denoise)`` steps and keeps the last ``steps + 1`` sigmas;
     ``denoise <= 0`` gives no sigmas (nothing to sample). Pass ``sampler`` to apply KSampler's
-    penultimate-sigma drop for ``dpm_2``.
+    penultimate-sigma drop (dpm_2, dpm_2_ancestral, uni_pc, uni_pc_bh2).
     """
     _check_steps(steps)
     if isinstance(denoise, bool) or not isinstance(denoise, (int, float)) or math.isnan(denoise) or denoise > 1.0:
@@ -167,9 +190,10 @@ def sigmas_for_denoise(
             "denoise is the fraction of the schedule to run, between 0 and 1",
             "pass a number in [0, 1]; 1.0 for text-to-image",
         )
+    drop = sampler is not None and drops_penultimate_sigma(sampler)
     if denoise > 0.9999:
-        return _ksampler_sigmas(model_sampling, scheduler, steps, sampler)
+        return _ksampler_sigmas(model_sampling, scheduler, steps, drop)
     if denoise <= 0.0:
         return torch.zeros(0, dtype=torch.float32)
-    sigmas = _ksampler_sigmas(model_sampling, scheduler, int(steps / denoise), sampler)
+    sigmas = _ksampler_sigmas(model_sampling, scheduler, int(steps / denoise), drop)
     return sigmas[-(steps + 1) :]

@@ -14,7 +14,12 @@ __all__, __getattr__ = lazy_exports(
             "load_parallel_model",
             "resolve_model_path",
         ),
-        "sampling_checks": ("check_branches_for_layout", "check_latent_size", "check_sampling_args"),
+        "sampling_checks": (
+            "check_branches_for_layout",
+            "check_latent_size",
+            "check_sampler_for_layout",
+            "check_sampling_args",
+        ),
         "load_job": ("LoadedModel", "load_model", "loaded_model", "unload"),
         "lora": ("LoraSpec", "inspect_lora", "stack_entries"),
         "model_jobs": ("decode", "encode_text", "generate"),

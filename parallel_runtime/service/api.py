@@ -33,7 +33,12 @@ from .load_job import load_model
 from .load_request import LoadRequest
 from .lora import LoraSpec, stack_entries
 from .model_jobs import decode, encode_text, encode_text_file, generate
-from .sampling_checks import check_branches_for_layout, check_latent_size, check_sampling_args
+from .sampling_checks import (
+    check_branches_for_layout,
+    check_latent_size,
+    check_sampler_for_layout,
+    check_sampling_args,
+)
 
 LOAD_CANCEL_GRACE_S = 2.0  # a cancelled load that has not stopped by then is abandoned (nothing is lost)
 
@@ -230,6 +235,8 @@ class ParallelModel:
         should_cancel: Callable[[], bool] | None = None,
         noise_mask: torch.Tensor | None = None,
         advanced: dict[str, Any] | None = None,
+        eta: float | None = None,
+        s_noise: float | None = None,
     ) -> torch.Tensor:
         """KSampler semantics on a raw VAE latent (zeros of the size when ``latent`` is None; a video
         model needs its [B,C,T,H,W] latent; ``width`` / ``height`` are read only then).
@@ -239,7 +246,8 @@ class ParallelModel:
         entries without their own (None: 3.5). ``batch_index``: the LATENT's (noise draw per item).
         ``denoise`` 0 returns the latent unchanged, as KSampler does. ``noise_mask``: the LATENT's
         (Wan22ImageToVideoLatent). ``advanced``: KSamplerAdvanced's add_noise / start_at_step /
-        end_at_step / return_with_leftover_noise (as SamplingSettings fields)."""
+        end_at_step / return_with_leftover_noise (as SamplingSettings fields). ``eta`` / ``s_noise``: a
+        ComfyUI SAMPLER's noise options, for the samplers that have them (None: ComfyUI's default)."""
         values = input_checks.sampling_values(
             width=width,
             height=height,
@@ -256,7 +264,8 @@ class ParallelModel:
         input_checks.conditioning("negative", negative, required=False)
         input_checks.finite_tensor("noise mask", noise_mask)
         steps, seed, denoise = values["steps"], values["seed"], values["denoise"]
-        check_sampling_args(sampler_name, scheduler, steps, denoise)
+        check_sampling_args(sampler_name, scheduler, steps, denoise, eta, s_noise)
+        check_sampler_for_layout(self.config, sampler_name)
         if latent is None and self.latent_dims == 3:
             raise ConfigError(
                 f"no latent given to the {self.family} video model",
@@ -291,7 +300,7 @@ class ParallelModel:
         if sigmas is None and denoise <= 0.0:
             return latent.float().clone()  # KSampler: no sigmas, the input latent comes back
         self.check_latent_size(latent.shape[-2], latent.shape[-1])
-        check_branches_for_layout(self.config, cfg, positive_branch, negative_branch)
+        check_branches_for_layout(self.config, cfg, positive_branch, negative_branch, sampler_name)
         settings = SamplingSettings(
             seed,
             steps,
@@ -303,6 +312,8 @@ class ParallelModel:
             guidance,
             batch_index=None if batch_index is None else tuple(int(i) for i in batch_index),
             model_sampling=self.model_sampling_override,
+            eta=None if eta is None else float(eta),
+            s_noise=None if s_noise is None else float(s_noise),
             **(advanced or {}),
         )
         extra = self._pipefusion_kwargs()
@@ -401,6 +412,7 @@ def check_sample_request(request: LoadRequest, width: object, height: object, **
     check_sampling_args(sampler, scheduler, checked["steps"], checked["denoise"])
     info = host_geometry(resolve_model_path(request.model))
     config = request.layout or default_layout(parse_devices(request.devices), request)[0]
+    check_sampler_for_layout(config, sampler)
     f = info["spatial_factor"]
     check_latent_size(info, config, checked["height"] // f, checked["width"] // f)
 

@@ -14,11 +14,20 @@ from ..denoise.entries import Branch
 from ..errors import ConfigError
 from ..parallel.config import ParallelConfig
 from ..pipefusion.branches import single_entry
-from ..sampling import SAMPLER_NAMES, SCHEDULER_NAMES, uses_uncond
+from ..pipefusion.schedule import require_per_patch
+from ..sampling import SAMPLER_NAMES, SCHEDULER_NAMES, sampler_spec, uses_uncond
 
 
-def check_sampling_args(sampler: str, scheduler: str, steps: int, denoise: float) -> None:
-    """Sampler and scheduler names, steps and denoise as KSampler accepts them."""
+def check_sampling_args(
+    sampler: str,
+    scheduler: str,
+    steps: int,
+    denoise: float,
+    eta: float | None = None,
+    s_noise: float | None = None,
+) -> None:
+    """Sampler and scheduler names, steps and denoise as KSampler accepts them, and a SAMPLER's noise
+    options (eta / s_noise) where the sampler has them."""
     if sampler not in SAMPLER_NAMES:
         raise ConfigError(
             f"unknown sampler {sampler!r}",
@@ -39,6 +48,27 @@ def check_sampling_args(sampler: str, scheduler: str, steps: int, denoise: float
             "denoise is the fraction of the schedule to run, in [0, 1] (0 returns the latent unchanged)",
             "use e.g. 1.0 for text to image or 0.6 for image to image",
         )
+    spec = sampler_spec(sampler)
+    scheduled = 0 if denoise <= 0 else (steps if denoise > 0.9999 else int(steps / denoise)) + spec.drops_penultimate
+    if scheduler == "kl_optimal" and scheduled == 1:
+        raise ConfigError(
+            "the kl_optimal scheduler with 1 step",
+            "its formula spaces steps by 1 / (steps - 1): ComfyUI's own kl_optimal gives NaN sigmas for 1 step",
+            "use 2 or more steps, or another scheduler for a single step",
+        )
+    for option, value in (("eta", eta), ("s_noise", s_noise)):
+        if value is None:
+            continue
+        if option not in spec.options:
+            raise ConfigError(
+                f"{option}={value!r} for the {sampler} sampler",
+                f"{sampler} has no {option}, so the value would be silently ignored",
+                f"drop it, or choose a sampler that has {option}",
+            )
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+            raise ConfigError(
+                f"{option}={value!r}", f"{option} scales the added noise", f"use a number >= 0 as {option}"
+            )
 
 
 def check_latent_size(info: Mapping[str, Any], config: ParallelConfig, height: int, width: int) -> None:
@@ -86,9 +116,18 @@ def check_latent_size(info: Mapping[str, Any], config: ParallelConfig, height: i
         )
 
 
-def check_branches_for_layout(config: ParallelConfig, cfg: float, positive: Branch, negative: Branch | None) -> None:
-    """PipeFusion runs one plain entry per branch (see ``pipefusion.branches.single_entry``)."""
+def check_sampler_for_layout(config: ParallelConfig, sampler: str) -> None:
+    """PipeFusion runs one sampler per patch: samplers whose steps depend on the whole latent cannot."""
+    if config.pp > 1:
+        require_per_patch(sampler)
+
+
+def check_branches_for_layout(
+    config: ParallelConfig, cfg: float, positive: Branch, negative: Branch | None, sampler: str = "euler"
+) -> None:
+    """PipeFusion runs one plain entry per branch (see ``pipefusion.branches.single_entry``); a CFG++
+    sampler runs the negative at cfg 1 too."""
     if config.pp > 1:
         single_entry(positive, "positive")
-        if uses_uncond(cfg, negative):
+        if uses_uncond(cfg, negative) or (sampler_spec(sampler).cfg_pp and negative is not None):
             single_entry(negative, "negative")

@@ -80,14 +80,12 @@ def test_workflows_cover_the_layouts_and_mix_with_core_nodes(comfy_oracle):
 
 
 def test_sampler_and_scheduler_names_are_comfyuis(comfy_oracle):
-    """The sampler node offers ComfyUI's own names (comfy.samplers.KSampler of the snapshot), so
-    KSampler settings carry over; and its defaults are ComfyUI KSampler's."""
+    """The sampler node offers ComfyUI's own lists (comfy.samplers.KSampler of the snapshot, same order),
+    so KSampler settings carry over; and its defaults are ComfyUI KSampler's."""
     ours = comfy_oracle["object_info"]["DiTParallelSampler"]["input"]["required"]
     ksampler = comfy_oracle["object_info"]["KSampler"]["input"]["required"]
-    assert set(ours["sampler_name"][0]) <= set(comfy_oracle["samplers"])
-    assert set(ours["scheduler"][0]) <= set(comfy_oracle["schedulers"])
-    assert {"euler", "euler_ancestral", "heun", "dpmpp_2m", "ddim"} <= set(ours["sampler_name"][0])
-    assert {"simple", "normal", "karras", "sgm_uniform", "beta"} <= set(ours["scheduler"][0])
+    assert ours["sampler_name"][0] == comfy_oracle["samplers"] == ksampler["sampler_name"][0]
+    assert ours["scheduler"][0] == comfy_oracle["schedulers"] == ksampler["scheduler"][0]
     for name in ("seed", "steps", "sampler_name", "scheduler", "denoise"):
         assert default(ours[name]) == default(ksampler[name]), name
 

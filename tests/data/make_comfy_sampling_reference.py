@@ -1,9 +1,18 @@
 """Regenerate tests/data/comfy_sampling_reference.json by running ComfyUI's OWN sampling code.
 
 Run by hand (not in CI), from any directory, with a Python that has torch, numpy, scipy, tqdm,
-einops, psutil and torchsde (ComfyUI's sampling imports), e.g. a throwaway venv outside the repo:
+einops, psutil and torchsde (ComfyUI's sampling imports), e.g. the tests' ComfyUI venv
+(tests/comfyui/comfy_env.py builds it under ~/.cache/dit-parallel):
 
-    python tests/data/make_comfy_sampling_reference.py /path/to/ComfyUI --commit <ComfyUI git commit>
+    PYTHONDONTWRITEBYTECODE=1 ~/.cache/dit-parallel/comfyui-venv-*/bin/python \
+        tests/data/make_comfy_sampling_reference.py /work/shared/ComfyUI \
+        --commit a125cd84b054a57729b5eecab930ca9408719832
+
+What it stores: ComfyUI's sampler and scheduler name lists; every scheduler on five model samplings at
+five step counts; KSampler's sigmas for denoise < 1 and the samplers that drop the penultimate sigma;
+every sampler through ComfyUI's own ``KSAMPLER.sample`` (its noise samplers, flow branches, final-step
+rules) with ComfyUI's own ``sampling_function`` doing the guidance (its cfg-1 skip and the post-CFG
+hooks the CFG++ samplers read) over two analytic branch "networks"; noise and CFG functions.
 
 Heavy ComfyUI imports that sampling never uses (torchvision, av, ...) are stubbed when missing.
 Nothing from parallel_runtime is imported (only the sibling comfy_setup.py): every number comes from ComfyUI's functions.
@@ -24,10 +33,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from comfy_setup import prepare_comfy, tensor_json  # noqa: E402 (the sibling helper, found through this folder)
+from sampling_reference_cases import extra_cases, matrix_cases  # noqa: E402
 
 SHAPE = [1, 3, 6, 6]
-BATCH_SHAPE = [2, 3, 6, 6]
 SEED = 42
+SCHEDULER_STEPS = (1, 2, 3, 10, 25)
 
 
 def import_comfy(comfy_dir: Path) -> SimpleNamespace:
@@ -74,6 +84,11 @@ def analytic_network(xc: torch.Tensor, t: torch.Tensor, pat: torch.Tensor, omega
 
 def img2img_latent(shape) -> torch.Tensor:
     return torch.cos(pattern(shape) * 7.0) * 0.8
+
+
+def uncond_pattern(shape) -> torch.Tensor:
+    """The negative branch's pattern (its network differs from the positive's only here)."""
+    return 0.1 - 0.6 * pattern(shape)
 
 
 # ---- model sampling objects -----------------------------------------------------------------------------
@@ -185,14 +200,18 @@ def model_sampling_reference(c: SimpleNamespace, ms) -> dict:
 
 
 def scheduler_reference(c: SimpleNamespace, models: dict) -> tuple[list, list]:
-    names = ["simple", "normal", "karras", "exponential", "sgm_uniform", "beta", "ddim_uniform"]
     plain = []
     for model in ("pixart", "sd15_linear", "sd3", "flux", "flux_768x1344"):
         ms = models[model][0]
-        for name in names:
-            for steps in (1, 2, 3, 10, 25):
+        for name in c.samplers.SCHEDULER_NAMES:
+            for steps in SCHEDULER_STEPS:
                 sigmas = c.samplers.calculate_sigmas(ms, name, steps)
-                plain.append({"model": model, "scheduler": name, "steps": steps, "sigmas": tensor_json(sigmas)})
+                entry = {"model": model, "scheduler": name, "steps": steps}
+                if torch.isnan(sigmas).any():  # kl_optimal with 1 step divides by steps - 1
+                    entry["comfy_nan"] = True
+                else:
+                    entry["sigmas"] = tensor_json(sigmas)
+                plain.append(entry)
     ksampler = []
     cases = [
         ("pixart", "normal", 10, 0.6, "euler"),
@@ -205,6 +224,11 @@ def scheduler_reference(c: SimpleNamespace, models: dict) -> tuple[list, list]:
         ("flux_512x512", "ddim_uniform", 6, 0.5, "lcm"),
         ("flux", "exponential", 4, 0.0, "euler"),
         ("sd3", "normal", 5, 0.99995, "euler"),
+        ("pixart", "karras", 6, 1.0, "uni_pc"),
+        ("sd3", "linear_quadratic", 7, 0.6, "uni_pc_bh2"),
+        ("flux", "kl_optimal", 5, 1.0, "dpm_2_ancestral"),
+        ("pixart", "linear_quadratic", 9, 1.0, "heunpp2"),
+        ("flux_768x1344", "kl_optimal", 8, 0.45, "res_multistep"),
     ]
     for model, scheduler, steps, denoise, sampler in cases:
         ks = c.samplers.KSampler(
@@ -227,10 +251,10 @@ def scheduler_reference(c: SimpleNamespace, models: dict) -> tuple[list, list]:
 
 
 class FakeBaseModel:
-    """BaseModel._apply_model with the analytic network."""
+    """BaseModel._apply_model with the analytic network of one branch."""
 
-    def __init__(self, ms, omega: float, shape):
-        self.model_sampling, self.omega, self.pat = ms, omega, pattern(shape)
+    def __init__(self, ms, omega: float, pat: torch.Tensor):
+        self.model_sampling, self.omega, self.pat = ms, omega, pat
 
     def __call__(self, x, sigma):
         ms = self.model_sampling
@@ -239,15 +263,28 @@ class FakeBaseModel:
         return ms.calculate_denoised(sigma, analytic_network(xc, t, self.pat, self.omega).float(), x)
 
 
-class FakeModelWrap:
-    """What KSAMPLER.sample and the k-diffusion samplers see as the (CFG-guided) model."""
+class GuidedModel:
+    """What KSAMPLER.sample and the samplers see as the model (CFGGuider's place): ComfyUI's own
+    ``sampling_function`` (its cfg-1 skip, ``cfg_function`` and the post-CFG hooks CFG++ reads), with the
+    branch predictions from the analytic networks (a ``sampler_calc_cond_batch_function``)."""
 
-    def __init__(self, base: FakeBaseModel):
-        self.inner_model = base
-        self.model_patcher = FakePatcher(base.model_sampling)
+    def __init__(self, c: SimpleNamespace, ms, omega: float, shape, cfg: float, negative: bool):
+        self.c, self.cfg = c, cfg
+        self.inner_model = FakeBaseModel(ms, omega, pattern(shape))
+        self.uncond_model = FakeBaseModel(ms, omega, uncond_pattern(shape))
+        self.model_patcher = FakePatcher(ms)
+        self.cond, self.uncond = [{}], ([{}] if negative else None)
+
+    def branches(self, args):
+        x, sigma = args["input"], args["sigma"]
+        nets = (self.inner_model, self.uncond_model)
+        return [net(x, sigma) if conds is not None else torch.zeros_like(x) for net, conds in zip(nets, args["conds"])]
 
     def __call__(self, x, sigma, model_options=None, seed=None):
-        return self.inner_model(x, sigma)
+        options = {**(model_options or {}), "sampler_calc_cond_batch_function": self.branches}
+        return self.c.samplers.sampling_function(
+            self.inner_model, x, sigma, self.uncond, self.cond, self.cfg, options, seed
+        )
 
 
 def omega_for(model: str) -> float:
@@ -255,62 +292,9 @@ def omega_for(model: str) -> float:
 
 
 def sampler_reference(c: SimpleNamespace, models: dict) -> list:
-    samplers = ["euler", "euler_ancestral", "heun", "dpm_2", "dpmpp_2m", "dpmpp_2m_sde", "ddim", "lcm"]
-    cases = []
-    for model, scheduler in (("pixart", "normal"), ("sd3", "simple"), ("flux_768x1344", "simple")):
-        for name in samplers:
-            cases.append({"model": model, "sampler": name, "scheduler": scheduler, "steps": 6, "denoise": 1.0})
-    cases += [
-        {
-            "model": "pixart",
-            "sampler": "euler_ancestral",
-            "scheduler": "karras",
-            "steps": 7,
-            "denoise": 0.6,
-            "img2img": True,
-        },
-        {"model": "pixart", "sampler": "lcm", "scheduler": "sgm_uniform", "steps": 4, "denoise": 0.7, "img2img": True},
-        {"model": "sd3", "sampler": "dpmpp_2m_sde", "scheduler": "beta", "steps": 8, "denoise": 0.6, "img2img": True},
-        {
-            "model": "flux",
-            "sampler": "euler_ancestral",
-            "scheduler": "normal",
-            "steps": 5,
-            "denoise": 0.5,
-            "img2img": True,
-        },
-        {"model": "flux", "sampler": "heun", "scheduler": "beta", "steps": 5, "denoise": 0.8, "img2img": True},
-        {"model": "sd3", "sampler": "dpm_2", "scheduler": "karras", "steps": 5, "denoise": 0.65, "img2img": True},
-        {
-            "model": "pixart",
-            "sampler": "euler_ancestral",
-            "scheduler": "normal",
-            "steps": 6,
-            "eta": 0.5,
-            "s_noise": 0.8,
-        },
-        {"model": "sd3", "sampler": "euler_ancestral", "scheduler": "simple", "steps": 6, "eta": 0.7, "s_noise": 1.1},
-        {"model": "sd3", "sampler": "euler_ancestral", "scheduler": "simple", "steps": 6, "eta": 0.0},
-        {"model": "flux", "sampler": "dpmpp_2m_sde", "scheduler": "simple", "steps": 6, "eta": 0.5, "s_noise": 0.9},
-        {"model": "pixart", "sampler": "dpmpp_2m_sde", "scheduler": "karras", "steps": 6, "eta": 0.0},
-        {"model": "pixart", "sampler": "dpmpp_2m_sde", "scheduler": "normal", "steps": 6, "noise": "generator"},
-        {"model": "sd3", "sampler": "dpmpp_2m_sde", "scheduler": "simple", "steps": 6, "noise": "generator"},
-        {
-            "model": "flux_768x1344",
-            "sampler": "dpmpp_2m_sde",
-            "scheduler": "normal",
-            "steps": 6,
-            "noise": "generator",
-            "eta": 0.8,
-        },
-        {"model": "pixart", "sampler": "euler_ancestral", "scheduler": "karras", "steps": 5, "shape": BATCH_SHAPE},
-        {"model": "sd3", "sampler": "dpmpp_2m_sde", "scheduler": "simple", "steps": 5, "shape": BATCH_SHAPE},
-        {"model": "flux", "sampler": "lcm", "scheduler": "simple", "steps": 4, "shape": BATCH_SHAPE},
-    ]
     out = []
-    for case in cases:
-        case.setdefault("denoise", 1.0)
-        case.setdefault("shape", SHAPE)
+    for case in matrix_cases(c.samplers.SAMPLER_NAMES, c.samplers.SCHEDULER_NAMES) + extra_cases():
+        case = {"denoise": 1.0, "shape": SHAPE, "cfg": 1.0, "negative": True, **case}
         case["seed"] = SEED + len(out)
         case["omega"] = omega_for(case["model"])
         ms = models[case["model"]][0]
@@ -326,12 +310,15 @@ def sampler_reference(c: SimpleNamespace, models: dict) -> list:
             denoise=case["denoise"],
         )
         sigmas = ks.sigmas
+        if "end_at" in case:  # KSampler.sample's cut without force_full_denoise
+            sigmas = sigmas[: case["end_at"] + 1]
+        case["sigmas"] = tensor_json(sigmas)  # before the sampler runs (uni_pc changes its last entry)
         extra = {k: case[k] for k in ("eta", "s_noise") if k in case}
         if case.get("noise") == "generator":
             extra["noise_sampler"] = c.kds.default_noise_sampler(noise, seed=case["seed"])
         sampler = c.samplers.sampler_object(case["sampler"])
         sampler.extra_options = {**sampler.extra_options, **extra}
-        wrap = FakeModelWrap(FakeBaseModel(ms, case["omega"], shape))
+        model = GuidedModel(c, ms, case["omega"], shape, case["cfg"], case["negative"])
         steps_seen = []
 
         def callback(i, denoised, x, total, steps_seen=steps_seen):
@@ -341,7 +328,7 @@ def sampler_reference(c: SimpleNamespace, models: dict) -> list:
 
         with torch.no_grad():
             result = sampler.sample(
-                wrap,
+                model,
                 sigmas,
                 {"seed": case["seed"], "model_options": {}},
                 callback,
@@ -349,7 +336,8 @@ def sampler_reference(c: SimpleNamespace, models: dict) -> list:
                 latent_image=latent,
                 disable_pbar=True,
             )
-        case["sigmas"] = tensor_json(sigmas)
+        if not torch.isfinite(result).all():
+            raise SystemExit(f"ComfyUI's result is not finite for {case}")
         case["callback"] = steps_seen
         case["output"] = tensor_json(result)
         out.append(case)
@@ -439,6 +427,7 @@ def main() -> None:
     torch.set_num_threads(1)
     c = import_comfy(comfy_dir)
     models = build_models(c)
+    lists = {"samplers": list(c.samplers.SAMPLER_NAMES), "schedulers": list(c.samplers.SCHEDULER_NAMES)}
     plain, ksampler = scheduler_reference(c, models)
     ref = {
         "source": {
@@ -448,6 +437,8 @@ def main() -> None:
             "stubbed_imports": c.stubbed,
             "generator": "tests/data/make_comfy_sampling_reference.py",
         },
+        "names": lists,
+        "discard_penultimate_sigma_samplers": sorted(c.samplers.KSampler.DISCARD_PENULTIMATE_SIGMA_SAMPLERS),
         "models": {name: spec for name, (_, spec) in models.items()},
         "model_sampling": {name: model_sampling_reference(c, ms) for name, (ms, _) in models.items()},
         "schedulers": plain,
