@@ -40,7 +40,8 @@ from .weights import FP8_STORAGE, TensorSource, cast_model, load_tensors, meta_m
 log = logging.getLogger(__name__)
 
 SAFETENSORS_SUFFIXES: tuple[str, ...] = (".safetensors", ".sft")
-SINGLE_FILE_SUFFIXES: tuple[str, ...] = (*SAFETENSORS_SUFFIXES, ".pth", ".pt")
+GGUF_SUFFIX = ".gguf"  # ComfyUI-GGUF's quantised files (models/gguf)
+SINGLE_FILE_SUFFIXES: tuple[str, ...] = (*SAFETENSORS_SUFFIXES, ".pth", ".pt", GGUF_SUFFIX)
 TRANSFORMER_PREFIX = "model.diffusion_model."  # ComfyUI / Stability full checkpoints
 _SCALED_FP8_MARKERS = ("scaled_fp8", ".scale_weight", ".scale_input")
 
@@ -80,7 +81,7 @@ def existing_model_file(path: str | os.PathLike) -> Path:
     if not p.is_file():
         raise ConfigError(
             f"model file {p} does not exist" if not p.exists() else f"{p} is not a file",
-            "a single-file model is one .safetensors (or PixArt .pth) transformer file",
+            "a single-file model is one .safetensors or .gguf (or PixArt .pth) transformer file",
             "pick a file under ComfyUI/models/diffusion_models, or a diffusers folder",
         )
     if not p.name.endswith(SINGLE_FILE_SUFFIXES):
@@ -117,6 +118,13 @@ def _load_pickled(path: Path) -> dict[str, torch.Tensor]:
 
 
 def _file_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    if path.name.lower().endswith(GGUF_SUFFIX):
+        from .gguf.model_file import allowed_families
+        from .gguf.reader import GGUFFile
+
+        file = GGUFFile(path)
+        allowed_families(file)  # a text encoder, an LLM or another architecture: refused by name here
+        return {k: t.shape for k, t in file.tensors.items()}
     if path.name.endswith(SAFETENSORS_SUFFIXES):
         return {k: tuple(v.get("shape", ())) for k, v in read_safetensors_header(path).items()}
     return {k: tuple(v.shape) for k, v in _load_pickled(path).items()}
@@ -160,6 +168,11 @@ def inspect_single_file(
             "save it as transformer/diffusion_pytorch_model.safetensors in a diffusers folder with its config.json, "
             "or use the original single file",
         )
+    if p.name.lower().endswith(GGUF_SUFFIX):
+        from .gguf.model_file import check_family
+        from .gguf.reader import GGUFFile
+
+        check_family(GGUFFile(p), found)
     if variant is None:
         variant = detect_variant(found, shapes)
     elif variants().get(variant, found) != found:
@@ -246,10 +259,12 @@ def load_single_file_transformer(
     variant: str | None = None,
     overrides: Mapping[str, Any] | None = None,
     storage: str = "auto",
+    dequant_dtype: str = "default",
 ) -> tuple[nn.Module, str, dict[str, Any]]:
     """(transformer, family, scheduler config) from one file, offline (see the module doc). A
     .safetensors file is read tensor by tensor into the model (fp8 layers as ``storage`` says, see
-    ``weights.WEIGHT_STORAGE``); a .pth file is converted whole."""
+    ``weights.WEIGHT_STORAGE``), a .gguf file too (its Linear weights kept in their GGML blocks,
+    dequantised per call with ``dequant_dtype``'s arithmetic); a .pth file is converted whole."""
     import diffusers
 
     from .registry import adapter_class_for
@@ -258,8 +273,8 @@ def load_single_file_transformer(
     cls = getattr(diffusers, str(info.config["_class_name"]))
     adapter_class_for(cls)  # a class with a parallel adapter
     device = torch.device(device)
-    if info.path.name.endswith(SAFETENSORS_SUFFIXES):
-        source = _planned_source(info) or _eager_source(info)
+    if info.path.name.endswith(SAFETENSORS_SUFFIXES) or info.path.name.lower().endswith(GGUF_SUFFIX):
+        source = _file_source(info, dequant_dtype)
         model = meta_model(cls, info.config)
         _check_fits(model, source.shapes, info)
         load_tensors(model, source, lambda name: "all", device, dtype, storage=storage)
@@ -281,23 +296,35 @@ def load_single_file_components(
     dtype: torch.dtype,
     family: str | None = None,
     storage: str = "auto",
+    dequant_dtype: str = "default",
 ) -> PipelineComponents:
     """A transformer-only ``PipelineComponents`` (no VAE, text encoders or tokenizers)."""
-    transformer, found, scheduler = load_single_file_transformer(path, device, dtype, family, storage=storage)
+    transformer, found, scheduler = load_single_file_transformer(
+        path, device, dtype, family, storage=storage, dequant_dtype=dequant_dtype
+    )
     return transformer_only(path, transformer, found, scheduler)
 
 
 def single_file_tensor_source(
-    path: str | os.PathLike, family: str | None = None
+    path: str | os.PathLike, family: str | None = None, dequant_dtype: str = "default"
 ) -> tuple[SingleFileInfo, type, TensorSource]:
     """(what the file holds, its diffusers transformer class, its tensors under diffusers names). A
-    .safetensors file is read only where a caller asks (a PipeFusion stage: its blocks), through the
-    conversion plan (``conversion_plan``); fp8 tensors keep their dtype and per-tensor scales."""
+    .safetensors or .gguf file is read only where a caller asks (a PipeFusion stage: its blocks), through the
+    conversion plan (``conversion_plan``); fp8 tensors keep their dtype and per-tensor scales, GGUF ones
+    their GGML type."""
     import diffusers
 
     info = inspect_single_file(path, family)
-    source = (_planned_source(info) if info.path.name.endswith(SAFETENSORS_SUFFIXES) else None) or _eager_source(info)
-    return info, getattr(diffusers, str(info.config["_class_name"])), source
+    return info, getattr(diffusers, str(info.config["_class_name"])), _file_source(info, dequant_dtype)
+
+
+def _file_source(info: SingleFileInfo, dequant_dtype: str = "default") -> TensorSource:
+    if info.path.name.lower().endswith(GGUF_SUFFIX):
+        from .gguf.model_file import gguf_source
+
+        return gguf_source(info, lambda state: to_diffusers(info.family, state, info.config), dequant_dtype)
+    planned = _planned_source(info) if info.path.name.endswith(SAFETENSORS_SUFFIXES) else None
+    return planned or _eager_source(info)
 
 
 def _eager_source(info: SingleFileInfo) -> TensorSource:

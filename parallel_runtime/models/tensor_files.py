@@ -130,22 +130,28 @@ class SafetensorsFile:
             ) from None
 
     def _pread_into(self, out: torch.Tensor, offset: int) -> None:
-        view = memoryview(out.numpy()).cast("B")
         fd = self._fd if self._fd is not None else os.open(self.path, os.O_RDONLY)
         try:
-            done = 0
-            while done < len(view):
-                n = os.preadv(fd, [view[done : done + READ_CHUNK]], offset + done)
-                if n <= 0:
-                    raise ConfigError(
-                        f"{self.path.name} ended early ({offset + done} bytes)",
-                        "the header promises more data than the file holds",
-                        "the download is incomplete: fetch the file again",
-                    )
-                done += n
+            pread_exactly(fd, out, offset, self.path)
         finally:
             if self._fd is None:
                 os.close(fd)
+
+
+def pread_exactly(fd: int, out: torch.Tensor, offset: int, path: Path) -> None:
+    """Fill the uint8 CPU tensor ``out`` with the bytes of open file ``fd`` from ``offset`` (positioned reads,
+    no mapping); a ConfigError naming ``path`` when the file ends first."""
+    view = memoryview(out.numpy()).cast("B")
+    done = 0
+    while done < len(view):
+        n = os.preadv(fd, [view[done : done + READ_CHUNK]], offset + done)
+        if n <= 0:
+            raise ConfigError(
+                f"{path.name} ended early ({offset + done} bytes)",
+                "the header promises more data than the file holds",
+                "the download is incomplete: fetch the file again",
+            )
+        done += n
 
 
 def read_header(path: str | os.PathLike) -> tuple[dict[str, dict], dict[str, str]]:

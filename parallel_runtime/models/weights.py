@@ -99,6 +99,8 @@ class TensorSource:
     scales: Mapping[str, torch.Tensor] = dataclasses.field(default_factory=dict)
     owned: bool = False  # read tensors are in memory of their own (not views of a file mapping): never copied
     shapes: Mapping[str, tuple[int, ...]] = dataclasses.field(default_factory=dict)  # when known before reading
+    ggml: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # GGUF: name -> GGMLType (read as stored)
+    dequant_dtype: str = "default"  # GGUF: the arithmetic of dequantisation (models.gguf.dequant.DEQUANT_MODES)
 
 
 def folder_tensor_source(folder: Path) -> TensorSource:
@@ -176,6 +178,7 @@ def load_tensors(
     that message). Each tensor is read and converted on its own: no full-precision copy of an fp8 file."""
     from .base import COMPUTE_DTYPE_ATTR
     from .fp8 import fp8_layers, quantise_per_tensor, set_scale, swap_to_fp8
+    from .gguf import placement
 
     _check_storage(storage)
     numels = source.numels
@@ -189,6 +192,13 @@ def load_tensors(
         blocks = [n for n in chosen if wanted[n] == "block" and n not in keep]
         quantise = set(linear_weights(model, blocks))
     swap_to_fp8(model, sorted(keep | quantise))
+    if source.ggml and storage == "fp8_e4m3fn":
+        raise ConfigError(
+            f"{source.description} is a GGUF file and the weights were asked for in fp8",
+            "a GGUF file's weights are already quantised; they are kept in their GGML blocks",
+            'use weights "as file" (or "convert to dtype" to dequantise them once, at load)',
+        )
+    gguf_kept = placement.prepare(model, source, chosen, in_fp32) if storage != "compute" else set()
     scales: dict[str, torch.Tensor] = {n: source.scales[n] for n in keep if n in source.scales}
     params = dict(model.named_parameters())
     buffers = dict(model.named_buffers())
@@ -202,12 +212,20 @@ def load_tensors(
     loaded: dict[str, int] = {}
     for n, t in source.read([n for n, r in wanted.items() if r and n in numels]):
         expected = params[n].shape if n in params else buffers[n].shape
-        if t.shape != expected:
+        shape = tuple(source.shapes[n]) if n in source.ggml else tuple(t.shape)  # GGUF blocks: the logical shape
+        if shape != tuple(expected):
             raise ConfigError(
-                f"{n} in {source.description} has shape {tuple(t.shape)}, the model expects {tuple(expected)}",
+                f"{n} in {source.description} has shape {shape}, the model expects {tuple(expected)}",
                 "the weights do not fit the model's config",
                 "use the config that belongs to these weights (or the model's diffusers folder)",
             )
+        if n in source.ggml:  # GGUF: held as stored in a GGUFLinear, or dequantised here
+            t, kept_bytes = placement.place(
+                model, n, t, source, gguf_kept, device, torch.float32 if n in in_fp32 else dtype
+            )
+            if t is None:
+                loaded[wanted[n]] = loaded.get(wanted[n], 0) + kept_bytes
+                continue
         if n in quantise:
             t, scales[n] = quantise_per_tensor(t)
         elif t.dtype in FP8_STORAGE and n not in keep:  # an fp8 tensor computed in the compute dtype
@@ -233,10 +251,21 @@ def load_tensors(
     for layer in layers.values():
         if layer.weight_scale.device.type == "meta" and layer.weight.device.type != "meta":
             set_scale(layer, torch.ones(()), device)
-    if layers:
+    if layers or gguf_kept:
         setattr(model, COMPUTE_DTYPE_ATTR, dtype)
     buffer_bytes = sum(b.numel() * b.element_size() for b in model.buffers() if b.device.type != "meta")
     return LoadedTensors(loaded, buffer_bytes)
+
+
+def gguf_held_bytes(model: nn.Module, source: TensorSource, itemsize: int, storage: str) -> dict[str, int] | None:
+    """Bytes each parameter of ``model`` holds once loaded from the GGUF ``source`` (None for other sources)."""
+    if not source.ggml:
+        return None
+    from .gguf.placement import held_bytes
+
+    names = [n for n, _ in model.named_parameters()]
+    return held_bytes(model, source if storage != "compute" else dataclasses.replace(source, ggml={}), itemsize,
+                      kept_in_fp32(model, names))  # fmt: skip
 
 
 def cast_model(model: nn.Module, device: torch.device, dtype: torch.dtype) -> nn.Module:

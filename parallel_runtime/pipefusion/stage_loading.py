@@ -24,7 +24,7 @@ from ..models.extra_roles import block_prefixes, trace_extra_roles
 from ..models.loading import PipelineComponents, component_class, load_pipeline_components, read_model_index
 from ..models.registry import adapter_class_for
 from ..models.single_file import single_file_tensor_source, transformer_only
-from ..models.weights import TensorSource, folder_tensor_source, load_tensors, meta_model
+from ..models.weights import TensorSource, folder_tensor_source, gguf_held_bytes, load_tensors, meta_model
 from ..parallel.mesh import ParallelMesh
 from ..parallel.stages import StagePlan, plan_stages
 
@@ -112,7 +112,11 @@ def build_stage_transformer(
     numels = source.numels
     itemsize = torch.empty(0, dtype=dtype).element_size()
 
+    gguf_bytes = gguf_held_bytes(model, source, itemsize, storage)
+
     def held(name: str) -> int:  # bytes of a parameter as held (fp8 layers of an fp8 file: 1 byte)
+        if gguf_bytes is not None:
+            return gguf_bytes[name]
         fp8 = storage != "compute" and name in source.fp8 and name.endswith(".weight")
         return numels.get(name, 0) * (1 if fp8 else itemsize)
 
