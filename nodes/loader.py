@@ -21,6 +21,7 @@ FAMILIES = family_choices()
 DTYPES = ("bf16", "fp16", "fp32")
 ATTENTION = ("auto", "sdpa", "flash")
 WEIGHTS = {"as file": "auto", "fp8_e4m3fn": "fp8_e4m3fn", "convert to dtype": "compute"}  # node choice -> storage
+DEQUANT_DTYPES = ("default", "target", "float32", "float16", "bfloat16")  # UnetLoaderGGUFAdvanced's choices
 LAYOUTS = ("auto", "manual")
 MAX_DEGREE = 64
 
@@ -76,8 +77,9 @@ class ParallelModelLoader(ContextNode):
                 "model": (
                     model_choices(ComfyBridge()),
                     {
-                        "tooltip": "A diffusers folder (models/diffusers), a single transformer .safetensors file "
-                        "(models/diffusion_models), or a tiny random model for trying the pack without downloads."
+                        "tooltip": "A diffusers folder (models/diffusers), a single transformer .safetensors or "
+                        "GGUF (.gguf, ComfyUI-GGUF's) file (models/diffusion_models, models/unet), or a tiny random "
+                        "model for trying the pack without downloads."
                     },
                 ),
                 "family": (FAMILIES, {"default": "auto", "tooltip": "Model family; 'auto' detects it from the files."}),
@@ -131,7 +133,19 @@ class ParallelModelLoader(ContextNode):
                         "tooltip": "How the transformer's Linear weights are held. as file: an fp8 file (e.g. "
                         "qwen_image_fp8_e4m3fn.safetensors) stays fp8 on the devices, each layer upcast to dtype "
                         "when it runs; fp8_e4m3fn: also store a bf16 model's blocks in fp8 (half the memory); "
-                        "convert to dtype: upcast fp8 files to dtype once, at load.",
+                        "convert to dtype: upcast fp8 files to dtype once, at load. A GGUF file's weights stay "
+                        "in their quantised blocks with 'as file' (dequantised per layer as it runs) and are "
+                        "dequantised once, at load, with 'convert to dtype'.",
+                    },
+                ),
+                "dequant_dtype": (
+                    DEQUANT_DTYPES,
+                    {
+                        "default": "default",
+                        "tooltip": "GGUF files only: the arithmetic of dequantisation, as ComfyUI-GGUF's Unet Loader "
+                        "(GGUF/Advanced) offers it. default: block scales times quantised values in float16, then "
+                        "cast to dtype (what Unet Loader (GGUF) does); target: in dtype; float32 / float16 / "
+                        "bfloat16: in that type.",
                     },
                 ),
             },
@@ -166,6 +180,7 @@ class ParallelModelLoader(ContextNode):
         attention: str,
         vae: str = VAE_FROM_MODEL,
         weights: str = "as file",
+        dequant_dtype: str = "default",
     ) -> dict[str, Any]:
         from parallel_runtime.models.model_info import model_info_from_path
         from parallel_runtime.parallel.layout import LayoutRequest, plan_layout, weights_held
@@ -186,6 +201,12 @@ class ParallelModelLoader(ContextNode):
                 f"weights {weights!r}",
                 "the loader keeps, stores or converts fp8 weights",
                 f"use one of {list(WEIGHTS)}",
+            )
+        if dequant_dtype not in DEQUANT_DTYPES:
+            raise ConfigError(
+                f"dequant_dtype {dequant_dtype!r}",
+                "GGUF blocks are dequantised in one of ComfyUI-GGUF's arithmetics",
+                f"use one of {list(DEQUANT_DTYPES)}",
             )
         info = model_info_from_path(_local_path(target), family=chosen, dtype=dtype, storage=storage)
         if chosen is not None and info.family != chosen:
@@ -222,6 +243,7 @@ class ParallelModelLoader(ContextNode):
             attention=attention,
             vae=vae_path,
             storage=storage,
+            dequant_dtype=dequant_dtype,
         )
         handle = ParallelModelHandle(request, ctx, model, info.family, tuple(devs), config.describe(), reason)
         handle.model(room_made=layout != "manual")  # start the workers now, so load errors show on this node

@@ -2,7 +2,8 @@
 
 - diffusers folders (with model_index.json) under ``models/diffusers``: offered by their path
   relative to that folder, e.g. ``FLUX.1-dev``;
-- single ``.safetensors`` transformer files under ``models/diffusion_models`` (and ``unet``);
+- single ``.safetensors`` transformer files under ``models/diffusion_models`` (and ``unet``), and GGUF
+  transformer files (``.gguf``, ComfyUI-GGUF's) there;
 - the embedded ``tiny-flux-shapes`` (trained: draws the coloured shapes its prompt names, e.g. "a red
   circle on a blue background") and random-weight ``tiny-*`` models of every family (built once locally
   by the pack's ``dit_devtools``) for trying the pack without downloads;
@@ -24,6 +25,7 @@ from .bridge import SHIPPED_TOKENIZERS, Bridge
 
 TINY_MODELS: tuple[str, ...] = BUILTIN_MODELS
 SINGLE_FILE_SUFFIXES: tuple[str, ...] = (".safetensors", ".sft")
+MODEL_FILE_SUFFIXES: tuple[str, ...] = (*SINGLE_FILE_SUFFIXES, ".gguf")  # transformers: also ComfyUI-GGUF's files
 VAE_FROM_MODEL = "(the model's own)"
 
 
@@ -54,19 +56,19 @@ def diffusers_folders(bridge: Bridge) -> list[str]:
     return sorted(set(found))
 
 
-def _files_under(bridge: Bridge, kind: str) -> list[str]:
-    """Safetensors files in ComfyUI's ``kind`` folders, as paths relative to their folder."""
+def _files_under(bridge: Bridge, kind: str, suffixes: tuple[str, ...] = SINGLE_FILE_SUFFIXES) -> list[str]:
+    """Files ending in ``suffixes`` (safetensors) in ComfyUI's ``kind`` folders, as paths relative to their folder."""
     found: list[str] = []
     for root in bridge.folder_paths(kind):
         for dirpath, _, filenames in _walk(root):
             for name in filenames:
-                if name.endswith(SINGLE_FILE_SUFFIXES):
+                if name.lower().endswith(suffixes):
                     found.append(Path(os.path.relpath(os.path.join(dirpath, name), root)).as_posix())
     return sorted(set(found))
 
 
 def single_files(bridge: Bridge) -> list[str]:
-    return _files_under(bridge, "diffusion_models")
+    return _files_under(bridge, "diffusion_models", MODEL_FILE_SUFFIXES)
 
 
 def vae_choices(bridge: Bridge) -> list[str]:
@@ -127,7 +129,7 @@ def resolve_model(name: str, bridge: Bridge) -> str:
     name = name.strip()
     if name in TINY_MODELS:
         return name
-    kinds = ("diffusion_models",) if name.endswith(SINGLE_FILE_SUFFIXES) else ("diffusers",)
+    kinds = ("diffusion_models",) if name.lower().endswith(MODEL_FILE_SUFFIXES) else ("diffusers",)
     for kind in kinds:
         for root in bridge.folder_paths(kind):
             candidate = Path(root) / name
@@ -138,8 +140,8 @@ def resolve_model(name: str, bridge: Bridge) -> str:
     searched = [p for kind in ("diffusers", "diffusion_models") for p in bridge.folder_paths(kind)]
     raise ConfigError(
         f"model {name!r} was not found",
-        "the loader looks for diffusers folders in models/diffusers and single .safetensors transformer files "
-        f"in models/diffusion_models (searched: {', '.join(searched) or 'no model folder is configured'})",
+        "the loader looks for diffusers folders in models/diffusers and single .safetensors / .gguf transformer "
+        f"files in models/diffusion_models and models/unet (searched: {', '.join(searched) or 'no model folder is configured'})",
         "put the model there and refresh the page (R), pick another model, or try one of " + ", ".join(TINY_MODELS),
     )
 

@@ -59,3 +59,19 @@ def comfy_dequantise(
     tensor.tensor_type = gguf.GGMLQuantizationType[type_name]
     tensor.tensor_shape = torch.Size(shape)
     return module.dequantize_tensor(tensor, dtype, mode)
+
+
+def comfy_reference_file(path: Path, out: Path, dtype: torch.dtype, mode: str = "default") -> Path:
+    """Every tensor of the GGUF ``path`` as ComfyUI-GGUF dequantises it for compute dtype ``dtype``, saved as
+    float32 .safetensors (F32 / F16 tensors as ComfyUI-GGUF casts them)."""
+    import gguf
+    from safetensors.torch import save_file
+
+    reader = gguf.GGUFReader(path)
+    tensors = {}
+    for t in reader.tensors:
+        shape = tuple(int(d) for d in reversed(t.shape.tolist()))
+        raw = torch.from_numpy(t.data.copy())
+        tensors[t.name] = comfy_dequantise(raw, t.tensor_type.name, shape, dtype, mode).to(torch.float32).contiguous()
+    save_file(tensors, str(out))
+    return out

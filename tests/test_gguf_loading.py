@@ -16,10 +16,10 @@ import gguf
 import pytest
 import torch
 from bigmodel_files import flux2_to_bfl
-from comfy_gguf import comfy_dequantise
+from comfy_gguf import comfy_reference_file
 from gguf_files import write_gguf
 from original_layout_files import flux_to_bfl, sd3_to_mmdit
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from dit_devtools.tiny import ensure_tiny_model
 from parallel_runtime.denoise.loop import denoise_latent
@@ -63,19 +63,6 @@ def original_state(family: str) -> dict[str, torch.Tensor]:
     state = load_pipeline_components(ensure_tiny_model(name), "cpu", torch.float32, ("transformer",)).transformer
     to_original = {"flux": flux_to_bfl, "flux2": flux2_to_bfl, "sd3": sd3_to_mmdit}[family]
     return to_original(state.state_dict())
-
-
-def comfy_reference_file(path: Path, out: Path, dtype: torch.dtype, mode: str = "default") -> Path:
-    """Every tensor of the GGUF ``path`` as ComfyUI-GGUF dequantises it for compute dtype ``dtype``, saved as
-    float32 .safetensors (F32 / F16 tensors as ComfyUI-GGUF casts them)."""
-    reader = gguf.GGUFReader(path)
-    tensors = {}
-    for t in reader.tensors:
-        shape = tuple(int(d) for d in reversed(t.shape.tolist()))
-        raw = torch.from_numpy(t.data.copy())
-        tensors[t.name] = comfy_dequantise(raw, t.tensor_type.name, shape, dtype, mode).to(torch.float32).contiguous()
-    save_file(tensors, str(out))
-    return out
 
 
 def sample(comps, seed: int = 0) -> torch.Tensor:

@@ -37,8 +37,9 @@ def model_info_from_path(
     path: str | os.PathLike, family: str | None = None, dtype: str = "bf16", storage: str = "auto"
 ) -> ModelInfo:
     """The planner's facts about a diffusers folder (model_index.json + transformer/) or a single
-    .safetensors transformer file, read from configs and tensor headers (no weights are loaded).
-    Weight bytes are those each block will hold (``dtype``; fp8 layers kept as ``storage`` says)."""
+    .safetensors / .gguf transformer file, read from configs and tensor headers (no weights are loaded).
+    Weight bytes are those each block will hold (``dtype``; fp8 layers kept as ``storage`` says, GGUF
+    weights in their GGML blocks)."""
     path = Path(path).expanduser()
     run_bytes = DTYPE_BYTES.get(dtype)
     if run_bytes is None:
@@ -47,7 +48,11 @@ def model_info_from_path(
         )
     if path.is_dir():
         return _with_budget(_from_diffusers_folder(path, run_bytes), path, run_bytes, storage)
-    if path.is_file() and path.suffix == ".safetensors":
+    if path.is_file() and path.suffix.lower() == ".gguf":
+        from .gguf.model_file import check_gguf_request
+
+        check_gguf_request(storage, "default")  # no fp8 storage of a GGUF's weights
+    if path.is_file() and path.suffix.lower() in (".safetensors", ".gguf"):
         return _with_budget(_from_single_file(path, family, run_bytes), path, run_bytes, storage)
     raise ConfigError(
         f"model {path} does not exist" if not path.exists() else f"model {path} is not a folder or .safetensors file",
@@ -112,21 +117,32 @@ def _with_budget(info: ModelInfo, path: Path, run_bytes: int, storage: str) -> M
 
     if path.is_dir() and (path / "transformer_2").is_dir():
         return info  # two experts (Wan 2.2 A14B): weight_bytes counts both; a per-block budget would count one
+    source = None
     try:
         if path.is_dir():
             config = json.loads((path / "transformer" / "config.json").read_text(encoding="utf-8"))
             fp8: frozenset[str] = frozenset()
         else:
             config = dict(inspect_single_file(path, info.family).config)
-            fp8 = frozenset(single_file_tensor_source(path, info.family)[2].fp8)
-        budget = weight_budget(getattr(diffusers, str(config["_class_name"])), config, run_bytes, fp8, storage)
+            source = single_file_tensor_source(path, info.family)[2]
+            fp8 = frozenset(source.fp8)
+        cls = getattr(diffusers, str(config["_class_name"]))
+        budget = weight_budget(cls, config, run_bytes, fp8, storage, source if source and source.ggml else None)
     except ConfigError:
+        if path.suffix.lower() == ".gguf":
+            raise  # a GGUF's bytes are its blocks': an estimate from parameter counts would be far off
         return info  # e.g. a header-only file: the planner spreads weight_bytes evenly over the blocks
     if len(budget.blocks) != info.num_layers:
         return info
     heads = int(config.get("num_attention_heads") or info.num_heads)
+    note = ""
+    if source is not None and source.ggml and storage != "compute":
+        from .gguf.model_file import describe_storage
+
+        note = describe_storage(source)
     return dataclasses.replace(
         info,
+        storage_note=note,
         num_heads=heads,
         hidden_size=heads * int(config.get("attention_head_dim") or info.hidden_size // heads),
         weight_bytes=budget.total,
@@ -148,8 +164,20 @@ def _count_blocks(keys: Iterable[str], prefixes: Sequence[str]) -> int:
     return total
 
 
+def _single_file_header(path: Path) -> dict[str, dict]:
+    """Tensor name -> {"shape": ...} of a .safetensors or .gguf file (no data read)."""
+    if path.suffix.lower() == ".gguf":
+        from .gguf.model_file import allowed_families
+        from .gguf.reader import GGUFFile
+
+        file = GGUFFile(path)
+        allowed_families(file)
+        return {k: {"shape": list(t.shape)} for k, t in file.tensors.items()}
+    return read_safetensors_header(path)
+
+
 def _from_single_file(path: Path, family_id: str | None, run_bytes: int) -> ModelInfo:
-    header = read_safetensors_header(path)
+    header = _single_file_header(path)
     keys = [k.removeprefix("model.diffusion_model.") for k in header]
     found = detect_family(keys)
     if found is None:

@@ -320,9 +320,10 @@ def single_file_tensor_source(
 
 def _file_source(info: SingleFileInfo, dequant_dtype: str = "default") -> TensorSource:
     if info.path.name.lower().endswith(GGUF_SUFFIX):
-        from .gguf.model_file import gguf_source
+        from .gguf.source import gguf_source_fields
 
-        return gguf_source(info, lambda state: to_diffusers(info.family, state, info.config), dequant_dtype)
+        convert = lambda state: to_diffusers(info.family, state, info.config)  # noqa: E731
+        return TensorSource(**gguf_source_fields(info, convert, dequant_dtype))
     planned = _planned_source(info) if info.path.name.endswith(SAFETENSORS_SUFFIXES) else None
     return planned or _eager_source(info)
 

@@ -17,7 +17,7 @@ import torch
 
 from .extra_roles import block_prefixes, trace_extra_roles
 from .registry import adapter_class_for
-from .weights import WEIGHT_STORAGE, linear_weights
+from .weights import WEIGHT_STORAGE, gguf_held_bytes, linear_weights
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,9 +39,11 @@ def weight_budget(
     run_bytes: int,
     fp8_names: Collection[str] = (),
     storage: str = "auto",
+    gguf_source: Any = None,
 ) -> WeightBudget:
     """The budget of ``model_cls(config)`` held in ``run_bytes``-byte floats; ``fp8_names`` are the (diffusers)
-    names a file stores in fp8, kept so unless ``storage`` is "compute" ("fp8_e4m3fn": every block Linear)."""
+    names a file stores in fp8, kept so unless ``storage`` is "compute" ("fp8_e4m3fn": every block Linear);
+    ``gguf_source`` (a GGUF file's ``TensorSource``): its Linear weights count in their GGML bytes."""
     if storage not in WEIGHT_STORAGE:
         raise ValueError(f"storage {storage!r} is not one of {WEIGHT_STORAGE}")
     with torch.device("meta"):
@@ -51,8 +53,11 @@ def weight_budget(
     params = dict(model.named_parameters())
     linear = set(linear_weights(model, list(params)))
     fp8 = set(fp8_names)
+    gguf = gguf_held_bytes(model, gguf_source, run_bytes, storage) if gguf_source is not None else None
 
     def held(name: str) -> int:
+        if gguf is not None:
+            return gguf[name]
         in_block = name.startswith(tuple(prefixes))
         kept = name in linear and ((storage != "compute" and name in fp8) or (storage == "fp8_e4m3fn" and in_block))
         return params[name].numel() * (1 if kept else run_bytes)

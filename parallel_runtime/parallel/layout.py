@@ -60,6 +60,7 @@ class ModelInfo:
     token_pixels: int = TOKEN_PIXELS  # image pixels per token side (VAE factor x patch size)
     frames_per_latent: int = 0  # video families: frames per latent frame (Wan: 4); 0 for image models
     hints: LayoutHints = LayoutHints()  # the family's usual CFG scale and text tokens
+    storage_note: str = ""  # how the weights are stored when not in the run dtype (e.g. a GGUF's types)
 
     def stage_counts(self, pp: int, capacities: Sequence[float] | None = None) -> tuple[int, ...]:
         """Blocks per stage: balancing the bytes held (per capacity) when the block sizes are known,
@@ -293,11 +294,12 @@ def plan_layout(machine: MachineInfo, model: ModelInfo, request: LayoutRequest |
 
 def weights_held(model: ModelInfo, stage_bytes: Sequence[int]) -> str:
     """The reason text's statement of the weights each rank holds (per PipeFusion stage when split)."""
+    note = f" ({model.storage_note})" if model.storage_note else ""
     if len(stage_bytes) == 1:
-        return f"each rank holds the whole transformer, {format_bytes(stage_bytes[0])} of weights"
+        return f"each rank holds the whole transformer, {format_bytes(stage_bytes[0])} of weights{note}"
     stages = ", ".join(f"stage {s}: {format_bytes(b)}" for s, b in enumerate(stage_bytes))
     return (
-        f"each rank holds at most {format_bytes(max(stage_bytes))} of weights, its stage's share of "
+        f"each rank holds at most {format_bytes(max(stage_bytes))} of weights{note}, its stage's share of "
         f"{format_bytes(model.weight_bytes)} ({stages})"
     )
 

@@ -169,11 +169,13 @@ def load_single_file_stage(
     stage_weights: Sequence[float] | None = None,
     family: str | None = None,
     storage: str = "auto",
+    dequant_dtype: str = "default",
 ) -> tuple[PipelineComponents, StagePlan, StageWeights]:
     """PipeFusion from one file: (components, stage plan, stage weights) with only ``stage``'s
     tensors on ``device``: the stage reads just its own share of the file (see
-    ``models.single_file.single_file_tensor_source``)."""
-    info, model_cls, source = single_file_tensor_source(path, family)
+    ``models.single_file.single_file_tensor_source``; a GGUF file's blocks stay quantised, dequantised
+    with ``dequant_dtype``'s arithmetic)."""
+    info, model_cls, source = single_file_tensor_source(path, family, dequant_dtype)
     model, stages, weights = build_stage_transformer(
         model_cls, dict(info.config), source, pp, stage, device, dtype, stage_weights, storage
     )

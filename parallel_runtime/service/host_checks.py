@@ -22,8 +22,18 @@ def check_load_request(request: LoadRequest, path: Path) -> None:
 
     torch_dtype(request.dtype)
     check_backend_name(request.attention)
+    if path.suffix.lower() != ".gguf":
+        from ..models.gguf.model_file import check_gguf_request
+
+        check_gguf_request("auto", request.dequant_dtype)  # a known mode, though only GGUF files use it
     input_checks.positive_seconds("load_timeout_s", request.load_timeout_s)
-    if path.is_file():
+    if path.is_file() and path.suffix.lower() == ".gguf":
+        from ..models.gguf.model_file import check_gguf_request
+        from ..models.single_file import inspect_single_file
+
+        check_gguf_request(request.storage, request.dequant_dtype)
+        inspect_single_file(path, request.family)  # the GGUF header: every tensor inside the file, its types known
+    elif path.is_file():
         from ..models.single_file import inspect_single_file
 
         read_header(path)  # every tensor's bytes inside the file (a truncated download fails here)

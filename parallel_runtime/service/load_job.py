@@ -67,16 +67,18 @@ def load_model(
     vae_path: str | None = None,
     vae_norm_groups: int = 32,
     storage: str = "auto",
+    dequant_dtype: str = "default",
 ) -> dict[str, Any]:
     """Load the pipeline onto this rank's device (text encoders only on TEXT_RANK). Reuses it when
     the same model and dtype are already loaded. With pp > 1 each rank loads only its PipeFusion
     stage's blocks (``pp_stage_weights``: relative share of blocks per stage; None: equal). A single
     transformer file (``path`` is a file) loads the transformer only (:mod:`parallel_runtime.models.single_file`).
     ``storage`` says how Linear weights are held (``models.weights.WEIGHT_STORAGE``: fp8 files stay fp8
-    by default, computing in ``dtype``)."""
+    by default, computing in ``dtype``). ``dequant_dtype``: the arithmetic a GGUF file's blocks are
+    dequantised in (``models.gguf.dequant.DEQUANT_MODES``, ComfyUI-GGUF's choices)."""
     pp = ctx.mesh.size("pp")
     weights = tuple(pp_stage_weights) if pp > 1 and pp_stage_weights else None
-    key = (str(path), dtype, pp, weights, vae_path, vae_norm_groups, storage)
+    key = (str(path), dtype, pp, weights, vae_path, vae_norm_groups, storage, dequant_dtype)
     model = ctx.state.get("model")
     if model is None or model.key != key:
         ctx.state.pop("model", None)
@@ -86,7 +88,7 @@ def load_model(
         comps = stages = stage_weights = None
         try:
             comps, stages, stage_weights = _load_transformer_and_vae(
-                ctx, path, dtype, pp, weights, vae_path, vae_norm_groups, storage
+                ctx, path, dtype, pp, weights, vae_path, vae_norm_groups, storage, dequant_dtype
             )
         except _LoadStopped:
             stopped = True
@@ -156,7 +158,7 @@ def _checkpoint(ctx: JobContext) -> None:
         raise _LoadStopped
 
 
-def _load_transformer_and_vae(ctx, path, dtype, pp, weights, vae_path, vae_norm_groups, storage):
+def _load_transformer_and_vae(ctx, path, dtype, pp, weights, vae_path, vae_norm_groups, storage, dequant_dtype):
     """(components, stages, stage weights) with this rank's transformer (share) and the VAE."""
     stages = stage_weights = None
     text: tuple[str, ...] = ()  # text encoders are loaded after, spread over the pool's devices
@@ -165,12 +167,15 @@ def _load_transformer_and_vae(ctx, path, dtype, pp, weights, vae_path, vae_norm_
         from ..pipefusion.stage_loading import load_single_file_stage
 
         comps, stages, stage_weights = load_single_file_stage(
-            path, pp, ctx.mesh.rank("pp"), ctx.device, torch_dtype(dtype), weights, storage=storage
-        )
+            path, pp, ctx.mesh.rank("pp"), ctx.device, torch_dtype(dtype), weights, storage=storage,
+            dequant_dtype=dequant_dtype,
+        )  # fmt: skip
     elif Path(path).is_file():
         from ..models.single_file import load_single_file_components
 
-        comps = load_single_file_components(path, ctx.device, torch_dtype(dtype), storage=storage)
+        comps = load_single_file_components(
+            path, ctx.device, torch_dtype(dtype), storage=storage, dequant_dtype=dequant_dtype
+        )
     elif pp > 1 or storage != "auto":  # stages, or weights stored other than as the folder has them
         from ..pipefusion.stage_loading import load_pipeline_stage
 

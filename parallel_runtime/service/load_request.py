@@ -26,6 +26,7 @@ class LoadRequest:
     vae: str | None = None  # a VAE .safetensors file to decode with instead of the model's own
     vae_norm_groups: int = 32  # GroupNorm groups of that VAE (32 in every published one)
     storage: str = "auto"  # Linear weights: "auto" (fp8 files stay fp8), "compute" (all in dtype), "fp8_e4m3fn"
+    dequant_dtype: str = "default"  # GGUF files: ComfyUI-GGUF's dequantisation arithmetic (models.gguf.DEQUANT_MODES)
     load_timeout_s: float = 1800.0  # a load running longer is abandoned (the workers are restarted)
 
     def load_kwargs(self) -> dict[str, Any]:
@@ -38,4 +39,6 @@ class LoadRequest:
             kwargs["vae_norm_groups"] = self.vae_norm_groups
         if self.storage != "auto":
             kwargs["storage"] = self.storage
+        if self.dequant_dtype != "default":
+            kwargs["dequant_dtype"] = self.dequant_dtype
         return kwargs

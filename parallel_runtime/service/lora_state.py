@@ -21,6 +21,11 @@ def original_layout(components: Any) -> dict[str, tuple[int, ...]] | None:
     """The original-layout tensors of a single-file model, from its header (None for a folder: the
     key table then computes them from the config)."""
     path = Path(components.path)
+    if path.is_file() and path.name.lower().endswith(".gguf"):
+        from ..models.gguf.model_file import transformer_shapes
+        from ..models.gguf.reader import GGUFFile
+
+        return transformer_shapes(GGUFFile(path))
     if not path.is_file() or not path.name.endswith((".safetensors", ".sft")):
         return None
     return file_layout(path)

@@ -2,7 +2,7 @@
 
 ComfyUI's model code imports torchvision, and a real ComfyUI install has its own packages; so the
 server runs in its own venv (torch 2.14.1 + torchvision 0.29.1, a pair known to import together,
-plus the snapshot's requirements.txt without torch*), never in the test venv. It is built once,
+plus the snapshot's requirements.txt without torch*, plus ``gguf`` for ComfyUI-GGUF), never in the test venv. It is built once,
 under a lock, outside the repository (``~/.cache/dit-parallel/``; $DIT_PARALLEL_COMFY_VENV points at
 a ready one instead) and reused by later runs. Run this file to build it ahead of the tests.
 
@@ -28,6 +28,7 @@ SNAPSHOT_ENV = "DIT_PARALLEL_COMFYUI"
 VENV_ENV = "DIT_PARALLEL_COMFY_VENV"
 TORCH_PINS = ("torch==2.14.1", "torchvision==0.29.1")
 SKIPPED_REQUIREMENTS = ("torch", "torchvision", "torchaudio")  # pinned above / not needed
+EXTRA_PACKAGES = ("gguf>=0.13",)  # ComfyUI-GGUF's requirement: its nodes are the oracle of the GGUF tests
 
 
 def snapshot_dir() -> Path:
@@ -68,7 +69,7 @@ def _requirements(snapshot: Path) -> list[str]:
 
 
 def default_venv(snapshot: Path) -> Path:
-    return cache_root() / f"comfyui-venv-{key_of(*TORCH_PINS, *_requirements(snapshot))}"
+    return cache_root() / f"comfyui-venv-{key_of(*TORCH_PINS, *_requirements(snapshot), *EXTRA_PACKAGES)}"
 
 
 def ensure_venv(snapshot: Path | None = None, venv: Path | None = None) -> Path:
@@ -87,7 +88,7 @@ def ensure_venv(snapshot: Path | None = None, venv: Path | None = None) -> Path:
     requirements = target.with_name(target.name + "-requirements.txt")
     requirements.parent.mkdir(parents=True, exist_ok=True)
     requirements.write_text("\n".join(_requirements(snapshot)) + "\n")
-    return cached_venv(target, [list(TORCH_PINS), ["-r", str(requirements)]])
+    return cached_venv(target, [list(TORCH_PINS), ["-r", str(requirements)], list(EXTRA_PACKAGES)])
 
 
 def main() -> None:

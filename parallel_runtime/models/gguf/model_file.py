@@ -1,5 +1,5 @@
-"""A GGUF diffusion-transformer file as ComfyUI-GGUF writes and reads it: which files are transformers, the
-transformer's tensors, and a :class:`~parallel_runtime.models.weights.TensorSource` over them.
+"""A GGUF diffusion-transformer file as ComfyUI-GGUF writes and reads it: which files are transformers and the
+transformer's tensors (``source.py`` reads them under diffusers' names).
 
 ComfyUI-GGUF's ``tools/convert.py`` stores a model's tensors under their ORIGINAL layout names (Black
 Forest Labs' for Flux.1 / FLUX.2, Stability's for SD3, Wan's own, Qwen-Image's, which are diffusers'), in
@@ -8,22 +8,17 @@ prefix is dropped. Wan's 5-D ``patch_embedding.weight`` cannot pass llama.cpp's 
 most), so the converter leaves it out and ``tools/fix_5d_tensors.py`` appends it afterwards as a 5-D F32
 tensor; a file without it was not fixed. Files without an architecture (stable-diffusion.cpp's) are
 recognised from their tensor names, as ComfyUI-GGUF's compatibility mode does.
-
-The tensors are converted to diffusers' names with the family's conversion plan (renames and row ranges
-only), so a rank reads just the rows of the tensors it holds; quantised rows stay GGML blocks.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from types import MappingProxyType
 
 import torch
 
 from ...errors import ConfigError
-from .formats import GGMLType
 from .reader import GGUFFile
 
 TRANSFORMER_PREFIX = "model.diffusion_model."
@@ -99,55 +94,25 @@ def check_family(file: GGUFFile, family: str) -> None:
         )
 
 
-def gguf_source(info, convert, dequant_dtype: str = "default"):
-    """The :class:`~..weights.TensorSource` of the single-file ``info`` (a .gguf): diffusers names read
-    through the conversion plan of ``convert`` (original -> diffusers state dict), GGML blocks kept as stored."""
-    from ..conversion_plan import PlanError, plan_conversion
-    from ..weights import TensorSource
+def describe_storage(source) -> str:
+    """What the loader's reason says about a GGUF source's weights, e.g. "GGUF Q4_K x228, Q6_K x38 blocks kept
+    quantised"."""
+    counts: dict[str, int] = {}
+    for kind in source.ggml.values():
+        if kind.packed or kind.name == "BF16":
+            counts[kind.name] = counts.get(kind.name, 0) + 1
+    listed = ", ".join(f"{name} x{n}" for name, n in sorted(counts.items(), key=lambda kv: -kv[1]))
+    return f"GGUF {listed} blocks kept quantised" if listed else "GGUF, unquantised"
 
-    file = GGUFFile(info.path)
-    check_family(file, info.family)
-    prefix = info.prefix
-    shapes = {k[len(prefix) :]: t.shape for k, t in file.tensors.items() if k.startswith(prefix)}
-    try:
-        plan = plan_conversion(convert, shapes)
-    except PlanError as exc:
+
+def check_gguf_request(storage: str, dequant_dtype: str) -> None:
+    """The load options that apply to a GGUF file: a known ``dequant_dtype``, and no fp8 storage."""
+    from .dequant import arithmetic_dtype
+
+    arithmetic_dtype(dequant_dtype, torch.float32)  # a ConfigError naming the modes for an unknown one
+    if storage == "fp8_e4m3fn":
         raise ConfigError(
-            f"{file.path.name}: the {info.family} layout cannot be converted to diffusers' without arithmetic ({exc})",
-            "GGUF weights are kept in their GGML blocks, which can only be renamed and cut into rows",
-            "use the model's .safetensors file",
-        ) from None
-    kinds: dict[str, GGMLType] = {}
-    for name in plan.pieces:
-        found = {file.tensors[prefix + k].kind for k in plan.sources(name)}
-        if len(found) > 1:
-            raise ConfigError(
-                f"{file.path.name}: {name} is made of tensors stored as {', '.join(sorted(k.name for k in found))}",
-                "a converted tensor is read as one GGML type",
-                "use a GGUF file converted by ComfyUI-GGUF's tools (one type per fused tensor)",
-            )
-        kinds[name] = found.pop()
-
-    def read(names: list[str]) -> Iterator[tuple[str, torch.Tensor]]:
-        with file:
-            for name in names:
-                whole = plan.trailing[name] is None  # a 0-d tensor
-                parts = [file.read(prefix + p.key, None if whole else (p.r0, p.r1)) for p in plan.pieces[name]]
-                data = parts[0] if len(parts) == 1 else torch.cat(parts)
-                yield name, data if kinds[name].packed else data.reshape(plan.shape(name))
-
-    out_shapes = {name: plan.shape(name) for name in plan.pieces}
-    return TensorSource(
-        file.path.name,
-        {name: math.prod(shape) for name, shape in out_shapes.items()},
-        read,
-        owned=True,
-        shapes=out_shapes,
-        ggml=MappingProxyType(kinds),
-        dequant_dtype=dequant_dtype,
-    )
-
-
-def stored_bytes(source) -> dict[str, int]:
-    """Bytes each tensor of a GGUF source takes as stored (GGML blocks; F32 / F16 / BF16 values)."""
-    return {name: kind.tensor_bytes(source.shapes[name]) for name, kind in source.ggml.items()}
+            "a GGUF file was asked to be stored in fp8",
+            "a GGUF file's weights are already quantised; they are kept in their GGML blocks",
+            'use weights "as file" (or "convert to dtype" to dequantise them once, at load)',
+        )

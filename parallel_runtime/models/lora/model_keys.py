@@ -9,6 +9,7 @@ from typing import Any
 from torch import nn
 
 from ..families.registry import find_family
+from ..gguf.linear import parameter_shapes
 from .keymap import EncoderKeys, ModelKeys, Shape, canonical_encoder_name
 from .routing import Routing, identity_routing, probe_routing
 from .skeleton import original_skeleton
@@ -35,7 +36,8 @@ def encoder_keys(family: str, encoders: Mapping[str, nn.Module]) -> dict[str, En
         if component not in roles:
             continue
         kind = encoder_kind(module)
-        tensors = {canonical_encoder_name(name, kind): (name, tuple(p.shape)) for name, p in module.named_parameters()}
+        shapes = parameter_shapes(module)
+        tensors = {canonical_encoder_name(name, kind): (name, shape) for name, shape in shapes.items()}
         out[component] = EncoderKeys(roles[component], tensors)
     return out
 
@@ -51,7 +53,7 @@ def model_keys(
     model (its header); None computes them from ``config`` for the families that have one."""
     params: dict[str, Shape] = {}
     if transformer is not None:
-        params = {name: tuple(p.shape) for name, p in transformer.named_parameters()}
+        params = parameter_shapes(transformer)  # a GGUF layer's logical shape, not its blocks
     layout: dict[str, Shape] = {}
     if transformer is not None:
         layout = dict(original) if original is not None else (original_skeleton(family, config) or {})

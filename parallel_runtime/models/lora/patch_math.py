@@ -98,9 +98,10 @@ def _tucker(core: torch.Tensor, b: torch.Tensor, a: torch.Tensor) -> torch.Tenso
 def _dora(weight: torch.Tensor, delta: torch.Tensor, magnitude: torch.Tensor, scale: float, strength: float) -> None:
     """DoRA: the direction W + scale * delta renormalised to ``magnitude`` (per output row when the
     magnitude has one value per row, else per input column), blended in by ``strength``. As in
-    ComfyUI, the per-row norm is taken of the weight before the update, the per-column one after."""
+    ComfyUI, the per-row norm is taken of the weight before the update, the per-column one after; the
+    fp32 update and factor are cast to the weight's dtype (a no-op for an fp32 weight)."""
     delta *= scale
-    updated = weight + delta
+    updated = weight + delta.to(weight.dtype)
     if magnitude.shape[0] == updated.shape[0]:
         norm = weight.reshape(weight.shape[0], -1).norm(dim=1, keepdim=True)
         norm = norm.reshape(weight.shape[0], *[1] * (weight.dim() - 1))
@@ -109,9 +110,29 @@ def _dora(weight: torch.Tensor, delta: torch.Tensor, magnitude: torch.Tensor, sc
         norm = columns.norm(dim=1, keepdim=True).reshape(updated.shape[1], *[1] * (updated.dim() - 1))
         norm = norm.transpose(0, 1)
     norm = norm + torch.finfo(weight.dtype).eps
-    updated *= magnitude / norm
+    updated *= (magnitude / norm).to(weight.dtype)
     if strength != 1.0:
         updated -= weight
         weight += strength * updated
     else:
         weight.copy_(updated)
+
+
+def apply_patch_cast(weight: torch.Tensor, patch: Patch, tensors: Tensors, scale: float, strength: float) -> None:
+    """:func:`apply_patch` on a weight held in its compute dtype (ComfyUI-GGUF patches the dequantised weight
+    there): each update is formed in float32 from the fp32 ``tensors`` and added in the weight's dtype
+    (``W += ((strength * scale) * delta).to(W.dtype)``; a diff is cast first, then scaled: ``W += strength *
+    diff.to(W.dtype)``), DoRA's norms taken in the weight's dtype, as ComfyUI's ``calculate_weight`` does
+    for a weight that is not float32. For a float32 weight the same operations in float32."""
+    if patch.kind == "set":
+        weight.copy_(tensors["diff"])
+        return
+    if patch.kind == "diff":
+        if strength != 0.0:
+            weight += strength * tensors["diff"].to(weight.dtype)
+        return
+    delta = _delta(patch.kind, tensors).reshape(weight.shape)
+    if "dora_scale" not in tensors:
+        weight += ((strength * scale) * delta).to(weight.dtype)
+        return
+    _dora(weight, delta, tensors["dora_scale"], scale, strength)

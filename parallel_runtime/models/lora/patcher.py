@@ -23,7 +23,9 @@ from collections.abc import Iterable, Mapping, Sequence
 import torch
 from torch import nn
 
+from ..base import COMPUTE_DTYPE_ATTR
 from .files import LoraFileId, read_lora
+from .gguf_patches import deferred_layers, patch_group
 from .keymap import TRANSFORMER, ModelKeys, Target
 from .patch_math import apply_patch, apply_patch_rows, row_separable
 from .resolve import Resolution, ResolvedPatch, resolve
@@ -158,11 +160,14 @@ class LoraPatcher:
     def _param(self, space: str, name: str) -> nn.Parameter:
         return self.spaces[space].get_parameter(name)  # looked up anew: an fp8 layer replaces its weight
 
-    def _fp8_layer(self, space: str, name: str) -> nn.Module | None:
-        """The layer owning ``name`` when it stores fp8 weights with a scale and keeps its own original
-        (models/fp8.py's Fp8Linear: dequantised / requantise_ / restore)."""
+    def _owner(self, space: str, name: str) -> nn.Module | None:
         owner, _, leaf = name.rpartition(".")
-        module = self.spaces[space].get_submodule(owner) if leaf == "weight" and owner else None
+        return self.spaces[space].get_submodule(owner) if leaf == "weight" and owner else None
+
+    def _fp8_layer(self, space: str, name: str) -> nn.Module | None:
+        """The layer owning ``name`` when it stores its weight in another form and keeps its own original
+        (models/fp8.py's Fp8Linear, an F32 / F16 GGUFLinear: dequantised / requantise_ / restore)."""
+        module = self._owner(space, name)
         return module if all(hasattr(module, m) for m in ("dequantised", "requantise_", "restore")) else None
 
     def _pristine_of(self, space: str, name: str) -> torch.Tensor:
@@ -187,6 +192,11 @@ class LoraPatcher:
     def _recompute(self, group: tuple[str, str], uses: list[_Use]) -> None:
         space, original = group
         route = self._route_of(space, original)
+        layers = deferred_layers(route, lambda name: self._owner(space, name))
+        if layers is not None:  # GGUF weights that stay quantised: patched per call, as ComfyUI-GGUF does
+            dtype = getattr(self.spaces[space], COMPUTE_DTYPE_ATTR, None) or torch.float32
+            patch_group(route, layers, uses, self._tensors, dtype)
+            return
         if all(row_separable(use.patch.patch) for use in uses):
             for piece in route.pieces:
                 self._recompute_piece(space, piece, uses)
