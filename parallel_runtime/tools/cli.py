@@ -27,6 +27,7 @@ BENCHES: dict[str, tuple[str, str]] = {
     "pipefusion": ("bench_pipefusion", "PipeFusion"),
     "gpu": ("bench_gpu", "one GPU, real-size Flux.1, and a model of N GPUs"),
     "bigmodels": ("bench_bigmodels", "big models: weights per rank, per-stage and fp8 loading"),
+    "gguf": ("bench_gguf", "GGUF files: weights per rank, a stage's load, per-layer dequantisation"),
     "lora": ("bench_lora", "LoRA apply/swap on a warm pool vs reloading the model"),
     "video": ("bench_video", "Wan video: sequence parallelism and the parallel video VAE"),
     "soak": ("bench_soak", "soak: 1,000 small jobs on warm pools (resource slopes, latency), then the fault matrix"),

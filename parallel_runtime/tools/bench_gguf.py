@@ -1,0 +1,224 @@
+"""``python -m parallel_runtime bench gguf``: GGUF files split across ranks, and what per-layer dequantisation costs.
+
+- ``weight_gb_per_rank_gguf``: {family: {quant: {"pp1", "pp2", "pp4"}}}: the weights the largest PipeFusion stage
+  holds (GB, 1e9 bytes; blocks of the stage + embedding or output layers) for Q8_0 and Q4_K_M files of FLUX.1-dev,
+  Qwen-Image, FLUX.2-dev and one Wan 2.2 A14B expert at their shipped configs. Byte accounting on the "meta"
+  device, no file: each tensor's GGML type as city96's llama.cpp quantiser patch (ComfyUI-GGUF's tools) chooses
+  it (:func:`gguf_type`), bf16 compute; ``weight_gb_per_rank_bf16`` the same models in bf16 for comparison.
+- ``stage_load_peak_rss_ratio``: measured: each rank of a pp=2 CPU pool loads its share of a generated
+  Qwen-Image-shaped Q8_0 GGUF file; its peak RSS increase over the GGML bytes it then holds.
+- ``dequant_step_overhead``: the step time (one transformer forward, CPU, float32 compute) of the same
+  Qwen-Image-shaped model with Q8_0 / Q4_K GGUF weights over the time with its bf16 file's weights.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import tempfile
+import time
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..parallel.config import ParallelConfig
+from ..parallel.layout import ModelInfo
+from ..runtime.pool import WorkerPool
+
+REAL = {"flux": "flux-dev", "qwen-image": "qwen-image", "flux2": "flux2-dev", "wan": "wan2.1-t2v-14b"}
+QUANTS = ("Q8_0", "Q4_K_M")
+GB = 1e9
+# diffusers names (prefixes) of what the quantiser leaves in the converted type (BF16): embeddings and outputs
+KEPT = {
+    "flux": ("x_embedder.", "context_embedder.", "time_text_embed.", "norm_out.", "proj_out."),
+    "flux2": ("x_embedder.", "context_embedder.", "time_guidance_embed.", "norm_out.", "proj_out."),
+    "qwen-image": ("img_in.", "txt_in.", "time_text_embed.", "norm_out.", "proj_out."),
+    "wan": ("patch_embedding.", "condition_embedder.", "proj_out.", "scale_shift_table"),
+}
+
+
+def gguf_type(family: str, name: str, shape: tuple[int, ...], quant: str) -> str:
+    """The GGML type of the diffusers tensor ``name`` in a ``quant`` file made by ComfyUI-GGUF's tools: F32 for
+    1-D and small (<= 1024 values) tensors; the converted BF16 for other non-2-D tensors and the layers the
+    quantiser keeps; else ``quant`` (Q4_K_M: Q4_K, with value projections and feed-forward outputs in Q6_K and
+    fused q/k/v projections in Q5_K), F16 where a K type's rows are not whole 256-value blocks."""
+    if len(shape) <= 1 or math.prod(shape) <= 1024:
+        return "F32"
+    if len(shape) != 2 or name.startswith(KEPT[family]):
+        return "BF16"
+    kind = "Q8_0"
+    if quant == "Q4_K_M":
+        kind = "Q4_K"
+        if name.endswith(("attn.to_v.weight", ".attn1.to_v.weight", ".attn2.to_v.weight", "ffn.net.2.weight")):
+            kind = "Q6_K"  # Wan's v and ffn.2, Qwen's to_v (the quantiser's to_v / ffn_down rules)
+        if family in ("flux", "flux2") and name.endswith(("attn.to_q.weight", "attn.to_k.weight", "attn.to_v.weight")):
+            kind = "Q5_K" if ".transformer_blocks." in f".{name}" else "Q4_K"  # BFL's fused img/txt qkv
+        if family in ("flux", "flux2") and name.endswith(
+            ("add_q_proj.weight", "add_k_proj.weight", "add_v_proj.weight")
+        ):
+            kind = "Q5_K"
+    return kind if not kind.endswith("_K") or shape[-1] % 256 == 0 else "F16"
+
+
+def _held_budget(family: str, config: dict[str, Any], quant: str | None):
+    import diffusers
+
+    from ..models.gguf.formats import BY_NAME
+    from ..models.weight_budget import weight_budget
+    from ..models.weights import TensorSource, meta_model
+
+    cls = getattr(diffusers, config["_class_name"])
+    if quant is None:
+        return weight_budget(cls, config, 2)
+    shapes = {n: tuple(p.shape) for n, p in meta_model(cls, config).named_parameters()}
+    kinds = {n: BY_NAME[gguf_type(family, n, s, quant)] for n, s in shapes.items()}
+    source = TensorSource(
+        "modelled GGUF", {n: math.prod(s) for n, s in shapes.items()}, None, shapes=shapes, ggml=kinds
+    )
+    return weight_budget(cls, config, 2, gguf_source=source)
+
+
+def real_weight_gb(quant: str | None) -> dict[str, dict[str, float]]:
+    """{family: {"pp1", "pp2", "pp4"}} GB held by the largest stage of a ``quant`` file (None: bf16)."""
+    from ..models.single_file import shipped_config
+
+    out = {}
+    for family, variant in REAL.items():
+        config, _ = shipped_config(variant)
+        budget = _held_budget(family, config, quant)
+        info = ModelInfo(family, 1, len(budget.blocks), 1, budget.total, budget.blocks, budget.embed, budget.final)
+        out[family] = {f"pp{pp}": round(max(info.stage_bytes(info.stage_counts(pp))) / GB, 3) for pp in (1, 2, 4)}
+    return out
+
+
+# -- a Qwen-Image-shaped GGUF file ---------------------------------------------------------------------
+def qwen_config(width: int, blocks: int) -> dict[str, Any]:
+    return dict(num_layers=blocks, attention_head_dim=128, num_attention_heads=width // 128, joint_attention_dim=width)
+
+
+def qwen_tensors(width: int, blocks: int, seed: int = 0) -> Iterator[tuple[str, torch.Tensor]]:
+    """Seeded random weights of a Qwen-Image transformer (its file names are diffusers'), one tensor at a time."""
+    from diffusers import QwenImageTransformer2DModel
+
+    with torch.device("meta"):
+        model = QwenImageTransformer2DModel(**qwen_config(width, blocks))
+    gen = torch.Generator().manual_seed(seed)
+    for name, p in model.state_dict().items():
+        scale = p.shape[-1] ** -0.5 if p.ndim == 2 else 0.02
+        yield name, torch.randn(p.shape, generator=gen) * scale + (1.0 if name.endswith("norm_q.weight") else 0.0)
+
+
+def write_qwen_gguf(path: Path, tensors: Iterable[tuple[str, torch.Tensor]], quant: str) -> Path:
+    """``tensors`` as a GGUF file: 2-D weights in ``quant`` (Q8_0 quantised from the values; Q4_K random valid
+    blocks of the same magnitude, F16 where rows are not whole blocks), the rest F32, written through a
+    temporary file (one tensor in memory)."""
+    import gguf  # alone in its block: ruff takes it for the checkout's folder when that folder is named "gguf"
+
+    writer = gguf.GGUFWriter(str(path), arch="qwen_image", use_temp_file=True)
+    gen = torch.Generator().manual_seed(0)
+    for name, value in tensors:
+        if value.ndim != 2:
+            writer.add_tensor(name, value.float().numpy(), raw_dtype=gguf.GGMLQuantizationType.F32)
+        elif quant == "Q4_K" and value.shape[-1] % 256:  # rows of partial K blocks: F16, as the quantiser does
+            writer.add_tensor(name, value.half().numpy(), raw_dtype=gguf.GGMLQuantizationType.F16)
+        elif quant == "Q8_0":
+            packed = gguf.quants.quantize(value.float().numpy(), gguf.GGMLQuantizationType.Q8_0)
+            writer.add_tensor(name, packed, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+        else:
+            blocks = torch.randint(0, 256, (value.numel() // 256, 144), dtype=torch.uint8, generator=gen)
+            factor = torch.tensor([0.2 / 255 / value.shape[-1] ** 0.5] * 2, dtype=torch.float16)
+            blocks[:, 0:4] = factor.view(torch.uint8)
+            packed = blocks.reshape(value.shape[0], -1).numpy()
+            writer.add_tensor(name, packed, raw_dtype=gguf.GGMLQuantizationType.Q4_K)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def write_qwen_bf16(path: Path, width: int, blocks: int, seed: int) -> Path:
+    """The same weights as ``qwen_tensors(width, blocks, seed)`` in a bf16 .safetensors file."""
+    from ..models.tensor_files import write_tensors
+
+    values = dict(qwen_tensors(width, blocks, seed))
+    shapes = {name: (torch.bfloat16, tuple(v.shape)) for name, v in values.items()}
+    return write_tensors(path, shapes, values.pop)
+
+
+# -- measurements -----------------------------------------------------------------------------------
+def measure_stage_rss(path: Path) -> list[dict[str, Any]]:
+    """Each rank of a pp=2 CPU pool loads its share of ``path`` (bench_bigmodels.measure_load: peak RSS)."""
+    from .bench_bigmodels import measure_load
+
+    with WorkerPool("cpu:2", ParallelConfig(pp=2), threads_per_worker=1) as pool:
+        return pool.submit(measure_load, str(path), "bf16", True, result_rank="all").result(1800)
+
+
+def step_seconds(paths: dict[str, Path], width: int, tokens: int, rounds: int) -> dict[str, list[float]]:
+    """Seconds of one transformer forward for each file's model (float32 compute, CPU), rounds interleaved."""
+    from ..models.single_file import load_single_file_transformer
+
+    models = {label: load_single_file_transformer(p, "cpu", torch.float32)[0] for label, p in paths.items()}
+    gen = torch.Generator().manual_seed(0)
+    side = int(math.isqrt(tokens))
+    inputs = dict(
+        hidden_states=torch.randn(1, side * side, 64, generator=gen),
+        encoder_hidden_states=torch.randn(1, 32, width, generator=gen),
+        encoder_hidden_states_mask=torch.ones(1, 32, dtype=torch.long),
+        timestep=torch.tensor([0.5]),
+        img_shapes=[[(1, side, side)]],
+    )
+    times: dict[str, list[float]] = {label: [] for label in models}
+    with torch.no_grad():
+        for model in models.values():
+            model(**inputs)  # warm up
+        for r in range(rounds):
+            for label in list(models)[r % len(models) :] + list(models)[: r % len(models)]:
+                t0 = time.perf_counter()
+                models[label](**inputs)
+                times[label].append(time.perf_counter() - t0)
+    return times
+
+
+def run(quick: bool = False) -> dict[str, Any]:
+    """Run the benchmark; ``quick`` uses smaller generated files."""
+    width, blocks = (512, 4) if quick else (1024, 6)
+    step_width, step_blocks, tokens, rounds = (512, 2, 256, 3) if quick else (1024, 2, 1024, 5)
+    results: dict[str, Any] = {
+        "model": f"weights per rank: FLUX.1-dev, Qwen-Image, FLUX.2-dev, Wan 2.1/2.2 14B (one A14B expert) at their "
+        "shipped configs on the meta device (byte accounting, types as city96's quantiser chooses them, bf16 "
+        f"compute); RSS: a Qwen-Image-shaped Q8_0 GGUF of {blocks} blocks {width} wide, random weights, 2 CPU ranks; "
+        f"step: a Qwen-Image-shaped transformer of {step_blocks} blocks {step_width} wide, {tokens} image + 32 text "
+        "tokens, float32 compute, one CPU thread",
+        "baseline": "weights: the same model in bf16 (weight_gb_per_rank_bf16); RSS: the GGML bytes the rank holds; "
+        "step: the same model's bf16 file (weights upcast once, at load)",
+        "weight_gb_per_rank_bf16": real_weight_gb(None),
+        "weight_gb_per_rank_gguf": {},
+    }
+    for quant in QUANTS:
+        for family, row in real_weight_gb(quant).items():
+            results["weight_gb_per_rank_gguf"].setdefault(family, {})[quant] = row
+    results["gguf_over_bf16_pp1"] = {
+        family: {q: round(row[q]["pp1"] / results["weight_gb_per_rank_bf16"][family]["pp1"], 3) for q in QUANTS}
+        for family, row in results["weight_gb_per_rank_gguf"].items()
+    }
+    torch.set_num_threads(1)
+    with tempfile.TemporaryDirectory(prefix="gguf-bench-") as tmp:
+        big = write_qwen_gguf(Path(tmp) / "qwen_image_Q8_0.gguf", qwen_tensors(width, blocks), "Q8_0")
+        ranks = measure_stage_rss(big)
+        results["file_bytes"] = big.stat().st_size
+        results["stage_loads_pp2"] = ranks
+        results["stage_load_peak_rss_ratio"] = round(max(r["peak_increase"] / r["held_bytes"] for r in ranks), 3)
+        big.unlink()
+        paths = {"bf16": write_qwen_bf16(Path(tmp) / "qwen_image_bf16.safetensors", step_width, step_blocks, 1)}
+        for quant in ("Q8_0", "Q4_K"):
+            gguf_path = Path(tmp) / f"qwen_image_{quant}.gguf"
+            paths[quant] = write_qwen_gguf(gguf_path, qwen_tensors(step_width, step_blocks, seed=1), quant)
+        times = step_seconds(paths, step_width, tokens, rounds)
+    medians = {label: statistics.median(t) for label, t in times.items()}
+    results["step_seconds"] = {label: round(s, 4) for label, s in medians.items()}
+    results["dequant_step_overhead"] = {q: round(medians[q] / medians["bf16"], 3) for q in ("Q8_0", "Q4_K")}
+    return results
