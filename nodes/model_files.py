@@ -9,7 +9,8 @@
   by the pack's ``dit_devtools``) for trying the pack without downloads;
 - VAE ``.safetensors`` files under ``models/vae``, for decoding with another VAE than the model's
   own (or at all, for a transformer-only file);
-- text-encoder files under ``models/text_encoders`` (Qwen-Image's Qwen2.5-VL), for Parallel Text Encode;
+- text-encoder files under ``models/text_encoders`` (Qwen-Image's Qwen2.5-VL, .safetensors or .gguf), for
+  Parallel Text Encode;
 - LoRA ``.safetensors`` files under ``models/loras`` (the Parallel LoRA Loader's list).
 """
 
@@ -152,7 +153,7 @@ TOKENIZER_DIRS = {"qwen": "qwen25_tokenizer"}  # ComfyUI's bundled tokenizers (c
 
 def text_encoder_choices(bridge: Bridge) -> list[str]:
     """Parallel Text Encode's encoder list: the model's own, then the files in models/text_encoders."""
-    return [TEXT_ENCODER_OWN, *_files_under(bridge, "text_encoders")]
+    return [TEXT_ENCODER_OWN, *_files_under(bridge, "text_encoders", MODEL_FILE_SUFFIXES)]
 
 
 def resolve_text_encoder(name: str, bridge: Bridge) -> tuple[str, str] | None:

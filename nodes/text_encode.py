@@ -40,7 +40,8 @@ class ParallelTextEncode:
                     {
                         "default": TEXT_ENCODER_OWN,
                         "tooltip": "The model's own encoders (a diffusers folder's), or a file from "
-                        "models/text_encoders (qwen_2.5_vl_7b*.safetensors for a Qwen-Image transformer file).",
+                        "models/text_encoders or models/clip (qwen_2.5_vl_7b*.safetensors, or a Qwen2.5-VL GGUF "
+                        "as ComfyUI-GGUF's CLIPLoaderGGUF reads it, for a Qwen-Image transformer file).",
                     },
                 ),
             },

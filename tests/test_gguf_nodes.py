@@ -130,3 +130,21 @@ def test_peak_memory_loading_a_gguf_share_stays_below_1_2x_that_share(cpu_pool, 
         assert r["held_bytes"] > 100 * 1024**2  # about half the file, in GGML blocks
         assert r["kept_increase"] >= 0.9 * r["held_bytes"]  # the measurement sees the weights
         assert r["peak_increase"] < 1.2 * r["held_bytes"], r
+
+
+def test_gguf_text_encoders_are_listed_and_find_comfyui_s_tokenizer(tmp_path):
+    """Parallel Text Encode lists .gguf encoders from models/text_encoders (and models/clip); a Qwen2.5-VL GGUF
+    (llama.cpp's file names, e.g. Qwen2.5-VL-7B-Instruct-Q4_K_M.gguf) uses the tokenizer ComfyUI ships."""
+    from dit_parallel_pack.nodes.bridge import SHIPPED_TOKENIZERS
+    from dit_parallel_pack.nodes.model_files import TEXT_ENCODER_OWN, resolve_text_encoder, text_encoder_choices
+
+    clip, shipped = tmp_path / "clip", tmp_path / "comfy_text_encoders"
+    clip.mkdir()
+    (shipped / "qwen25_tokenizer").mkdir(parents=True)
+    (clip / "Qwen2.5-VL-7B-Instruct-Q4_K_M.gguf").write_bytes(b"")
+    bridge = RecordingBridge(folders={"text_encoders": [str(clip)], SHIPPED_TOKENIZERS: [str(shipped)]})
+    assert text_encoder_choices(bridge) == [TEXT_ENCODER_OWN, "Qwen2.5-VL-7B-Instruct-Q4_K_M.gguf"]
+    assert resolve_text_encoder("Qwen2.5-VL-7B-Instruct-Q4_K_M.gguf", bridge) == (
+        str(clip / "Qwen2.5-VL-7B-Instruct-Q4_K_M.gguf"),
+        str(shipped / "qwen25_tokenizer"),
+    )

@@ -1,11 +1,13 @@
 """Text encoders from ONE file, as ComfyUI keeps them in ``models/text_encoders``.
 
-Qwen-Image's Qwen2.5-VL 7B (``qwen_2.5_vl_7b.safetensors``, ``qwen_2.5_vl_7b_fp8_scaled.safetensors``):
+Qwen-Image's Qwen2.5-VL 7B (``qwen_2.5_vl_7b.safetensors``, ``qwen_2.5_vl_7b_fp8_scaled.safetensors``, or a
+llama.cpp GGUF such as ``Qwen2.5-VL-7B-Instruct-Q4_K_M.gguf``, general.architecture "qwen2vl"):
 ComfyUI stores Hugging Face's Qwen2 names under ``model.`` (``model.layers.N.self_attn.q_proj.weight``,
 ``model.embed_tokens.weight``, ``model.norm.weight``) next to the vision tower (``visual.*``). Only the text
 model is built (transformers' ``Qwen2_5_VLTextModel``, which gives the same hidden states as the whole
 model for text-only prompts): its sizes come from the header, the rest from Qwen2.5-VL-7B's config; the
-vision tower is never read. fp8 files keep their Linear layers in fp8 as transformers do (``fp8.Fp8Linear``).
+vision tower is never read. fp8 files keep their Linear layers in fp8 as transformers do (``fp8.Fp8Linear``),
+GGUF files in their GGML blocks (``gguf.GGUFLinear``; ComfyUI-GGUF's arithmetic, see ``gguf.text_model``).
 The tokenizer is a folder (ComfyUI's own ``comfy/text_encoders/qwen25_tokenizer``, or a diffusers one).
 """
 
@@ -77,6 +79,9 @@ def load_qwen25_text_file(
     """The Qwen2.5-VL text model in ComfyUI's ``path`` (see the module doc), on ``device``."""
     from transformers import Qwen2_5_VLTextConfig, Qwen2_5_VLTextModel
 
+    if str(path).lower().endswith(".gguf"):
+        return _load_qwen25_text_gguf(Path(path).expanduser(), device, dtype, storage, overrides)
+
     from ...fp8 import detect_quantisation
     from ...tensor_files import SafetensorsFile
 
@@ -104,6 +109,32 @@ def load_qwen25_text_file(
         owned=True,
         shapes={n: tuple(shapes[k]) for n, k in names.items()},
     )
+    load_tensors(model, source, lambda name: "all", device, dtype, what="of the text model", storage=storage)
+    return model.eval().requires_grad_(False)
+
+
+def _load_qwen25_text_gguf(path: Path, device, dtype: torch.dtype, storage: str, overrides) -> nn.Module:
+    """The Qwen2.5-VL text model of a llama.cpp GGUF (see the module doc)."""
+    from transformers import Qwen2_5_VLTextConfig, Qwen2_5_VLTextModel
+
+    from ...gguf.reader import GGUFFile
+    from ...gguf.text_model import check_text_architecture, llama_cpp_names, text_source_fields
+
+    file = GGUFFile(path)
+    check_text_architecture(file, ("qwen2vl",), "Qwen2.5-VL (Qwen-Image's text encoder)")
+    probe = ["embed_tokens.weight", *(f"layers.0.{p}.weight" for p in ("self_attn.q_proj", "self_attn.k_proj"))]
+    probe += ["layers.0.mlp.gate_proj.weight"]
+    known = llama_cpp_names(file, [TEXT_PREFIX + n for n in probe])
+    layers = len({k.split(".")[1] for k in file.tensors if k.startswith("blk.")})
+    shapes = {name: file.tensors[k].shape for name, k in known.items()}
+    shapes.update({f"{TEXT_PREFIX}layers.{i}.": () for i in range(layers)})  # qwen25_text_config counts layers
+    config = Qwen2_5_VLTextConfig(**qwen25_text_config(shapes, overrides))
+    with parameters_on_meta():
+        model = Qwen2_5_VLTextModel(config)
+    wanted = [n for n, _ in model.named_parameters()]
+    mapping = llama_cpp_names(file, [TEXT_PREFIX + n for n in wanted])
+    names = {n: mapping.get(TEXT_PREFIX + n, f"(no tensor for {n})") for n in wanted}
+    source = TensorSource(**text_source_fields(file, names))
     load_tensors(model, source, lambda name: "all", device, dtype, what="of the text model", storage=storage)
     return model.eval().requires_grad_(False)
 
