@@ -22,6 +22,7 @@ from parallel_runtime.models.gguf.dequant import DECODERS, DEQUANT_MODES, arithm
 from parallel_runtime.models.gguf.formats import BY_NAME, SUPPORTED, ggml_type
 
 PACKED = sorted(DECODERS)
+DEVICES = ["cpu", *(["cuda"] if torch.cuda.is_available() else [])]  # on a GPU machine: also on the device
 FACTOR_OFFSETS = {
     "Q8_0": (0,),
     "Q5_0": (0,),
@@ -79,17 +80,18 @@ def test_quantised_values_come_back_like_gguf_s(name):
     assert np.abs(ours - values).max() < 0.05  # and they are the quantised weights (not noise)
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("mode", DEQUANT_MODES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("name", PACKED)
-def test_every_mode_equals_comfyui_gguf_bit_for_bit(name, dtype, mode):
+def test_every_mode_equals_comfyui_gguf_bit_for_bit(name, dtype, mode, device):
     kind = BY_NAME[name]
-    raw = torch.from_numpy(valid_blocks(name, 64, seed=7))
+    raw = torch.from_numpy(valid_blocks(name, 64, seed=7)).to(device)
     shape = (8, 8 * kind.elements)
     theirs = comfy_dequantise(raw, name, shape, dtype, mode)
     ours = dequantise(raw, kind, shape, dtype, mode)
     assert ours.dtype == theirs.dtype == dtype and ours.shape == theirs.shape
-    assert torch.equal(ours, theirs)
+    assert ours.device == raw.device and torch.equal(ours, theirs)
 
 
 @pytest.mark.parametrize("name", ["Q8_0", "Q5_1", "Q4_K"])

@@ -157,28 +157,38 @@ def measure_stage_rss(path: Path) -> list[dict[str, Any]]:
         return pool.submit(measure_load, str(path), "bf16", True, result_rank="all").result(1800)
 
 
-def step_seconds(paths: dict[str, Path], width: int, tokens: int, rounds: int) -> dict[str, list[float]]:
-    """Seconds of one transformer forward for each file's model (float32 compute, CPU), rounds interleaved."""
+def step_seconds(
+    paths: dict[str, Path],
+    width: int,
+    tokens: int,
+    rounds: int,
+    device: str = "cpu",
+    dtype: torch.dtype = torch.float32,
+) -> dict[str, list[float]]:
+    """Seconds of one transformer forward for each file's model on ``device`` in ``dtype``, rounds interleaved."""
     from ..models.single_file import load_single_file_transformer
 
-    models = {label: load_single_file_transformer(p, "cpu", torch.float32)[0] for label, p in paths.items()}
+    models = {label: load_single_file_transformer(p, device, dtype)[0] for label, p in paths.items()}
     gen = torch.Generator().manual_seed(0)
     side = int(math.isqrt(tokens))
     inputs = dict(
-        hidden_states=torch.randn(1, side * side, 64, generator=gen),
-        encoder_hidden_states=torch.randn(1, 32, width, generator=gen),
-        encoder_hidden_states_mask=torch.ones(1, 32, dtype=torch.long),
-        timestep=torch.tensor([0.5]),
+        hidden_states=torch.randn(1, side * side, 64, generator=gen).to(device, dtype),
+        encoder_hidden_states=torch.randn(1, 32, width, generator=gen).to(device, dtype),
+        encoder_hidden_states_mask=torch.ones(1, 32, dtype=torch.long, device=device),
+        timestep=torch.tensor([0.5], device=device, dtype=dtype),
         img_shapes=[[(1, side, side)]],
     )
+    sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
     times: dict[str, list[float]] = {label: [] for label in models}
     with torch.no_grad():
         for model in models.values():
             model(**inputs)  # warm up
         for r in range(rounds):
             for label in list(models)[r % len(models) :] + list(models)[: r % len(models)]:
+                sync()
                 t0 = time.perf_counter()
                 models[label](**inputs)
+                sync()
                 times[label].append(time.perf_counter() - t0)
     return times
 
@@ -187,12 +197,16 @@ def run(quick: bool = False) -> dict[str, Any]:
     """Run the benchmark; ``quick`` uses smaller generated files."""
     width, blocks = (512, 4) if quick else (1024, 6)
     step_width, step_blocks, tokens, rounds = (512, 2, 256, 3) if quick else (1024, 2, 1024, 5)
+    device, dtype, where = "cpu", torch.float32, "float32 compute, one CPU thread"
+    if torch.cuda.is_available():  # the step on one GPU at Qwen-Image's real width, bf16 compute
+        step_width, step_blocks, tokens, rounds = (1024, 2, 1024, 5) if quick else (3072, 2, 4096, 10)
+        device, dtype, where = "cuda", torch.bfloat16, f"bf16 compute on {torch.cuda.get_device_name()}"
     results: dict[str, Any] = {
         "model": f"weights per rank: FLUX.1-dev, Qwen-Image, FLUX.2-dev, Wan 2.1/2.2 14B (one A14B expert) at their "
         "shipped configs on the meta device (byte accounting, types as city96's quantiser chooses them, bf16 "
         f"compute); RSS: a Qwen-Image-shaped Q8_0 GGUF of {blocks} blocks {width} wide, random weights, 2 CPU ranks; "
         f"step: a Qwen-Image-shaped transformer of {step_blocks} blocks {step_width} wide, {tokens} image + 32 text "
-        "tokens, float32 compute, one CPU thread",
+        f"tokens, {where}",
         "baseline": "weights: the same model in bf16 (weight_gb_per_rank_bf16); RSS: the GGML bytes the rank holds; "
         "step: the same model's bf16 file (weights upcast once, at load)",
         "weight_gb_per_rank_bf16": real_weight_gb(None),
@@ -217,7 +231,7 @@ def run(quick: bool = False) -> dict[str, Any]:
         for quant in ("Q8_0", "Q4_K"):
             gguf_path = Path(tmp) / f"qwen_image_{quant}.gguf"
             paths[quant] = write_qwen_gguf(gguf_path, qwen_tensors(step_width, step_blocks, seed=1), quant)
-        times = step_seconds(paths, step_width, tokens, rounds)
+        times = step_seconds(paths, step_width, tokens, rounds, device, dtype)
     medians = {label: statistics.median(t) for label, t in times.items()}
     results["step_seconds"] = {label: round(s, 4) for label, s in medians.items()}
     results["dequant_step_overhead"] = {q: round(medians[q] / medians["bf16"], 3) for q in ("Q8_0", "Q4_K")}

@@ -19,6 +19,7 @@ A decoder takes the blocks as a ``[n, nbytes]`` uint8 tensor and the arithmetic 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
 
@@ -62,13 +63,18 @@ def _nibbles(packed: torch.Tensor) -> torch.Tensor:
 
 def _bit_planes(packed: torch.Tensor, width: int) -> torch.Tensor:
     """[..., k] bytes -> [..., 8 // width, k]: field j holds bits j*width .. j*width + width-1 of each byte."""
-    shifts = torch.arange(0, 8, width, dtype=torch.uint8, device=packed.device)
-    return (packed.unsqueeze(-2) >> shifts.reshape(-1, 1)) & ((1 << width) - 1)
+    mask = (1 << width) - 1  # shifts by Python ints: no index tensor copied to the device per call
+    return torch.stack([(packed >> shift) & mask for shift in range(0, 8, width)], dim=-2)
+
+
+@functools.lru_cache(maxsize=16)
+def _iq4_table(device: torch.device) -> torch.Tensor:
+    """The IQ4 values on ``device`` (a constant, made once per device rather than copied there per call)."""
+    return torch.tensor(IQ4_VALUES, dtype=torch.int16, device=device)
 
 
 def _lookup(indices: torch.Tensor) -> torch.Tensor:
-    table = torch.tensor(IQ4_VALUES, dtype=torch.int16, device=indices.device)
-    return table[indices.long()]
+    return _iq4_table(indices.device)[indices.long()]
 
 
 def _grouped(scale: torch.Tensor, q: torch.Tensor, offset: torch.Tensor | None, subtract: bool) -> torch.Tensor:
