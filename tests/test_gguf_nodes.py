@@ -15,7 +15,7 @@ from node_helpers import LOAD, RecordingBridge  # tests/ helpers
 from pack_import import load_pack
 
 from parallel_runtime.errors import ConfigError
-from parallel_runtime.models.files import model_info_from_path
+from parallel_runtime.models.model_info import model_info_from_path
 from parallel_runtime.parallel.config import ParallelConfig
 from parallel_runtime.parallel.layout import LayoutRequest, activation_bytes, plan_layout
 from parallel_runtime.parallel.machine import MachineInfo

@@ -21,6 +21,9 @@ from .registry import adapter_class_for
 log = logging.getLogger(__name__)
 
 
+TEXT_WIDTH_KEYS = ("joint_attention_dim", "caption_channels", "cross_attention_dim", "text_dim")  # diffusers configs
+
+
 @dataclasses.dataclass(frozen=True)
 class ExtraRoles:
     """Names of the non-block tensors the first stage (embed) and the last stage (final) need."""
@@ -59,8 +62,9 @@ def trace_extra_roles(model_cls: type, config: dict[str, Any]) -> ExtraRoles:
     extras = {n for n in names.values() if not n.startswith(tuple(prefixes))}
     try:
         p = adapter.plan.patch_size
-        x = torch.zeros(1, adapter.plan.latent_channels, 2 * p, 2 * p, device="meta")
-        dim = config.get("joint_attention_dim") or config.get("caption_channels") or config.get("cross_attention_dim")
+        frames = (1,) if adapter.plan.latent_dims == 3 else ()  # a video family's [B, C, T, H, W]
+        x = torch.zeros(1, adapter.plan.latent_channels, *frames, 2 * p, 2 * p, device="meta")
+        dim = next(config.get(k) for k in TEXT_WIDTH_KEYS if config.get(k))
         pooled_dim = config.get("pooled_projection_dim")
         cond = Conditioning(
             torch.zeros(1, 4, int(dim), device="meta"),

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import math
+import re
 import statistics
 import tempfile
 import time
@@ -23,46 +24,34 @@ from typing import Any
 
 import torch
 
+from ..models.families import flux, flux2, qwen_image, wan
+from ..models.families.registry import family_of_variant
+from ..models.families.spec import GGUFFacts
 from ..parallel.config import ParallelConfig
 from ..parallel.layout import ModelInfo
 from ..runtime.pool import WorkerPool
 
-REAL = {"flux": "flux-dev", "qwen-image": "qwen-image", "flux2": "flux2-dev", "wan": "wan2.1-t2v-14b"}
+REAL = (flux.DEV, qwen_image.QWEN_IMAGE, flux2.DEV, wan.T2V_14B)  # shipped configs (Wan: one A14B expert's size)
 QUANTS = ("Q8_0", "Q4_K_M")
 GB = 1e9
-# diffusers names (prefixes) of what the quantiser leaves in the converted type (BF16): embeddings and outputs
-KEPT = {
-    "flux": ("x_embedder.", "context_embedder.", "time_text_embed.", "norm_out.", "proj_out."),
-    "flux2": ("x_embedder.", "context_embedder.", "time_guidance_embed.", "norm_out.", "proj_out."),
-    "qwen-image": ("img_in.", "txt_in.", "time_text_embed.", "norm_out.", "proj_out."),
-    "wan": ("patch_embedding.", "condition_embedder.", "proj_out.", "scale_shift_table"),
-}
 
 
-def gguf_type(family: str, name: str, shape: tuple[int, ...], quant: str) -> str:
-    """The GGML type of the diffusers tensor ``name`` in a ``quant`` file made by ComfyUI-GGUF's tools: F32 for
-    1-D and small (<= 1024 values) tensors; the converted BF16 for other non-2-D tensors and the layers the
-    quantiser keeps; else ``quant`` (Q4_K_M: Q4_K, with value projections and feed-forward outputs in Q6_K and
-    fused q/k/v projections in Q5_K), F16 where a K type's rows are not whole 256-value blocks."""
+def gguf_type(facts: GGUFFacts, name: str, shape: tuple[int, ...], quant: str) -> str:
+    """The GGML type of the diffusers tensor ``name`` in a ``quant`` file made by ComfyUI-GGUF's tools (``facts``:
+    the family's): F32 for 1-D and small (<= 1024 values) tensors; the converted BF16 for other non-2-D tensors
+    and the layers the quantiser keeps; else ``quant`` (Q4_K_M: Q4_K, or the family's upgrades), F16 where a K
+    type's rows are not whole 256-value blocks."""
     if len(shape) <= 1 or math.prod(shape) <= 1024:
         return "F32"
-    if len(shape) != 2 or name.startswith(KEPT[family]):
+    if len(shape) != 2 or name.startswith(facts.quantiser_keeps):
         return "BF16"
     kind = "Q8_0"
     if quant == "Q4_K_M":
-        kind = "Q4_K"
-        if name.endswith(("attn.to_v.weight", ".attn1.to_v.weight", ".attn2.to_v.weight", "ffn.net.2.weight")):
-            kind = "Q6_K"  # Wan's v and ffn.2, Qwen's to_v (the quantiser's to_v / ffn_down rules)
-        if family in ("flux", "flux2") and name.endswith(("attn.to_q.weight", "attn.to_k.weight", "attn.to_v.weight")):
-            kind = "Q5_K" if ".transformer_blocks." in f".{name}" else "Q4_K"  # BFL's fused img/txt qkv
-        if family in ("flux", "flux2") and name.endswith(
-            ("add_q_proj.weight", "add_k_proj.weight", "add_v_proj.weight")
-        ):
-            kind = "Q5_K"
+        kind = next((k for pattern, k in facts.q4_k_m.items() if re.fullmatch(pattern, name)), "Q4_K")
     return kind if not kind.endswith("_K") or shape[-1] % 256 == 0 else "F16"
 
 
-def _held_budget(family: str, config: dict[str, Any], quant: str | None):
+def _held_budget(facts: GGUFFacts, config: dict[str, Any], quant: str | None):
     import diffusers
 
     from ..models.gguf.formats import BY_NAME
@@ -73,7 +62,7 @@ def _held_budget(family: str, config: dict[str, Any], quant: str | None):
     if quant is None:
         return weight_budget(cls, config, 2)
     shapes = {n: tuple(p.shape) for n, p in meta_model(cls, config).named_parameters()}
-    kinds = {n: BY_NAME[gguf_type(family, n, s, quant)] for n, s in shapes.items()}
+    kinds = {n: BY_NAME[gguf_type(facts, n, s, quant)] for n, s in shapes.items()}
     source = TensorSource(
         "modelled GGUF", {n: math.prod(s) for n, s in shapes.items()}, None, shapes=shapes, ggml=kinds
     )
@@ -82,14 +71,16 @@ def _held_budget(family: str, config: dict[str, Any], quant: str | None):
 
 def real_weight_gb(quant: str | None) -> dict[str, dict[str, float]]:
     """{family: {"pp1", "pp2", "pp4"}} GB held by the largest stage of a ``quant`` file (None: bf16)."""
+
     from ..models.single_file import shipped_config
 
     out = {}
-    for family, variant in REAL.items():
+    for variant in REAL:
+        spec = family_of_variant(variant)
         config, _ = shipped_config(variant)
-        budget = _held_budget(family, config, quant)
-        info = ModelInfo(family, 1, len(budget.blocks), 1, budget.total, budget.blocks, budget.embed, budget.final)
-        out[family] = {f"pp{pp}": round(max(info.stage_bytes(info.stage_counts(pp))) / GB, 3) for pp in (1, 2, 4)}
+        budget = _held_budget(spec.gguf, config, quant)
+        info = ModelInfo(spec.id, 1, len(budget.blocks), 1, budget.total, budget.blocks, budget.embed, budget.final)
+        out[spec.id] = {f"pp{pp}": round(max(info.stage_bytes(info.stage_counts(pp))) / GB, 3) for pp in (1, 2, 4)}
     return out
 
 

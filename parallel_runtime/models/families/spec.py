@@ -105,6 +105,18 @@ class ComfyConditioning:
     # where -> the family's Conditioning.extras (None when the options hold none of its keys)
 
 
+@dataclasses.dataclass(frozen=True)
+class GGUFFacts:
+    """How ComfyUI-GGUF's tools store the family in a GGUF file (its ``tools/convert.py`` and llama.cpp patch)."""
+
+    architecture: str  # the files' ``general.architecture``
+    required: Mapping[str, str] = dataclasses.field(default_factory=lambda: MappingProxyType({}))  # tensor -> fix
+    # when a file lacks it (e.g. a tensor the quantiser cannot hold, added back by a tool)
+    quantiser_keeps: tuple[str, ...] = ()  # diffusers-name prefixes the quantiser leaves in the converted type
+    q4_k_m: Mapping[str, str] = dataclasses.field(default_factory=lambda: MappingProxyType({}))  # diffusers-name
+    # regex -> the K type Q4_K_M gives it instead of Q4_K (value / feed-forward output / fused q-k-v projections)
+
+
 def default_geometry(latent_channels: int | None) -> tuple[int, int]:
     """(image pixels per token side, video frames per latent frame) of an image family: 16 (VAE 8 x patch 2), 0."""
     return 16, 0
@@ -138,6 +150,7 @@ class FamilySpec:
     text_encoder_file: Callable[[], TextEncoderFile] | None = None
     vae_file: Callable[[], VaeFileFormat] | None = None
     comfy_conditioning: ComfyConditioning | None = None
+    gguf: GGUFFacts | None = None  # ComfyUI-GGUF's files of the family (None: it has none)
 
     def config_folder(self, variant: str) -> Path:
         """Where the shipped configs of ``variant`` (one of :attr:`variants`) are."""

@@ -12,9 +12,7 @@ recognised from their tensor names, as ComfyUI-GGUF's compatibility mode does.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from pathlib import Path
-from types import MappingProxyType
 
 import torch
 
@@ -22,13 +20,21 @@ from ...errors import ConfigError
 from .reader import GGUFFile
 
 TRANSFORMER_PREFIX = "model.diffusion_model."
-# general.architecture -> the families a file of it may hold (ComfyUI-GGUF's image architectures we run)
-ARCHITECTURE_FAMILIES: Mapping[str, tuple[str, ...]] = MappingProxyType(
-    {"flux": ("flux", "flux2"), "sd3": ("sd3",), "wan": ("wan",), "qwen_image": ("qwen-image",)}
-)
+# ComfyUI-GGUF's other image architectures (its IMG_ARCH_LIST without the ones a family here states)
 OTHER_IMAGE_ARCHITECTURES = ("sd1", "sdxl", "aura", "hidream", "cosmos", "ltxv", "hyvid", "lumina2")
 TEXT_ARCHITECTURES = ("t5", "t5encoder", "llama", "qwen2vl", "qwen3", "qwen3vl")
 UNNAMED_ARCHITECTURES = (None, "pig", "cow")  # stable-diffusion.cpp files and old ComfyUI-GGUF ones
+
+
+def architecture_families() -> dict[str, tuple[str, ...]]:
+    """general.architecture -> the ids of the families whose GGUF files carry it (each family's ``GGUFFacts``)."""
+    from ..families.registry import FAMILIES
+
+    out: dict[str, tuple[str, ...]] = {}
+    for spec in FAMILIES:
+        if spec.gguf is not None:
+            out[spec.gguf.architecture] = (*out.get(spec.gguf.architecture, ()), spec.id)
+    return out
 
 
 def is_gguf(path: str | Path) -> bool:
@@ -38,9 +44,12 @@ def is_gguf(path: str | Path) -> bool:
 def allowed_families(file: GGUFFile) -> tuple[str, ...] | None:
     """The families ``file``'s ``general.architecture`` may hold (None: no architecture, decided by the names).
     A ConfigError naming the architecture and the tensor types for anything that is not a transformer we run."""
+    from ..families.registry import labels
+
     arch = file.architecture
-    if arch in ARCHITECTURE_FAMILIES:
-        return ARCHITECTURE_FAMILIES[arch]
+    known = architecture_families()
+    if arch in known:
+        return known[arch]
     if arch in UNNAMED_ARCHITECTURES:
         return None
     name, types = file.path.name, file.describe_types()
@@ -54,14 +63,14 @@ def allowed_families(file: GGUFFile) -> tuple[str, ...] | None:
     if arch in OTHER_IMAGE_ARCHITECTURES:
         raise ConfigError(
             f"{name} holds a {arch!r} model (general.architecture; {types})",
-            "dit-parallel runs the diffusion transformers of Flux.1, FLUX.2, SD3, Qwen-Image and Wan 2.1/2.2",
+            f"dit-parallel runs the diffusion transformers of {labels('and')}",
             "load this file with ComfyUI-GGUF's Unet Loader (GGUF), or pick a GGUF of a supported family",
         )
     raise ConfigError(
         f"{name} is not a diffusion-transformer GGUF (general.architecture {arch!r}; {types})",
         "a language-model GGUF (llama.cpp's) or an unknown architecture has no diffusion transformer in it; "
-        "ComfyUI-GGUF's image files name flux, sd3, wan or qwen_image",
-        "pick a GGUF converted from a Flux.1, FLUX.2, SD3, Qwen-Image or Wan transformer (ComfyUI-GGUF's tools)",
+        f"ComfyUI-GGUF's image files name {', '.join(sorted(known))}",
+        f"pick a GGUF converted from a {labels()} transformer (ComfyUI-GGUF's tools)",
     )
 
 
@@ -76,22 +85,33 @@ def transformer_shapes(file: GGUFFile) -> dict[str, tuple[int, ...]]:
     return {k[len(prefix) :]: t.shape for k, t in file.tensors.items() if k.startswith(prefix)}
 
 
-def check_family(file: GGUFFile, family: str) -> None:
-    """The tensor names' family must be one the file's architecture allows; Wan needs its 5-D patch embedding."""
-    allowed = allowed_families(file)
-    if allowed is not None and family not in allowed:
+def check_family(file: GGUFFile, family_id: str) -> None:
+    """The tensor names' family must be one the file's architecture allows, and the file must hold the tensors
+    the family's GGUF files always hold (``GGUFFacts.required``)."""
+    from ..families.registry import family
+
+    spec = family(family_id)
+    if spec.gguf is None:
         raise ConfigError(
-            f"{file.path.name} says general.architecture {file.architecture!r} but its tensors are a {family} model's",
+            f"{file.path.name} holds a {spec.label} transformer",
+            f"ComfyUI-GGUF writes and reads no {spec.label} GGUF files, so neither does this loader",
+            f"use the {spec.label} model's .safetensors file or its diffusers folder",
+        )
+    allowed = allowed_families(file)
+    if allowed is not None and family_id not in allowed:
+        raise ConfigError(
+            f"{file.path.name} says general.architecture {file.architecture!r} but its tensors are a {family_id} model's",
             "a file's architecture and its tensor names must agree",
             "re-convert the file with ComfyUI-GGUF's tools/convert.py",
         )
-    if family == "wan" and "patch_embedding.weight" not in transformer_shapes(file):
-        raise ConfigError(
-            f"{file.path.name} has no patch_embedding.weight",
-            "ComfyUI-GGUF's converter leaves out Wan's 5-D patch embedding and its tools/fix_5d_tensors.py adds it "
-            "back after quantising; this file was not fixed",
-            "run ComfyUI-GGUF's tools/fix_5d_tensors.py on the file, or use a published Wan GGUF",
-        )
+    shapes = transformer_shapes(file)
+    for tensor, fix in spec.gguf.required.items():
+        if tensor not in shapes:
+            raise ConfigError(
+                f"{file.path.name} has no {tensor}",
+                f"every {spec.label} GGUF written by ComfyUI-GGUF's tools holds it",
+                fix,
+            )
 
 
 def describe_storage(source) -> str:

@@ -6,7 +6,7 @@ from pathlib import Path
 from types import MappingProxyType
 
 from ....parallel.layout import LayoutHints
-from ..spec import FamilySpec, TextFacts
+from ..spec import FamilySpec, GGUFFacts, TextFacts
 from . import DEV, ID, SCHNELL
 from .latent import FLUX_PREVIEW
 
@@ -27,6 +27,14 @@ def _text_encoding():
     from .text import ENCODING
 
     return ENCODING
+
+
+GGUF = GGUFFacts(  # ComfyUI-GGUF's files; Q4_K_M upgrades BFL's fused img / txt q-k-v
+    architecture="flux",
+    required=MappingProxyType({}),
+    quantiser_keeps=("x_embedder.", "context_embedder.", "time_text_embed.", "norm_out.", "proj_out."),
+    q4_k_m=MappingProxyType({r"transformer_blocks\.\d+\.attn\.(to_[qkv]|add_[qkv]_proj)\.weight": "Q5_K"}),
+)
 
 
 FAMILY = FamilySpec(
@@ -53,4 +61,5 @@ FAMILY = FamilySpec(
     generate_cfg=1.0,
     node_preview="Flux",
     lora_markers=("double_blocks", "single_blocks", "single_transformer_blocks"),
+    gguf=GGUF,
 )

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
+from types import MappingProxyType
 
 from ....parallel.layout import LayoutHints
-from ..spec import FamilySpec, TextFacts
+from ..flux.spec import GGUF as FLUX1_GGUF
+from ..spec import FamilySpec, GGUFFacts, TextFacts
 from . import DEV, ID
 
 
@@ -27,6 +29,14 @@ def _text_encoding():
     return ENCODING
 
 
+GGUF = GGUFFacts(  # ComfyUI-GGUF's files; Q4_K_M upgrades BFL's fused img / txt q-k-v
+    architecture=FLUX1_GGUF.architecture,  # ComfyUI-GGUF's converter files FLUX.2 under Flux.1's architecture
+    required=MappingProxyType({}),
+    quantiser_keeps=("x_embedder.", "context_embedder.", "time_guidance_embed.", "norm_out.", "proj_out."),
+    q4_k_m=MappingProxyType({r"transformer_blocks\.\d+\.attn\.(to_[qkv]|add_[qkv]_proj)\.weight": "Q5_K"}),
+)
+
+
 FAMILY = FamilySpec(
     id=ID,
     label="FLUX.2",
@@ -46,4 +56,5 @@ FAMILY = FamilySpec(
     head_dim=128,
     previews=(),  # ComfyUI 0.3.64 knows no FLUX.2 latent format (see latent.py)
     distilled_guidance=True,
+    gguf=GGUF,
 )

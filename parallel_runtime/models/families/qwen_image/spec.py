@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from pathlib import Path
+from types import MappingProxyType
 
 from ....parallel.layout import LayoutHints
-from ..spec import FamilySpec, TextFacts
+from ..spec import FamilySpec, GGUFFacts, TextFacts
 from ..wan.latent import WAN21_PREVIEW  # Qwen-Image's VAE is Wan 2.1's
 from . import ID, QWEN_IMAGE
 
@@ -34,6 +35,14 @@ def _text_encoder_file():
     return ENCODER_FILE
 
 
+GGUF = GGUFFacts(  # ComfyUI-GGUF's files; Q4_K_M upgrades the value projection
+    architecture="qwen_image",
+    required=MappingProxyType({}),
+    quantiser_keeps=("img_in.", "txt_in.", "time_text_embed.", "norm_out.", "proj_out."),
+    q4_k_m=MappingProxyType({r".*\.attn\.to_v\.weight": "Q6_K"}),
+)
+
+
 FAMILY = FamilySpec(
     id=ID,
     label="Qwen-Image",
@@ -51,4 +60,5 @@ FAMILY = FamilySpec(
     previews=(WAN21_PREVIEW,),
     lora_markers=("img_mlp",),
     text_encoder_file=_text_encoder_file,
+    gguf=GGUF,
 )

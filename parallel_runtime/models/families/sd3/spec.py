@@ -6,7 +6,7 @@ from pathlib import Path
 from types import MappingProxyType
 
 from ....parallel.layout import LayoutHints
-from ..spec import FamilySpec, TextFacts
+from ..spec import FamilySpec, GGUFFacts, TextFacts
 from . import ID, SD3_MEDIUM, SD35_LARGE, SD35_MEDIUM
 from .latent import SD3_PREVIEW
 
@@ -27,6 +27,14 @@ def _text_encoding():
     from .text import ENCODING
 
     return ENCODING
+
+
+GGUF = GGUFFacts(  # ComfyUI-GGUF's files; Q4_K_M upgrades Stability's fused q-k-v
+    architecture="sd3",
+    required=MappingProxyType({}),
+    quantiser_keeps=("pos_embed.", "context_embedder.", "time_text_embed.", "norm_out.", "proj_out."),
+    q4_k_m=MappingProxyType({r"transformer_blocks\.\d+\.attn\.(to_[qkv]|add_[qkv]_proj)\.weight": "Q5_K"}),
+)
 
 
 FAMILY = FamilySpec(
@@ -52,4 +60,5 @@ FAMILY = FamilySpec(
     generate_cfg=5.0,
     node_preview="SD3",
     lora_markers=("joint_blocks", "context_block"),
+    gguf=GGUF,
 )

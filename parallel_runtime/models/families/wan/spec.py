@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from pathlib import Path
+from types import MappingProxyType
 
 from ....parallel.layout import LayoutHints
-from ..spec import FamilySpec, TextFacts
+from ..spec import FamilySpec, GGUFFacts, TextFacts
 from . import I2V_14B, I2V_A14B, ID, T2V_1_3B, T2V_14B, TI2V_5B
 from .comfy_inputs import COMFY_CONDITIONING
 from .latent import WAN21_PREVIEW, WAN22, WAN22_PREVIEW
@@ -41,6 +42,18 @@ def geometry(latent_channels: int | None) -> tuple[int, int]:
     return (32 if latent_channels == WAN22.channels else 16), 4
 
 
+GGUF = GGUFFacts(  # ComfyUI-GGUF's files; Q4_K_M upgrades the value and feed-forward output projections
+    architecture="wan",
+    required=MappingProxyType(
+        {
+            "patch_embedding.weight": "run ComfyUI-GGUF's tools/fix_5d_tensors.py on the file (its converter leaves the 5-D patch embedding out; that tool adds it back), or use a published Wan GGUF"
+        }
+    ),
+    quantiser_keeps=("patch_embedding.", "condition_embedder.", "proj_out.", "scale_shift_table"),
+    q4_k_m=MappingProxyType({r".*\.attn[12]\.to_v\.weight": "Q6_K", r".*\.ffn\.net\.2\.weight": "Q6_K"}),
+)
+
+
 FAMILY = FamilySpec(
     id=ID,
     label="Wan",
@@ -60,4 +73,5 @@ FAMILY = FamilySpec(
     lora_markers=("self_attn.q", "cross_attn"),
     vae_file=_vae_file,
     comfy_conditioning=COMFY_CONDITIONING,
+    gguf=GGUF,
 )
