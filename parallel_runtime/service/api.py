@@ -75,14 +75,26 @@ class ParallelModel:
     (what ComfyUI's ModelSampling* nodes do to a MODEL)."""
 
     def __init__(
-        self, request: LoadRequest, path: Path, pool: WorkerPool, info: dict[str, Any], reason: str, generation: int
+        self,
+        request: LoadRequest,
+        path: Path,
+        pool: WorkerPool,
+        info: dict[str, Any],
+        reason: str,
+        generation: int,
+        acquire: Callable[[], WorkerPool] | None = None,
     ):
-        self.request, self.path, self.pool, self.info = request, path, pool, info
+        self.request, self.path, self.info = request, path, info
         self.layout_reason = reason
         self.model_sampling_override: ModelSamplingSpec | None = None
         self._lock = threading.Lock()  # one job at a time per model (shared by its views)
-        self._loaded = _LoadedIn(generation)  # the workers' generation holding the model (shared by its views)
+        self._loaded = _LoadedIn(pool, generation, acquire)  # where the model is loaded (shared by its views)
         self.loras: tuple[LoraSpec, ...] = ()  # the LoRA stack this view's jobs carry
+
+    @property
+    def pool(self) -> WorkerPool:
+        """The worker pool holding this model (another one after its pool was closed and it reloaded)."""
+        return self._loaded.pool
 
     def with_model_sampling(self, spec: ModelSamplingSpec) -> ParallelModel:
         """This model (same pool, nothing reloaded) sampling with ``spec`` instead of its default."""
@@ -185,8 +197,13 @@ class ParallelModel:
         """The workers' generation, with this model loaded in them: workers restarted after a death,
         a hang or an abort have lost it, so it is loaded again first. What a view adds (its LoRA
         stack, its model sampling) travels with each job, so the job itself re-applies it."""
+        loaded = self._loaded
+        if loaded.pool.closed and loaded.acquire is not None:
+            # Unloaded (by this model or another on the same pool), evicted, or replaced by another
+            # model on the same GPUs: the pool for this model's key, started again, gets it back.
+            loaded.pool, loaded.generation = loaded.acquire(), 0
         generation = self.pool.ensure_started()
-        if generation != self._loaded.generation:
+        if generation != loaded.generation:
             self.info.update(_load_into(self.pool, self.path, self.request, generation, should_cancel))
             self._loaded.generation = generation
         return generation
@@ -352,9 +369,12 @@ class ParallelModel:
 
 @dataclasses.dataclass
 class _LoadedIn:
-    """Which generation of the pool's workers holds the model (0 before the first load)."""
+    """The pool holding the model, which generation of its workers has it loaded (0: none yet), and
+    how to get this model's pool again once that one is closed (None: a closed pool stays closed)."""
 
+    pool: WorkerPool
     generation: int
+    acquire: Callable[[], WorkerPool] | None = None
 
 
 def _stack(conds: list[Conditioning]) -> Conditioning:
@@ -455,7 +475,12 @@ def load_parallel_model(
         from ..vae.file import inspect_vae_file
 
         inspect_vae_file(request.vae, request.vae_norm_groups)  # a bad file fails before any worker starts
-    pool = registry.get(devices, config, key=(str(path), request.dtype), **opts)
+    key = (request.model_key(path, config.pp), request.attention)  # what makes this model differ from another
+
+    def acquire() -> WorkerPool:
+        return registry.get(devices, config, key=key, **opts)
+
+    pool = acquire()
     generation = pool.ensure_started()
     info = _load_into(pool, path, request, generation, should_cancel)
     if request.family and request.family != info["family"]:
@@ -464,4 +489,4 @@ def load_parallel_model(
             "the family chosen on the loader must match the weights",
             f"choose family '{info['family']}' or 'auto'",
         )
-    return ParallelModel(request, path, pool, info, why, generation)
+    return ParallelModel(request, path, pool, info, why, generation, acquire)

@@ -16,6 +16,7 @@ from ..models.base import ModelAdapter
 from ..models.loading import PipelineComponents, has_second_expert, load_pipeline_components, read_model_index
 from ..parallel.collectives import agree_any
 from ..runtime.jobs import JobContext
+from .load_request import model_key
 from .lora_state import lora_keys
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -78,7 +79,7 @@ def load_model(
     dequantised in (``models.gguf.dequant.DEQUANT_MODES``, ComfyUI-GGUF's choices)."""
     pp = ctx.mesh.size("pp")
     weights = tuple(pp_stage_weights) if pp > 1 and pp_stage_weights else None
-    key = (str(path), dtype, pp, weights, vae_path, vae_norm_groups, storage, dequant_dtype)
+    key = model_key(path, dtype, pp, weights, vae_path, vae_norm_groups, storage, dequant_dtype)
     model = ctx.state.get("model")
     if model is None or model.key != key:
         ctx.state.pop("model", None)

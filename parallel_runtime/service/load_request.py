@@ -9,6 +9,25 @@ from typing import Any
 from ..parallel.config import ParallelConfig
 
 
+def model_key(
+    path: str | Path,
+    dtype: str,
+    pp: int,
+    pp_stage_weights: tuple[float, ...] | None = None,
+    vae_path: str | None = None,
+    vae_norm_groups: int = 32,
+    storage: str = "auto",
+    dequant_dtype: str = "default",
+) -> tuple:
+    """Everything that makes one loaded model differ from another: the file, the precision, how its
+    weights are stored (and a GGUF file's dequantisation arithmetic), its VAE, and (with PipeFusion
+    stages) how its blocks are split. The host keys its pools by it and a worker keeps its loaded model
+    by it, so two loads that differ in any of these never share (or replace) one another's model."""
+    weights = tuple(float(w) for w in pp_stage_weights) if pp > 1 and pp_stage_weights else None
+    vae = (str(vae_path), int(vae_norm_groups)) if vae_path is not None else None
+    return (str(path), dtype, storage, dequant_dtype, vae, pp, weights)
+
+
 @dataclasses.dataclass(frozen=True)
 class LoadRequest:
     """What to load and how to split it."""
@@ -42,3 +61,7 @@ class LoadRequest:
         if self.dequant_dtype != "default":
             kwargs["dequant_dtype"] = self.dequant_dtype
         return kwargs
+
+    def model_key(self, path: str | Path, pp: int) -> tuple:
+        """:func:`model_key` of this request for the model file or folder ``path`` and ``pp`` stages."""
+        return model_key(path, self.dtype, pp, **self.load_kwargs())
