@@ -40,7 +40,7 @@ def _spec(**changes) -> WorkerSpec:
         threads=1,
         cpus=(0, 1),
         parent_pid=os.getpid(),
-        prefix="dpar-test-",
+        shm_dir="/dev/shm/dpar-test-shm-x",
         private_dir="/tmp/x",
         store_path="/tmp/x/store",
         cmd_ring="dpar-test-cmd",

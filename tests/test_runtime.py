@@ -244,9 +244,9 @@ STARTUP_DEATH_SCRIPT = textwrap.dedent(
 
 
 def test_worker_dying_at_startup_fails_start_and_leaves_nothing(tmp_path):
-    # A sitecustomize that kills only worker processes (their argv holds the JSON spec) at start.
+    # A sitecustomize that kills only worker processes (their argv names the rank) at start.
     (tmp_path / "sitecustomize.py").write_text(
-        "import os, sys\nif any('world_size' in a for a in sys.argv):\n    os._exit(3)\n"
+        "import os, sys\nif any(a.startswith('--rank=') for a in sys.argv):\n    os._exit(3)\n"
     )
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
     for _ in range(3):  # the race it guards against is timing-dependent

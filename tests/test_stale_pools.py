@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -25,12 +26,15 @@ def _pool_files(pid: int, shm_dir: Path, tmp_dir: Path) -> list[Path]:
     prefix = f"dpar-{pid}-{uuid.uuid4().hex[:8]}-"
     seg = shm_dir / f"{prefix}ctrl"
     seg.write_bytes(b"\0" * 4096)
-    data = shm_dir / f"{prefix}evt0-d3"
+    data = shm_dir / f"{prefix}evt0-d3"  # older versions: segments directly in /dev/shm
     data.write_bytes(b"\0" * 10)
+    segment_dir = shm_dir / f"{prefix}shm-xyz"  # today: one 0700 folder of segments per pool
+    segment_dir.mkdir(mode=0o700)
+    (segment_dir / "ctrl").write_bytes(b"\0" * 64)
     folder = tmp_dir / f"{prefix}private-abc"
     folder.mkdir()
     (folder / "store").write_text("x")
-    return [seg, data, folder]
+    return [seg, data, segment_dir, folder]
 
 
 def test_sweep_removes_dead_hosts_files_and_keeps_live_ones(tmp_path):
@@ -65,7 +69,6 @@ def test_a_starting_pool_sweeps_what_a_killed_host_left():
             live.kill()
             for p in live_files:
                 if p.is_dir():
-                    (p / "store").unlink()
-                    p.rmdir()
+                    shutil.rmtree(p)
                 else:
                     p.unlink()

@@ -3,7 +3,7 @@
 The host makes a pipe per pool, keeps the write end (it never writes to it) and gives each worker
 the read end. When the host process ends — normally, killed with SIGKILL, crashed — the kernel
 closes the write end and every worker's read sees end-of-file. A watcher thread blocked in that
-read then removes what the host can no longer remove (the pool's shared-memory segments and its
+read then removes what the host can no longer remove (the pool's shared-memory folder and its
 private rendezvous folder) and ends the process.
 
 ``PR_SET_PDEATHSIG`` is not used: it fires when the *thread* that started the worker exits (web
@@ -14,14 +14,10 @@ dies even before that is seen at once (the pipe is already at end-of-file).
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import threading
 from collections.abc import Callable
-from pathlib import Path
-
-SHM_DIR = Path("/dev/shm")
 
 
 def make_death_pipe() -> tuple[int, int]:
@@ -30,14 +26,12 @@ def make_death_pipe() -> tuple[int, int]:
     return os.pipe()
 
 
-def remove_pool_files(shm_prefix: str, private_dir: str | None) -> None:
-    """Remove the pool's segments (``/dev/shm/<prefix>*``) and its private folder. Used when the
-    host is gone: nobody else will."""
-    for path in SHM_DIR.glob(shm_prefix + "*"):
-        with contextlib.suppress(OSError):
-            path.unlink()
-    if private_dir:
-        shutil.rmtree(private_dir, ignore_errors=True)
+def remove_pool_files(shm_dir: str | None, private_dir: str | None) -> None:
+    """Remove the pool's segment folder and its private folder (both 0700, the pool's own). Used
+    when the host is gone: nobody else will. Never raises."""
+    for folder in (shm_dir, private_dir):
+        if folder:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def _watch(fd: int, on_host_gone: Callable[[], None]) -> None:
@@ -55,14 +49,14 @@ def _watch(fd: int, on_host_gone: Callable[[], None]) -> None:
                 os._exit(0)
 
 
-def arm(fd: int, shm_prefix: str, private_dir: str | None) -> threading.Thread:
+def arm(fd: int, shm_dir: str | None, private_dir: str | None) -> threading.Thread:
     """Worker side: watch the death pipe from a daemon thread; when the host dies, remove the
     pool's files and exit at once (no interpreter shutdown: the main thread may be blocked in a
     collective that will never complete)."""
     os.set_blocking(fd, True)
     thread = threading.Thread(
         target=_watch,
-        args=(fd, lambda: remove_pool_files(shm_prefix, private_dir)),
+        args=(fd, lambda: remove_pool_files(shm_dir, private_dir)),
         name="dpar-lifeline",
         daemon=True,
     )

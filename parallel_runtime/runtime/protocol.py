@@ -1,6 +1,6 @@
 """The host <-> worker protocol: the worker's spec, every message, and the version check.
 
-* :class:`WorkerSpec`: what a worker is started with (JSON on its command line), read back
+* :class:`WorkerSpec`: what a worker is started with (JSON on its stdin), read back
   strictly: a missing or unknown key is a :class:`ProtocolError`, never a ``KeyError``.
 * Messages, one named tuple per kind: host -> worker :class:`RunJob`, :class:`Shutdown`; worker ->
   host :class:`Ready`, :class:`Event`, :class:`Result`. Each has a ``TAG``: it leads the message on
@@ -31,8 +31,9 @@ from ..parallel.config import ParallelConfig
 from .settings import RuntimeSettings
 from .watchdog import WatchdogSettings
 
-PROTOCOL_VERSION = 2
-"""Version 1 was the untyped protocol (a dict spec, tuple messages), which named no version."""
+PROTOCOL_VERSION = 3
+"""Version 1 was the untyped protocol (a dict spec, tuple messages), which named no version; version 2
+had the spec on the worker's command line and every segment directly in /dev/shm."""
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]  # parallel_runtime/
 EXIT_REFUSED = 78  # a worker that refused its spec exits with this (EX_CONFIG)
@@ -166,7 +167,7 @@ class WorkerSpec:
     threads: int
     cpus: tuple[int, ...] | None  # the cores to pin this rank to; None: not pinned
     parent_pid: int
-    prefix: str  # every shared-memory segment and private folder of the pool starts with it
+    shm_dir: str  # 0700, under /dev/shm: every shared-memory segment of the pool (segments.py)
     private_dir: str  # 0700: the rendezvous store, segments that do not fit /dev/shm
     store_path: str
     cmd_ring: str

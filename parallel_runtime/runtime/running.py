@@ -57,7 +57,7 @@ from .protocol import (
     tag_of,
     to_wire,
 )
-from .segments import SHM_DIR, SHM_SIZE_FIX, free_bytes, sweep_segments
+from .segments import SHM_DIR, SHM_SIZE_FIX, free_bytes, make_segment_dir, remove_segment_dir
 from .settings import RuntimeSettings
 from .shm import ShmRing, Undecodable, drain_doorbell, make_doorbell, ring_bytes
 from .spawn import kill_and_reap, start_log_pump, start_worker
@@ -104,7 +104,8 @@ class RunningPool:
         self.control: ControlBlock | None = None  # cancel table and the ranks' pulse rows
         self.watch: PoolWatch | None = None
         self._process_check_lock = threading.Lock()
-        self.private_dir: str | None = None  # 0700: the rendezvous store (no network listener)
+        self.private_dir: str | None = None  # 0700: the rendezvous store, segments that do not fit /dev/shm
+        self.shm_dir: str | None = None  # 0700, under /dev/shm: every segment of this pool (segments.py)
         self.death_r: int | None = None
         self.death_w: int | None = None  # the death pipe's write end: closed when this process ends
         self.thread: threading.Thread | None = None
@@ -121,13 +122,14 @@ class RunningPool:
             log.info("removed %d segment(s)/folder(s) of pools whose host died: %s", len(removed), removed[:8])
         try:
             self.private_dir = tempfile.mkdtemp(prefix=self.prefix + "private-")
+            self.shm_dir = make_segment_dir(self.prefix, self.private_dir)
             self.death_r, self.death_w = make_death_pipe()
             self._check_shared_memory()
-            self.control = ControlBlock.create(self.prefix + "ctrl", self.world)
-            self.cmd = ShmRing.create(self.prefix + "cmd", n_readers=self.world, fallback_dir=self.private_dir)
+            self.control = ControlBlock.create(self._segment("ctrl"), self.world)
+            self.cmd = ShmRing.create(self._segment("cmd"), n_readers=self.world, fallback_dir=self.private_dir)
             child_fds: list[list[int]] = []
             for rank in range(self.world):
-                evt = ShmRing.create(self.prefix + f"evt{rank}", n_readers=1, fallback_dir=self.private_dir)
+                evt = ShmRing.create(self._segment(f"evt{rank}"), n_readers=1, fallback_dir=self.private_dir)
                 evt.reader_index = 0
                 self.evt_rings.append(evt)
                 cmd_r, cmd_w = make_doorbell()
@@ -153,6 +155,9 @@ class RunningPool:
             raise
         log.info("pool %s started %d worker(s) in %.2f s", self.prefix, self.world, time.monotonic() - t0)
 
+    def _segment(self, name: str) -> str:
+        return os.path.join(self.shm_dir, name)
+
     def _launch(self, rank: int, device: str, fds: list[int]) -> subprocess.Popen:
         cpus = self.affinity[rank]
         spec = WorkerSpec(
@@ -165,7 +170,7 @@ class RunningPool:
             threads=self.threads,
             cpus=None if cpus is None else tuple(cpus),
             parent_pid=os.getpid(),
-            prefix=self.prefix,
+            shm_dir=self.shm_dir,
             private_dir=self.private_dir,
             store_path=os.path.join(self.private_dir, "store"),
             cmd_ring=self.cmd.segment.name,
@@ -177,7 +182,7 @@ class RunningPool:
             setup=self.worker_setup,
             settings=self.settings,
         )
-        proc = start_worker(spec.to_json(), self.threads, fds)
+        proc = start_worker(spec.to_json(), self.threads, fds, (f"--pool={self.prefix}", f"--rank={rank}"))
         self.log_threads.append(start_log_pump(rank, proc, self.logs[rank], f"{self.prefix}log{rank}"))
         return proc
 
@@ -470,8 +475,10 @@ class RunningPool:
             self.cmd.close(unlink=True)
         if self.control is not None:
             self.control.close(unlink=True)
-        # Every creator is dead now: remove anything a killed worker could not unlink.
-        sweep_segments(self.prefix)
+        # Every creator is dead now: remove what a killed worker could not unlink. The folders are
+        # this pool's own (0700, made exclusively): whatever another user put under a similar name
+        # elsewhere is neither looked at nor touched.
+        remove_segment_dir(self.shm_dir)
         if self.private_dir is not None:
             shutil.rmtree(self.private_dir, ignore_errors=True)
         self.table.fail_all(self.dead or PoolClosed("the pool was closed"))

@@ -8,8 +8,11 @@ pool's private folder instead (a file in the temp folder, mapped the same way; s
 kernel may write it to disk), with one warning naming /dev/shm and docker's ``--shm-size``; if
 that has no room either, :class:`SharedMemoryFull` says what, why and how to fix it.
 
-A segment's name is a file name under /dev/shm, or an absolute path for one in a private folder.
-Only a segment's creator unlinks it.
+A segment's name is a file name under /dev/shm, or an absolute path. A pool keeps every segment in
+a folder of its own under /dev/shm (:func:`make_segment_dir`: created exclusively with a random name,
+mode 0700), so no other user can create, squat or open a name in it, however predictable the names
+inside are; removing that folder removes exactly what the pool created. Only a segment's creator
+unlinks it.
 """
 
 from __future__ import annotations
@@ -19,6 +22,9 @@ import errno
 import logging
 import mmap
 import os
+import shutil
+import stat
+import tempfile
 from pathlib import Path
 
 from ..errors import SharedMemoryFull
@@ -147,12 +153,47 @@ def map_private(name: str) -> mmap.mmap:
         os.close(fd)
 
 
-def sweep_segments(prefix: str) -> list[str]:
-    """Unlink every /dev/shm segment whose name starts with ``prefix`` (used only after their
-    creators are dead, e.g. a killed worker). Returns the names removed."""
+def make_segment_dir(prefix: str, fallback: str) -> str:
+    """A new folder for one pool's segments: ``/dev/shm/<prefix>shm-<random>``, mode 0700, created
+    exclusively (a name someone else took is retried with another); ``fallback`` (the pool's private
+    folder) when /dev/shm cannot hold one."""
+    try:
+        return tempfile.mkdtemp(prefix=prefix + "shm-", dir=SHM_DIR)
+    except OSError as exc:
+        log.warning(
+            "cannot make a folder in /dev/shm (%s): this pool's messages go through %s instead, which is "
+            "slower; fix: %s",
+            exc,
+            fallback,
+            SHM_SIZE_FIX,
+        )
+        return fallback
+
+
+def remove_segment_dir(folder: str | None) -> None:
+    """Remove a pool's segment folder and everything in it (it is 0700: all of it is the pool's).
+    Never raises."""
+    if folder:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def sweep_segments(folder: str, name_prefix: str = "") -> list[str]:
+    """Unlink the segments in ``folder`` whose names start with ``name_prefix`` (used only after
+    their creators are dead, e.g. a killed worker). Only regular files of this user are touched and
+    nothing raises. Returns the names removed."""
     removed = []
-    for path in SHM_DIR.glob(prefix + "*"):
-        with contextlib.suppress(FileNotFoundError):
+    uid = os.geteuid()
+    try:
+        entries = list(Path(folder).glob(name_prefix + "*"))
+    except OSError:
+        return removed
+    for path in entries:
+        try:
+            st = path.lstat()
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != uid:
+                continue  # not a segment, or not ours
             path.unlink()
-            removed.append(path.name)
+        except OSError:
+            continue
+        removed.append(path.name)
     return removed

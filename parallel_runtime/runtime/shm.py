@@ -255,7 +255,7 @@ class ShmRing:
         size = ring_bytes(n_slots, slot_size)
         seg = Segment.create(name, size, fallback_dir, what="a message ring")
         struct.pack_into("<IIII", seg.mm, 0, _RING_MAGIC, n_slots, slot_size, n_readers)
-        return cls(seg, None, name.rsplit("/", 1)[-1] + "-d", fallback_dir)
+        return cls(seg, None, name + "-d", fallback_dir)  # data segments beside the ring
 
     @classmethod
     def attach(cls, name: str, reader_index: int | None, name_prefix: str, fallback_dir: str | None = None) -> ShmRing:

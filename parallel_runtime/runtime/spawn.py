@@ -21,26 +21,34 @@ WORKER_MODULE = f"{__package__}.worker"  # run with python -m
 LOOPBACK = "lo"
 
 
-def start_worker(spec_json: str, threads: int, fds: list[int]) -> subprocess.Popen:
-    """Start ``python -m parallel_runtime.runtime.worker '<spec>'`` (protocol.WorkerSpec as JSON,
-    ``threads`` CPU threads) in its own session, passing it
-    the file descriptors ``fds`` (doorbells, death pipe); its stdout and stderr come back through
-    one pipe. Every pool runs on one machine, so the collectives' own sockets (gloo's, NCCL's
-    bootstrap) are bound to the loopback interface, whatever the environment says."""
+def start_worker(spec_json: str, threads: int, fds: list[int], labels: Sequence[str] = ()) -> subprocess.Popen:
+    """Start ``python -m parallel_runtime.runtime.worker LABELS...`` in its own session and hand it
+    its spec (protocol.WorkerSpec as JSON) on its stdin: a command line is readable by every user
+    of the machine, and the spec names the pool's private folders, so only ``labels`` (e.g. the
+    pool's name and the rank, for people and tools) show there. The worker runs ``threads`` CPU
+    threads and inherits the file descriptors ``fds`` (doorbells, death pipe); its stdout and
+    stderr come back through one pipe. Every pool runs on one machine, so the collectives' own
+    sockets (gloo's, NCCL's bootstrap) are bound to the loopback interface, whatever the
+    environment says."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([PACKAGE_ROOT, *filter(None, [env.get("PYTHONPATH")])])
     env["GLOO_SOCKET_IFNAME"] = LOOPBACK
     env["NCCL_SOCKET_IFNAME"] = LOOPBACK
     env.setdefault("OMP_NUM_THREADS", str(threads))
-    return subprocess.Popen(
-        [sys.executable, "-m", WORKER_MODULE, spec_json],
+    proc = subprocess.Popen(
+        [sys.executable, "-m", WORKER_MODULE, *labels],
         env=env,
         pass_fds=fds,
-        stdin=subprocess.DEVNULL,
+        stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         start_new_session=True,  # a Ctrl-C aimed at the host must not hit workers mid-collective
     )
+    with contextlib.suppress(OSError):  # a worker that died at once is reported by the pool's monitor
+        proc.stdin.write(spec_json.encode())  # a few KiB: fits the pipe, never blocks
+    with contextlib.suppress(OSError):
+        proc.stdin.close()
+    return proc
 
 
 def _pump_log(rank: int, proc: subprocess.Popen, lines: collections.deque) -> None:

@@ -1,6 +1,7 @@
 """Removing what pools of dead hosts left behind, when a new pool starts.
 
-Every pool names its /dev/shm segments and its private folder ``dpar-<host pid>-<id>-...``. The host
+Every pool names its /dev/shm folder (older versions: its segments) and its private folder
+``dpar-<host pid>-<id>-...``. The host
 removes them when a pool ends, and a worker whose host died removes them too (lifeline.py); but a
 host SIGKILLed while its workers were already gone (or never started) leaves them, RAM-backed, until
 the next reboot. So a starting pool removes every ``dpar-<pid>-`` entry of *this user* whose pid is
@@ -70,12 +71,12 @@ def sweep_dead_hosts(shm_dir: str | os.PathLike = SHM_DIR, tmp_dir: str | os.Pat
     """Remove the segments (in ``shm_dir``) and private folders (in ``tmp_dir``, the temp folder by
     default) of pools whose host process no longer exists. Returns the names removed."""
     removed = []
-    for path in _dead_host_entries(Path(shm_dir)):
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()
-            removed.append(path.name)
-    for path in _dead_host_entries(Path(tmp_dir or tempfile.gettempdir())):
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path, ignore_errors=True)
-            removed.append(path.name)
+    for folder in (Path(shm_dir), Path(tmp_dir or tempfile.gettempdir())):
+        for path in _dead_host_entries(folder):
+            with contextlib.suppress(OSError):  # gone meanwhile, or not removable: never our problem to raise
+                if path.is_dir() and not path.is_symlink():
+                    shutil.rmtree(path)
+                else:
+                    path.unlink()
+                removed.append(path.name)
     return removed

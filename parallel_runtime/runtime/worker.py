@@ -1,6 +1,7 @@
-"""Worker process entry: ``python -m parallel_runtime.runtime.worker '<json spec>'``.
+"""Worker process entry: ``python -m parallel_runtime.runtime.worker [labels...]``, its spec on stdin.
 
-Reads the spec (protocol.py: a host of other code is refused at once, before anything else), arms
+Reads the spec (JSON on stdin, not on the command line every user can read; protocol.py: a host of
+other code is refused at once, before anything else), arms
 the death pipe (lifeline.py) before anything slow is imported — torch takes seconds, and a host
 dying in that window must not leave an orphan — then runs the worker loop (worker_loop.py): join
 torch.distributed, say READY, run jobs until told to shut down or the host is gone.
@@ -20,14 +21,15 @@ from .lifeline import arm
 from .protocol import WorkerSpec, refuse
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+def main(spec_json: str | None = None) -> int:
+    """Run a worker from ``spec_json`` (read from stdin when None); the command line's labels are
+    for people and tools only."""
     try:
-        spec = WorkerSpec.from_json(argv[0] if argv else "")
+        spec = WorkerSpec.from_json(sys.stdin.read() if spec_json is None else spec_json)
     except ProtocolError as exc:
         refuse(exc)  # exits
         raise
-    arm(spec.death_fd, spec.prefix, spec.private_dir)
+    arm(spec.death_fd, spec.shm_dir, spec.private_dir)
     faulthandler.enable()
     faulthandler.register(signal.SIGUSR1, all_threads=True)
 

@@ -23,6 +23,7 @@ from ..parallel.mesh import ParallelMesh
 from .affinity import apply_affinity
 from .control import ControlBlock, ProgressRecorder
 from .jobs import JobContext, memory_info, resolve_job
+from .lifeline import remove_pool_files
 from .protocol import (
     CODE_HASH,
     HOST_TO_WORKER,
@@ -81,11 +82,11 @@ class Worker:
         self.parent_pid = spec.parent_pid
         self.device = torch.device(spec.device)
         self.log = logging.getLogger(f"parallel_runtime.worker.r{self.rank}")
-        self.prefix = spec.prefix
+        self.shm_dir = spec.shm_dir
         fallback = spec.private_dir  # where our data segments go when /dev/shm is full
         self.cmd = ShmRing.attach(spec.cmd_ring, reader_index=self.rank, name_prefix="", fallback_dir=fallback)
         self.cmd.set_reader_doorbell(spec.cmd_doorbell_r)
-        self.evt = ShmRing.attach(spec.evt_ring, None, f"{self.prefix}r{self.rank}-", fallback)
+        self.evt = ShmRing.attach(spec.evt_ring, None, os.path.join(self.shm_dir, f"r{self.rank}-"), fallback)
         self.evt.set_doorbells([spec.evt_doorbell_w])
         self.control = ControlBlock.attach(spec.control, self.world)
         self.progress = ProgressRecorder(self.control, self.rank)
@@ -245,9 +246,9 @@ class Worker:
         can wait on peers that are gone."""
         if not self.parent_alive():
             # The host (creator of the rings) died without cleaning up: nobody else will.
-            sweep_segments(self.prefix)
+            remove_pool_files(self.shm_dir, self.spec.private_dir)
             return
         self.evt.close()
         self.cmd.close()
         self.control.close()
-        sweep_segments(f"{self.prefix}r{self.rank}-")  # our own data segments (we are their creator)
+        sweep_segments(self.shm_dir, f"r{self.rank}-")  # our own data segments (we are their creator)

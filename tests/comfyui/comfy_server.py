@@ -11,7 +11,6 @@ Bytecode goes to a cache folder (PYTHONPYCACHEPREFIX), so nothing is written int
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import signal
@@ -187,8 +186,9 @@ class ComfyServer:
                 and argv[2].startswith(WORKER_MODULE_MARK)
                 and pid_alive(int(entry.name))
             ):
-                with contextlib.suppress(ValueError, KeyError):
-                    found[int(json.loads(argv[3])["rank"])] = int(entry.name)
+                rank = next((a.removeprefix("--rank=") for a in argv[3:] if a.startswith("--rank=")), "")
+                with contextlib.suppress(ValueError):
+                    found[int(rank)] = int(entry.name)
         self.seen_worker_pids.update(found.values())
         return dict(sorted(found.items()))
 
@@ -230,6 +230,10 @@ class ComfyServer:
             if pid_alive(pid):
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, signal.SIGKILL)
-        for name in self.shm_segments():
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(f"/dev/shm/{name}")
+        for name in self.shm_segments():  # a pool's segment folder (older versions: its segments)
+            path = f"/dev/shm/{name}"
+            if os.path.isdir(path):
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
