@@ -116,6 +116,38 @@ def test_missing_or_broken_conditioning_and_prompts_are_named(flux):
     assert model.pool.submitted == before
 
 
+def test_conditioning_and_latents_the_model_cannot_take_are_refused_on_the_host(flux):
+    """What expected_conditioning() and the latent tell before any job: never a remote traceback."""
+    model, positive = flux
+    embeds, pooled = positive.prompt_embeds, positive.pooled  # tiny-flux: 32 wide, pooled 32 wide
+    cases = [
+        (Conditioning(torch.randn(1, 8, 48), pooled), {}, "text embeddings are 48 wide but this flux model takes 32"),
+        (Conditioning(embeds, torch.randn(1, 7)), {}, "pooled output is 7 wide but this flux model takes 32"),
+        (Conditioning(embeds), {}, "has no pooled output, which this flux model needs"),
+        (Conditioning(embeds, pooled, torch.ones(1, 3)), {}, "attention mask has shape (1, 3) for 512 text tokens"),
+        (
+            Conditioning(embeds.repeat(3, 1, 1), pooled.repeat(3, 1)),
+            {"latent": torch.zeros(2, 16, 8, 8)},
+            "batch sizes {'prompt_embeds': 3, 'pooled': 3} but the latent has batch 2",
+        ),
+        (positive, {"latent": torch.zeros(0, 16, 8, 8)}, "the LATENT has shape [0, 16, 8, 8]"),
+    ]
+    before = model.pool.submitted
+    for cond, overrides, needle in cases:
+        with pytest.raises(ConfigError) as info:
+            _sample(model, cond, **overrides)
+        assert needle in str(info.value) and "fix:" in str(info.value), info.value
+    # A negative the sampler uses is checked too; one it skips (cfg 1) is not its concern.
+    wrong = Conditioning(torch.randn(1, 8, 48), pooled)
+    with pytest.raises(ConfigError, match="negative conditioning's text embeddings are 48 wide"):
+        _sample(model, positive, negative=wrong, cfg=2.0)
+    with pytest.raises(ConfigError, match=r"prompt 2 holds a lone surrogate \(U\+D800\) at character 1"):
+        model.encode_text(["a fox", "a\ud800b"])
+    assert model.pool.submitted == before
+    # Conditioning for one latent shared by a batch, and one per latent, both sample.
+    assert _sample(model, positive, latent=torch.zeros(2, 16, 8, 8), steps=1).shape[0] == 2
+
+
 def test_a_step_that_turns_nan_is_named(registry, tmp_path):
     folder = tmp_path / "nan-flux"
     shutil.copytree(ensure_tiny_model("tiny-flux"), folder)

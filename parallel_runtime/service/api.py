@@ -35,9 +35,11 @@ from .lora import LoraSpec, stack_entries
 from .model_jobs import decode, encode_text, encode_text_file, generate
 from .sampling_checks import (
     check_branches_for_layout,
+    check_conditioning_fits,
     check_latent_size,
     check_sampler_for_layout,
     check_sampling_args,
+    runs_negative,
 )
 
 LOAD_CANCEL_GRACE_S = 2.0  # a cancelled load that has not stopped by then is abandoned (nothing is lost)
@@ -313,11 +315,16 @@ class ParallelModel:
                 "each model family has its own VAE latent space",
                 f"make the latent with this model's size (an empty latent for {self.family}) or its VAE",
             )
+        input_checks.latent_sizes(latent)
         positive_branch, negative_branch = as_branch(positive), as_branch(negative)
         if sigmas is None and denoise <= 0.0:
             return latent.float().clone()  # KSampler: no sigmas, the input latent comes back
         self.check_latent_size(latent.shape[-2], latent.shape[-1])
         check_branches_for_layout(self.config, cfg, positive_branch, negative_branch, sampler_name)
+        expected, batch = self.expected_conditioning(), latent.shape[0]
+        check_conditioning_fits(expected, positive_branch, batch, "positive", self.family)
+        if runs_negative(cfg, negative_branch, sampler_name):
+            check_conditioning_fits(expected, negative_branch, batch, "negative", self.family)
         settings = SamplingSettings(
             seed,
             steps,

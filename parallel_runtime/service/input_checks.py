@@ -177,7 +177,28 @@ def prompts(values: object) -> list[str]:
             "the tokenizers read text",
             "pass str prompts",
         )
+    for index, prompt in enumerate(items):
+        try:
+            prompt.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            label = "the prompt" if len(items) == 1 else f"prompt {index + 1}"
+            raise ConfigError(
+                f"{label} holds a lone surrogate (U+{ord(prompt[exc.start]):04X}) at character {exc.start}",
+                "the tokenizers read UTF-8 text, and half of a surrogate pair is no character (a string cut "
+                "in the middle of an emoji, or text decoded with 'surrogateescape')",
+                "remove that character, or rebuild the text from its original bytes",
+            ) from None
     return list(items)
+
+
+def latent_sizes(latent: torch.Tensor) -> None:
+    """A LATENT with every size at least 1 (a batch of 0, e.g. LatentFromBatch past the end, holds nothing)."""
+    if min(latent.shape, default=0) < 1:
+        raise ConfigError(
+            f"the LATENT has shape {list(latent.shape)}",
+            "a latent holds batch x channels x (frames x) height x width values, each size at least 1",
+            "check the node that made it (an empty batch from LatentFromBatch / a batch slice past its end)",
+        )
 
 
 def decode_latent(latent: object, channels: int) -> torch.Tensor:

@@ -10,7 +10,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from ..denoise.entries import Branch
+from ..denoise.entries import Branch, CondEntry
 from ..errors import ConfigError
 from ..parallel.config import ParallelConfig
 from ..pipefusion.branches import single_entry
@@ -129,5 +129,71 @@ def check_branches_for_layout(
     sampler runs the negative at cfg 1 too."""
     if config.pp > 1:
         single_entry(positive, "positive")
-        if uses_uncond(cfg, negative) or (sampler_spec(sampler).cfg_pp and negative is not None):
+        if runs_negative(cfg, negative, sampler):
             single_entry(negative, "negative")
+
+
+def runs_negative(cfg: float, negative: Branch | None, sampler: str) -> bool:
+    """Whether sampling evaluates the negative branch: guidance at ``cfg`` needs it, or a CFG++ sampler
+    runs it at cfg 1 too (when there is one)."""
+    return uses_uncond(cfg, negative) or (sampler_spec(sampler).cfg_pp and negative is not None)
+
+
+def check_conditioning_fits(
+    expected: Mapping[str, int | None], branch: Branch | None, batch: int, role: str, family: str
+) -> None:
+    """Each entry of ``branch`` against the model and the latent: text embeddings ``embed_dim`` wide,
+    a pooled vector ``pooled_dim`` wide when the model takes one, CLIP-vision states ``image_dim`` wide,
+    an attention mask of one value per token, and a batch of 1 or the latent's (``expected`` is
+    ``ParallelModel.expected_conditioning()``)."""
+    for index, entry in enumerate(branch or ()):
+        where = role if len(branch) == 1 else f"{role} entry {index + 1}"
+        _check_entry(expected, entry, batch, where, family)
+
+
+def _check_entry(expected: Mapping[str, int | None], entry: CondEntry, batch: int, where: str, family: str) -> None:
+    cond = entry.cond
+    encode = "encode the prompt with this model's own text encoders (Parallel Text Encode / encode_text)"
+    widths = (
+        (
+            "text embeddings are",
+            cond.prompt_embeds,
+            expected.get("embed_dim"),
+            "projects its text encoders' embeddings",
+        ),
+        ("pooled output is", cond.pooled, expected.get("pooled_dim"), "adds a pooled text vector to the timestep"),
+        ("CLIP-vision states are", cond.image_embeds, expected.get("image_dim"), "attends to CLIP ViT-H's states"),
+    )
+    for name_is, tensor, want, role in widths:
+        name = name_is.rsplit(" ", 1)[0]
+        if want is None:
+            continue
+        if tensor is None:
+            if name == "CLIP-vision states":
+                continue  # optional (Wan 2.1 I2V without a start image's CLIP output)
+            raise ConfigError(
+                f"the {where} conditioning has no {name}, which this {family} model needs",
+                f"the {family} transformer {role} ({want} wide)",
+                encode,
+            )
+        if tensor.shape[-1] != int(want):
+            raise ConfigError(
+                f"the {where} conditioning's {name_is} {tensor.shape[-1]} wide but this {family} model takes {want}",
+                f"the {family} transformer {role} ({want} wide); conditioning made for another model does not fit",
+                encode,
+            )
+    mask = cond.attention_mask
+    if mask is not None and (mask.dim() != 2 or mask.shape[-1] != cond.prompt_embeds.shape[1]):
+        raise ConfigError(
+            f"the {where} conditioning's attention mask has shape {tuple(mask.shape)} for "
+            f"{cond.prompt_embeds.shape[1]} text tokens",
+            "the mask holds one value (1 keep, 0 drop) per text token of each prompt: [batch, tokens]",
+            "pass the mask the text encoder made with these embeddings, or none",
+        )
+    sizes = {name: t.shape[0] for name, t in cond.tensors().items() if t is not None}
+    if any(size not in (1, batch) for size in sizes.values()):
+        raise ConfigError(
+            f"the {where} conditioning has batch sizes {sizes} but the latent has batch {batch}",
+            "each latent of the batch takes its own conditioning, or all share one",
+            f"encode one prompt, or {batch} prompts (one per latent)",
+        )
