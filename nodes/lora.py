@@ -82,13 +82,13 @@ class ParallelLoraLoader(ContextNode):
     def load_lora(
         self, parallel_model: ParallelModelHandle, lora_name: str, strength_model: float, strength_clip: float
     ) -> dict[str, Any]:
-        from parallel_runtime.service.lora import LoraSpec, inspect_lora
+        from parallel_runtime.service.lora import LoraSpec
 
         if strength_model == 0 and strength_clip == 0:
             return {"ui": {"text": [f"{lora_name}: strength 0, not applied"]}, "result": (parallel_model,)}
         spec = LoraSpec.of(resolve_lora(lora_name, self.context.bridge), strength_model, strength_clip)
         model = parallel_model.model()  # the warm pool; its key table comes with the loaded model
-        resolution = inspect_lora(spec, model.lora_keys)
+        resolution = model.lora_checks.check(spec, model.lora_keys)  # the API's own check (with_loras)
         text = f"{spec.describe()}: {resolution.summary()}"
         log.info("dit-parallel LoRA: %s", text)
         return {"ui": {"text": [text]}, "result": (parallel_model.derive(LoraModifier(spec)),)}

@@ -3,6 +3,7 @@ checks before any sampler runs, and the same picture as the runtime API with the
 
 from __future__ import annotations
 
+import math
 import shutil
 from pathlib import Path
 
@@ -12,6 +13,7 @@ from node_helpers import RecordingBridge
 from pack_import import load_pack  # tests/ helper
 
 from parallel_runtime.errors import ConfigError
+from parallel_runtime.service.lora import LoraSpec
 
 load_pack()
 from dit_parallel_pack.nodes.context import NodeContext  # noqa: E402
@@ -107,6 +109,38 @@ def test_wrong_family_fails_in_the_loader_node(ctx):
         ConfigError, match=r"sd3_kohya.safetensors matches 0 of its 9 diffusion-model modules to this flux model"
     ):
         lora(ctx, base, "sd3_kohya", 1.0, 1.0)
+
+
+@pytest.mark.parametrize(
+    "strengths, needle",
+    [((1e6, 1.0), r"strength_model=1e\+06 is out of range"), ((1.0, math.nan), "strength_clip=nan")],
+)
+def test_the_loader_node_and_the_api_refuse_the_same_strengths(ctx, strengths, needle):
+    """Beyond ComfyUI's LoraLoader range (graphs that skip its validation, API calls): one check."""
+    base = load(ctx)
+    with pytest.raises(ConfigError, match=needle):
+        lora(ctx, base, "flux_kohya", *strengths)
+    model = base.model()
+    spec = LoraSpec.of(LORAS / "flux_kohya.safetensors", *strengths)
+    with pytest.raises(ConfigError, match=needle):
+        model.with_loras(spec)
+
+
+def test_with_loras_checks_what_the_node_checks_before_any_job(ctx):
+    model = load(ctx).model()
+    before = model.pool.submitted
+    cases = [
+        (LoraSpec.of(LORAS / "sd3_kohya.safetensors"), "matches 0 of its 9 diffusion-model modules to this flux"),
+        (LoraSpec.of(LORAS / "flux_kohya.safetensors", math.inf), "strength_model=inf"),
+        (LoraSpec.of(LORAS / "flux_kohya.safetensors", -200.0, 0.0), "strength_model=-200 is out of range"),
+        (str(LORAS / "flux_kohya.safetensors"), "with_loras got str"),
+    ]
+    for spec, needle in cases:
+        with pytest.raises(ConfigError, match=needle) as info:
+            model.with_loras(spec)
+        assert "fix:" in str(info.value)
+    assert model.pool.submitted == before
+    assert model.with_loras(LoraSpec.of(LORAS / "flux_kohya.safetensors", 100.0)).loras  # the range's end is fine
 
 
 # -- the workflow file with two stacked LoRAs, on every layout ----------------------------------------

@@ -28,10 +28,10 @@ from ..runtime.jobs import Job
 from ..runtime.pool import WorkerPool
 from ..runtime.pools import PoolRegistry
 from . import input_checks
-from .host_checks import check_load_request, host_geometry
+from .host_checks import check_load_request, check_pipefusion_request, host_geometry
 from .load_job import load_model
 from .load_request import LoadRequest
-from .lora import LoraSpec, stack_entries
+from .lora import LoraChecks, LoraSpec, stack_entries
 from .model_jobs import decode, encode_text, encode_text_file, generate
 from .sampling_checks import (
     check_branches_for_layout,
@@ -117,10 +117,19 @@ class ParallelModel:
 
     def with_loras(self, *specs: LoraSpec) -> ParallelModel:
         """This model with ``specs`` added to its LoRA stack: a view on the same warm pool (same lock);
-        its jobs bring the workers' weights to the stack first (patching in place, never reloading)."""
+        its jobs bring the workers' weights to the stack first (patching in place, never reloading).
+        Each spec is checked first (service.lora.LoraChecks: finite strengths within ComfyUI's range, a
+        file that patches this model): ConfigError otherwise."""
+        for spec in specs:
+            self._loaded.lora_checks.check(spec, self.lora_keys)
         view = copy.copy(self)
         view.loras = self.loras + tuple(specs)
         return view
+
+    @property
+    def lora_checks(self) -> LoraChecks:
+        """The checks ``with_loras`` runs on a LoRA for this model (the LoRA node runs them too)."""
+        return self._loaded.lora_checks
 
     @property
     def lora_keys(self) -> ModelKeys:
@@ -382,6 +391,7 @@ class _LoadedIn:
     pool: WorkerPool
     generation: int
     acquire: Callable[[], WorkerPool] | None = None
+    lora_checks: LoraChecks = dataclasses.field(default_factory=LoraChecks)  # what a LoRA does to this model
 
 
 def _stack(conds: list[Conditioning]) -> Conditioning:
@@ -393,35 +403,6 @@ def _stack(conds: list[Conditioning]) -> Conditioning:
 
     fields = conds[0].tensors()
     return conds[0].with_tensors({name: cat([c.tensors()[name] for c in conds]) for name in fields})
-
-
-def check_pipefusion_request(request: LoadRequest, config: ParallelConfig) -> None:
-    """Reject PipeFusion settings that cannot work with ``config`` (before any model is loaded)."""
-    if config.pp <= 1:
-        return
-    if request.pp_patches is not None and (
-        isinstance(request.pp_patches, bool)
-        or not isinstance(request.pp_patches, int)
-        or request.pp_patches < config.pp
-    ):
-        raise ConfigError(
-            f"pp_patches={request.pp_patches!r} with {config.pp} PipeFusion stages",
-            "each stage needs a patch of its own to work on, so there are at least as many patches as stages",
-            f"use pp_patches >= {config.pp}, or None for the automatic choice",
-        )
-    if isinstance(request.pp_warmup, bool) or not isinstance(request.pp_warmup, int) or request.pp_warmup < 0:
-        raise ConfigError(
-            f"pp_warmup={request.pp_warmup!r}",
-            "warmup counts the first steps that run synchronously on the whole image",
-            "use a whole number >= 0 (1 is a good default)",
-        )
-    weights = request.pp_stage_weights
-    if weights is not None and len(tuple(weights)) != config.pp:
-        raise ConfigError(
-            f"{len(tuple(weights))} pp_stage_weights for {config.pp} PipeFusion stages",
-            "each stage needs one weight (its relative share of the transformer blocks)",
-            f"give {config.pp} positive numbers, or None for an equal split",
-        )
 
 
 def default_layout(devices: list[str], request: LoadRequest) -> tuple[ParallelConfig, str]:

@@ -7,10 +7,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..errors import ConfigError
 from . import input_checks
 from .load_job import torch_dtype
 
 if TYPE_CHECKING:
+    from ..parallel.config import ParallelConfig
     from .load_request import LoadRequest
 
 
@@ -67,3 +69,32 @@ def host_geometry(path: Path) -> dict[str, Any]:
         "pads_to_patch": plan.pads_to_patch,
         "max_grid_side": plan.max_grid_side,
     }
+
+
+def check_pipefusion_request(request: LoadRequest, config: ParallelConfig) -> None:
+    """Reject PipeFusion settings that cannot work with ``config`` (before any model is loaded)."""
+    if config.pp <= 1:
+        return
+    if request.pp_patches is not None and (
+        isinstance(request.pp_patches, bool)
+        or not isinstance(request.pp_patches, int)
+        or request.pp_patches < config.pp
+    ):
+        raise ConfigError(
+            f"pp_patches={request.pp_patches!r} with {config.pp} PipeFusion stages",
+            "each stage needs a patch of its own to work on, so there are at least as many patches as stages",
+            f"use pp_patches >= {config.pp}, or None for the automatic choice",
+        )
+    if isinstance(request.pp_warmup, bool) or not isinstance(request.pp_warmup, int) or request.pp_warmup < 0:
+        raise ConfigError(
+            f"pp_warmup={request.pp_warmup!r}",
+            "warmup counts the first steps that run synchronously on the whole image",
+            "use a whole number >= 0 (1 is a good default)",
+        )
+    weights = request.pp_stage_weights
+    if weights is not None and len(tuple(weights)) != config.pp:
+        raise ConfigError(
+            f"{len(tuple(weights))} pp_stage_weights for {config.pp} PipeFusion stages",
+            "each stage needs one weight (its relative share of the transformer blocks)",
+            f"give {config.pp} positive numbers, or None for an equal split",
+        )

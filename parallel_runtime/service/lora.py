@@ -9,11 +9,14 @@ their weights to exactly that stack before running (``lora_state``). Nothing is 
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..models.lora.files import lora_file_id, read_lora
+from ..errors import ConfigError
+from ..models.lora.files import LoraFileId, lora_file_id, read_lora
 from ..models.lora.keymap import ModelKeys
 from ..models.lora.patcher import StackEntry
 from ..models.lora.resolve import Resolution, check_resolution, resolve
@@ -56,3 +59,54 @@ def inspect_lora(spec: LoraSpec, keys: ModelKeys) -> Resolution:
     resolution = resolve(read_lora(lora_file_id(spec.path), meta=True), keys)
     check_resolution(resolution, keys, spec.name, text_on_workers=bool(keys.encoders))
     return resolution
+
+
+STRENGTH_LIMIT = 100.0  # ComfyUI's LoraLoader takes strengths in [-100, 100]
+
+
+def check_strengths(spec: LoraSpec) -> None:
+    """Both strengths finite and within ComfyUI's LoraLoader range."""
+    for name in ("strength_model", "strength_clip"):
+        value = getattr(spec, name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ConfigError(
+                f"{spec.name}: {name}={value!r}",
+                "a strength scales the LoRA's change of each weight; a NaN or infinite one makes every weight it "
+                "touches NaN or infinite (a black or noise image)",
+                f"use a finite number between {-STRENGTH_LIMIT:g} and {STRENGTH_LIMIT:g} (1.0: as trained)",
+            )
+        if abs(value) > STRENGTH_LIMIT:
+            raise ConfigError(
+                f"{spec.name}: {name}={value:g} is out of range",
+                f"ComfyUI's LoRA loaders take strengths from {-STRENGTH_LIMIT:g} to {STRENGTH_LIMIT:g}; far beyond "
+                "that the patched weights are finite but meaningless (the picture turns to noise)",
+                f"use a strength between {-STRENGTH_LIMIT:g} and {STRENGTH_LIMIT:g} (1.0: as trained)",
+            )
+
+
+class LoraChecks:
+    """The checks of the LoRAs applied to one loaded model (the node's and the API's alike): strengths,
+    and what the file patches of this model (:func:`inspect_lora`), read once per version of the file
+    (an edited file is checked again)."""
+
+    def __init__(self) -> None:
+        self._seen: dict[LoraFileId, Resolution] = {}
+        self._lock = threading.Lock()
+
+    def check(self, spec: LoraSpec, keys: ModelKeys) -> Resolution | None:
+        """Raise ConfigError for a spec this model must not take; its resolution (None when both
+        strengths are 0: ComfyUI leaves the model untouched then)."""
+        if not isinstance(spec, LoraSpec):
+            raise ConfigError(
+                f"with_loras got {type(spec).__name__}",
+                "a LoRA of a stack is described by a LoraSpec (file and strengths)",
+                "build one with LoraSpec.of(path, strength_model, strength_clip)",
+            )
+        check_strengths(spec)
+        if spec.strength_model == 0.0 and spec.strength_clip == 0.0:
+            return None
+        file_id = lora_file_id(spec.path)
+        with self._lock:
+            if file_id not in self._seen:
+                self._seen[file_id] = inspect_lora(spec, keys)
+            return self._seen[file_id]
