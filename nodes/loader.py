@@ -23,6 +23,7 @@ ATTENTION = ("auto", "sdpa", "flash")
 WEIGHTS = {"as file": "auto", "fp8_e4m3fn": "fp8_e4m3fn", "convert to dtype": "compute"}  # node choice -> storage
 DEQUANT_DTYPES = ("default", "target", "float32", "float16", "bfloat16")  # UnetLoaderGGUFAdvanced's choices
 LAYOUTS = ("auto", "manual")
+# INPUT_TYPES hands every choice list to ComfyUI as a list: it validates a combo's value only then.
 MAX_DEGREE = 64
 
 
@@ -82,7 +83,10 @@ class ParallelModelLoader(ContextNode):
                         "model for trying the pack without downloads."
                     },
                 ),
-                "family": (FAMILIES, {"default": "auto", "tooltip": "Model family; 'auto' detects it from the files."}),
+                "family": (
+                    list(FAMILIES),
+                    {"default": "auto", "tooltip": "Model family; 'auto' detects it from the files."},
+                ),
                 "devices": (
                     "STRING",
                     {
@@ -91,7 +95,7 @@ class ParallelModelLoader(ContextNode):
                     },
                 ),
                 "layout": (
-                    LAYOUTS,
+                    list(LAYOUTS),
                     {
                         "default": "auto",
                         "tooltip": "auto: chosen from GPU count, NVLink/P2P links, free memory, heads and resolution. "
@@ -110,9 +114,9 @@ class ParallelModelLoader(ContextNode):
                     "INT",
                     {"default": 1, "min": 0, "max": 100, "tooltip": "PipeFusion steps run on the whole image first."},
                 ),
-                "dtype": (DTYPES, {"default": "bf16", "tooltip": "Weight and compute precision."}),
+                "dtype": (list(DTYPES), {"default": "bf16", "tooltip": "Weight and compute precision."}),
                 "attention": (
-                    ATTENTION,
+                    list(ATTENTION),
                     {"default": "auto", "tooltip": "Attention kernel: flash-attn when available, else SDPA."},
                 ),
             },
@@ -127,7 +131,7 @@ class ParallelModelLoader(ContextNode):
                     },
                 ),
                 "weights": (
-                    tuple(WEIGHTS),
+                    list(WEIGHTS),
                     {
                         "default": "as file",
                         "tooltip": "How the transformer's Linear weights are held. as file: an fp8 file (e.g. "

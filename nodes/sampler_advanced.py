@@ -38,7 +38,7 @@ class ParallelSamplerAdvanced(ContextNode):
             "required": {
                 "parallel_model": (PARALLEL_MODEL, {"tooltip": "From Parallel Model Loader."}),
                 "add_noise": (
-                    ENABLE_DISABLE,
+                    list(ENABLE_DISABLE),
                     {"tooltip": "disable for a pass that continues a latent with leftover noise."},
                 ),
                 "noise_seed": (
@@ -71,7 +71,7 @@ class ParallelSamplerAdvanced(ContextNode):
                     {"default": 10000, "min": 0, "max": 10000, "tooltip": "The pass stops at this step."},
                 ),
                 "return_with_leftover_noise": (
-                    DISABLE_ENABLE,
+                    list(DISABLE_ENABLE),
                     {"tooltip": "enable when another pass continues this latent (it keeps its remaining noise)."},
                 ),
             }

@@ -81,3 +81,20 @@ def test_decode_latent_shape_channels_and_values():
         checks.decode_latent(torch.zeros(1, 4, 8, 8), 16)
     with pytest.raises(ConfigError, match="LATENT holds 64 NaN"):
         checks.decode_latent(torch.full((1, 16, 2, 2), math.nan), 16)
+
+
+def test_an_unknown_sampler_or_scheduler_is_explained_truthfully():
+    """The why says what is true of any name refused: it is not one the Parallel Sampler implements
+    (not that it is not ComfyUI's: a refused name may well be one of ComfyUI's)."""
+    from parallel_runtime.sampling import SAMPLER_NAMES, SCHEDULER_NAMES
+    from parallel_runtime.service.sampling_checks import check_sampling_args
+
+    with pytest.raises(ConfigError) as info:
+        check_sampling_args("euler_typo", "simple", 10, 1.0)
+    message = str(info.value)
+    assert "runs only the samplers it implements" in message and "follow ComfyUI's names" not in message
+    assert all(name in message for name in SAMPLER_NAMES)
+    with pytest.raises(ConfigError) as info:
+        check_sampling_args("euler", "karras_typo", 10, 1.0)
+    assert "builds only the schedules it implements" in str(info.value)
+    assert all(name in str(info.value) for name in SCHEDULER_NAMES)

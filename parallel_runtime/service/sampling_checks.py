@@ -31,13 +31,15 @@ def check_sampling_args(
     if sampler not in SAMPLER_NAMES:
         raise ConfigError(
             f"unknown sampler {sampler!r}",
-            "the samplers follow ComfyUI's names",
+            "the Parallel Sampler runs only the samplers it implements, each under ComfyUI's name, and this "
+            "name is none of them",
             f"use one of {', '.join(SAMPLER_NAMES)}",
         )
     if scheduler not in SCHEDULER_NAMES:
         raise ConfigError(
             f"unknown scheduler {scheduler!r}",
-            "the schedulers follow ComfyUI's names",
+            "the Parallel Sampler builds only the schedules it implements, each under ComfyUI's name, and "
+            "this name is none of them",
             f"use one of {', '.join(SCHEDULER_NAMES)}",
         )
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:

@@ -5,7 +5,9 @@ REQUEST: {"snapshot", "base" (the --base-directory, whose custom_nodes holds the
 "workflows": {name: UI-format workflow}, "visible_gpus": N}. OUT: {"object_info" (the node
 definitions, built as the server's /object_info builds them), "samplers", "schedulers"
 (comfy.samplers.KSampler), "loaded_pack" (whether dit-parallel imported), "results": {name:
-{"prompt" (API format), "valid", "error", "node_errors", "conversion_error"}}}.
+{"prompt" (API format), "valid", "error", "node_errors", "conversion_error"}}, "choice_probes":
+{"Node.input": {"valid", "errors"}}: each choice input of our nodes in a valid workflow, validated
+once with an unknown value}.
 
 Validation is ``execution.validate_prompt`` itself: ComfyUI's type, link, combo and range checks
 and our VALIDATE_INPUTS. Our loader checks that the requested GPUs exist; the shipped workflows are
@@ -53,6 +55,33 @@ def _node_info(nodes: Any, name: str) -> dict[str, Any]:
     }
 
 
+UNKNOWN_CHOICE = "no-such-choice"
+
+
+def _probe_choices(nodes: Any, execution: Any, name: str, prompt: dict, done: dict) -> dict[str, dict[str, Any]]:
+    """For each choice input of our nodes in ``prompt`` (its type in INPUT_TYPES is not a type name),
+    not probed yet: validate a copy of the prompt with that input set to UNKNOWN_CHOICE. Returns
+    {"Node.input": {"valid", "errors" (the node's error types)}}."""
+    import copy
+
+    probes = {}
+    for node_id, node in prompt.items():
+        kind = node["class_type"]
+        if not kind.startswith("DiTParallel"):
+            continue
+        for section in nodes.NODE_CLASS_MAPPINGS[kind].INPUT_TYPES().values():
+            for input_name, entry in section.items():
+                key = f"{kind}.{input_name}"
+                if isinstance(entry[0], str) or key in done or key in probes or input_name not in node["inputs"]:
+                    continue
+                bad = copy.deepcopy(prompt)
+                bad[node_id]["inputs"][input_name] = UNKNOWN_CHOICE
+                valid, _, _, node_errors = asyncio.run(execution.validate_prompt(f"{name}:{key}", bad, None))
+                errors = [e.get("type") for e in node_errors.get(node_id, {}).get("errors", [])]
+                probes[key] = {"valid": bool(valid), "errors": errors}
+    return probes
+
+
 def _jsonable(value: Any) -> Any:
     return json.loads(json.dumps(value, default=repr))
 
@@ -76,7 +105,8 @@ def main() -> None:
     if gpus:
         torch.cuda.is_available = lambda: True
         torch.cuda.device_count = lambda: gpus
-    results = {}
+    results: dict[str, Any] = {}
+    choice_probes: dict[str, dict[str, Any]] = {}
     for name, workflow in request["workflows"].items():
         try:
             prompt = ui_to_api(workflow, object_info)
@@ -87,6 +117,8 @@ def main() -> None:
         results[name] = _jsonable(
             {"prompt": prompt, "valid": valid, "error": error, "outputs": outputs, "node_errors": node_errors}
         )
+        if valid:
+            choice_probes.update(_probe_choices(nodes, execution, name, prompt, choice_probes))
     out = {
         "object_info": object_info,
         "samplers": list(comfy.samplers.KSampler.SAMPLERS),
@@ -95,6 +127,7 @@ def main() -> None:
             Path(d).name == request.get("pack_folder", "dit-parallel") for d in nodes.LOADED_MODULE_DIRS.values()
         ),
         "results": results,
+        "choice_probes": choice_probes,
     }
     out_path.write_text(json.dumps(out))
 

@@ -94,3 +94,17 @@ def default(entry: list) -> object:
     """A widget's initial value on the page: its default, else a combo's first option."""
     kind, opts = entry[0], (entry[1] if len(entry) > 1 else {})
     return opts.get("default", kind[0] if isinstance(kind, list) else None)
+
+
+def test_comfyui_refuses_an_unknown_choice_of_every_choice_input(comfy_oracle):
+    """ComfyUI's validate_prompt checks a combo's value only when its options are a list: an unknown
+    family, layout, dtype, ... must be refused there, before the loader spends time loading."""
+    probes = comfy_oracle["choice_probes"]
+    expected = {"DiTParallelModelLoader." + n for n in ("model", "family", "layout", "dtype", "attention", "weights")}
+    assert expected <= set(probes), sorted(probes)
+    pending = {"DiTParallelSampler.sampler_name", "DiTParallelSampler.scheduler"}  # wt/samplers' lists
+    pending |= {"DiTParallelSamplerAdvanced.sampler_name", "DiTParallelSamplerAdvanced.scheduler"}
+    accepted = {
+        k: v for k, v in probes.items() if k not in pending and (v["valid"] or "value_not_in_list" not in v["errors"])
+    }
+    assert not accepted, accepted
