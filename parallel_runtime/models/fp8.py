@@ -5,8 +5,10 @@ Three file conventions are read (the header decides; nothing is guessed from the
 - plain fp8: Linear weights stored as F8_E4M3 / F8_E5M2, no scales (weight = stored value);
 - ComfyUI "fp8 scaled": a ``scaled_fp8`` marker tensor and, per Linear, ``<layer>.scale_weight`` (a float32
   scalar; weight = stored value x scale) and maybe ``<layer>.scale_input`` (only for fp8 matrix products).
-  ComfyUI creates every Linear of such a model in fp8, so a bias stored wider is rounded to fp8 on load;
-  the loader does the same (``QuantInfo.layer_dtype``), so results match ComfyUI's;
+  ComfyUI creates every Linear of such a model in fp8 (the marker's dtype), so whatever a Linear stores
+  wider — a bias, or a weight kept in bf16 (some files keep the layers outside the blocks so, with scale 1
+  or none) — is rounded to fp8 as it is loaded; the loader does the same (``QuantInfo.layer_dtype``,
+  ``QuantInfo.rounded``, ``weights.TensorSource.round_linear_to``), so results match ComfyUI's;
 - comfy-kitchen per-layer quantisation (newer ComfyUI files): ``<layer>.comfy_quant`` (the JSON
   ``{"format": "float8_e4m3fn", ...}`` as bytes), ``<layer>.weight_scale`` and maybe ``<layer>.input_scale``.
 
@@ -41,6 +43,7 @@ COMFY_QUANT = ".comfy_quant"
 SCALE_SUFFIXES = (".scale_weight", ".weight_scale")
 IGNORED_SUFFIXES = (".scale_input", ".input_scale", COMFY_QUANT)
 FP8_FORMATS = ("float8_e4m3fn", "float8_e5m2")
+WIDE_FLOATS = ("BF16", "F16", "F32")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,6 +55,11 @@ class QuantInfo:
     scales: Mapping[str, str]  # file key of a scaled weight -> file key of its scale
     extra_keys: frozenset[str]  # markers, input scales, comfy_quant blobs: not model tensors
     layer_dtype: torch.dtype | None = None  # "fp8 scaled" (0.3.x): ComfyUI makes every Linear, bias too, this dtype
+    rounded: frozenset[str] = frozenset()  # scaled weights stored wider: read rounded to layer_dtype (in fp8_weights)
+
+    def stored(self, key: str, tensor: torch.Tensor) -> torch.Tensor:
+        """The file's tensor ``key`` as ComfyUI's model holds it: a scaled weight stored wider rounded to fp8."""
+        return tensor.to(self.layer_dtype) if key in self.rounded else tensor
 
     @property
     def quantised(self) -> bool:
@@ -72,39 +80,55 @@ def detect_quantisation(
         for suffix in SCALE_SUFFIXES:
             if key.endswith(suffix):
                 weight = key[: -len(suffix)] + ".weight"
-                _check_scale(key, header[key], weight, fp8)
+                _check_scale_shape(key, header[key])
                 scales[weight] = key
                 extra.add(key)
+    layer_dtype = None
+    if marker or scales:
+        marked = FP8_DTYPES.get(header[marker[0]].get("dtype")) if marker else None
+        layer_dtype = marked or torch.float8_e4m3fn  # ComfyUI reads a float32 marker as e4m3fn
+    rounded = set()
+    for weight, key in scales.items():
+        if weight in fp8:
+            continue
+        stored = header.get(weight, {}).get("dtype")
+        if not (marker and stored in WIDE_FLOATS):  # without the marker ComfyUI would ignore the scale
+            raise ConfigError(
+                f"{key} scales {weight}, which is "
+                + (
+                    f"stored in {stored.lower()} in a file without the {SCALED_MARKER} marker"
+                    if stored
+                    else "not in the file"
+                ),
+                "a weight scale belongs to a weight stored in fp8, or (in ComfyUI's fp8-scaled files, marked by "
+                f"a {SCALED_MARKER} tensor) to a wider weight rounded to fp8 as it loads",
+                "use an unmodified fp8 release of the model (or its bf16 file)",
+            )
+        rounded.add(weight)
+        fp8[weight] = layer_dtype
     quant_layers = [k[: -len(COMFY_QUANT)] for k in names if k.endswith(COMFY_QUANT)]
     if quant_layers and read_small is not None:
         for layer in quant_layers:
             _check_comfy_quant(layer, read_small(layer + COMFY_QUANT))
     fp8 = {k: v for k, v in fp8.items() if k not in extra}
-    layer_dtype = None
     if quant_layers:
-        kind = "comfy_quant"
+        kind, layer_dtype = "comfy_quant", None
     elif marker or scales:
         kind = "fp8_scaled"
-        marked = FP8_DTYPES.get(header[marker[0]].get("dtype")) if marker else None
-        layer_dtype = marked or torch.float8_e4m3fn  # ComfyUI reads a float32 marker as e4m3fn
     else:
         kind = "fp8" if fp8 else "none"
-    return QuantInfo(kind, MappingProxyType(fp8), MappingProxyType(scales), frozenset(extra), layer_dtype)
+    return QuantInfo(
+        kind, MappingProxyType(fp8), MappingProxyType(scales), frozenset(extra), layer_dtype, frozenset(rounded)
+    )
 
 
-def _check_scale(key: str, entry: Mapping[str, Any], weight: str, fp8: Mapping[str, torch.dtype]) -> None:
+def _check_scale_shape(key: str, entry: Mapping[str, Any]) -> None:
     shape = tuple(entry.get("shape", ()))
     if len(shape) > 1 or (shape and shape[0] != 1):
         raise ConfigError(
             f"{key} is a scale of shape {shape}",
             "fp8 weights are read with one scale per tensor; per-channel or per-block scales are another format",
             "use the model's bf16 file or an fp8 file with per-tensor scales (ComfyUI's fp8 / fp8 scaled releases)",
-        )
-    if weight not in fp8:
-        raise ConfigError(
-            f"{key} scales {weight}, which is not an fp8 tensor in the file",
-            "a weight scale belongs to a weight stored in fp8",
-            "use an unmodified fp8 release of the model (or its bf16 file)",
         )
 
 

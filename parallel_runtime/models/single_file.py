@@ -379,31 +379,32 @@ def _planned_source(info: SingleFileInfo) -> TensorSource | None:
             if keys[0] in scale_of:
                 scales[name] = scale_of[keys[0]]
 
-    # ComfyUI's scaled-fp8 models hold every Linear in fp8, biases included: round those biases the same way
-    rounded = (
-        {name for name in plan.pieces if name.endswith(".bias") and name[: -len("bias")] + "weight" in fp8}
-        if quant.layer_dtype is not None
-        else set()
-    )
-
     def read(names: list[str]) -> Iterator[tuple[str, torch.Tensor]]:
         with file:
             for name in names:
                 whole = plan.trailing[name] is None
                 parts = [
-                    (prefix + p.key, file.read(prefix + p.key, None if whole else (p.r0, p.r1)))
+                    (key, quant.stored(key, file.read(key, None if whole else (p.r0, p.r1))))
                     for p in plan.pieces[name]
+                    for key in (prefix + p.key,)
                 ]
                 if name not in fp8 and any(t.dtype in FP8_STORAGE for _, t in parts):  # pieces of different scales
                     parts = [(k, t.to(torch.float32) * scale_of.get(k, 1.0)) for k, t in parts]
                 tensor = parts[0][1] if len(parts) == 1 else torch.cat([t for _, t in parts])
-                if name in rounded:
-                    tensor = tensor.to(quant.layer_dtype).to(tensor.dtype)
                 yield name, tensor.reshape(plan.shape(name))
 
     shapes = {name: plan.shape(name) for name in plan.pieces}
     numels = {name: math.prod(shape) for name, shape in shapes.items()}
-    return TensorSource(str(info.path.name), numels, read, fp8=fp8, scales=scales, owned=True, shapes=shapes)
+    return TensorSource(
+        str(info.path.name),
+        numels,
+        read,
+        fp8=fp8,
+        scales=scales,
+        owned=True,
+        shapes=shapes,
+        round_linear_to=quant.layer_dtype,  # ComfyUI's scaled-fp8 models hold every Linear in fp8
+    )
 
 
 def transformer_only(path, transformer: nn.Module, family: str, scheduler: dict[str, Any]) -> PipelineComponents:

@@ -101,6 +101,9 @@ class TensorSource:
     shapes: Mapping[str, tuple[int, ...]] = dataclasses.field(default_factory=dict)  # when known before reading
     ggml: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # GGUF: name -> GGMLType (read as stored)
     dequant_dtype: str = "default"  # GGUF: the arithmetic of dequantisation (models.gguf.dequant.DEQUANT_MODES)
+    # ComfyUI's "fp8 scaled" files: the fp8 dtype every Linear of the model is held in (a weight or bias the
+    # file stores wider is rounded to it on load, as ComfyUI's fp8 parameters round what is copied in)
+    round_linear_to: torch.dtype | None = None
 
 
 def folder_tensor_source(folder: Path) -> TensorSource:
@@ -185,7 +188,11 @@ def load_tensors(
     device = torch.device(device)
     wanted = {n: role_of(n) for n in (*dict(model.named_parameters()), *dict(model.named_buffers()))}
     chosen = [n for n, r in wanted.items() if r and n in numels]
-    keep = set() if storage == "compute" else set(linear_weights(model, [n for n in chosen if n in source.fp8]))
+    layer_fp8 = source.round_linear_to
+    widened = set(linear_weights(model, [n for n in chosen if n not in source.fp8])) if layer_fp8 else set()
+    stored_fp8 = set(linear_weights(model, [n for n in chosen if n in source.fp8])) | widened
+    keep = set() if storage == "compute" else stored_fp8
+    fp8_biases = {n[: -len("weight")] + "bias" for n in stored_fp8} if layer_fp8 else set()
     in_fp32 = kept_in_fp32(model, list(wanted))  # as diffusers' from_pretrained keeps them (Wan's rope, time)
     quantise = set()
     if storage == "fp8_e4m3fn":
@@ -226,6 +233,10 @@ def load_tensors(
             if t is None:
                 loaded[wanted[n]] = loaded.get(wanted[n], 0) + kept_bytes
                 continue
+        if n in widened:  # a Linear weight stored wider in a scaled-fp8 file: held in fp8, as ComfyUI holds it
+            t = t.to(layer_fp8)
+        elif n in fp8_biases:  # its whole layer is fp8 in ComfyUI: the bias is rounded too
+            t = t.to(layer_fp8).to(t.dtype)
         if n in quantise:
             t, scales[n] = quantise_per_tensor(t)
         elif t.dtype in FP8_STORAGE and n not in keep:  # an fp8 tensor computed in the compute dtype

@@ -98,7 +98,7 @@ def load_qwen25_text_file(
     def read(wanted: list[str]) -> Iterator[tuple[str, torch.Tensor]]:
         with file:
             for name in wanted:
-                yield name, file.read(names[name])
+                yield name, quant.stored(names[name], file.read(names[name]))
 
     source = TensorSource(
         file.path.name,
@@ -108,6 +108,7 @@ def load_qwen25_text_file(
         scales={n: scale_of[k] for n, k in names.items() if k in scale_of},
         owned=True,
         shapes={n: tuple(shapes[k]) for n, k in names.items()},
+        round_linear_to=quant.layer_dtype,  # ComfyUI's scaled-fp8 text models hold every Linear in fp8
     )
     load_tensors(model, source, lambda name: "all", device, dtype, what="of the text model", storage=storage)
     return model.eval().requires_grad_(False)
