@@ -21,7 +21,7 @@ import contextlib
 import dataclasses
 import math
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any, Literal, Protocol
 
@@ -220,6 +220,7 @@ class ModelAdapter(abc.ABC):
 
     family: str = ""
     sdpa_processors: tuple[str, ...] = ()  # processor classes known to call F.scaled_dot_product_attention
+    block_hook: Callable[[], None] | None = None  # called after each block of forward() (a job's cancel points)
 
     def __init__(self, transformer: nn.Module, latent_format: LatentFormat | None = None):
         self.transformer = transformer
@@ -414,8 +415,11 @@ class ModelAdapter(abc.ABC):
         h, w = x.shape[-2:]
         x = self.pad_to_patch(x)
         acts = self.embed(x, timestep, cond, mesh, guidance)
+        hook = self.block_hook
         for i in range(self.num_blocks):
             acts = self.run_block(acts, i, attention)
+            if hook is not None:
+                hook()
         return self.final(acts, mesh)[..., :h, :w]
 
     def pad_to_patch(self, x: torch.Tensor) -> torch.Tensor:

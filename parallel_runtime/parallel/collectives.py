@@ -110,6 +110,18 @@ def agree_any(flag: bool, group: dist.ProcessGroup | None = None) -> bool:
     return bool(t.item())
 
 
+def agree_max(values: list[int], group: dist.ProcessGroup | None = None) -> list[int]:
+    """Every rank's ``values`` reduced to their elementwise maximum, on every rank (one small all-reduce;
+    the same ranks must call it at the same point, like :func:`agree_any`)."""
+    if not dist.is_initialized() or dist.get_world_size(group) == 1:
+        return list(values)
+    t = torch.tensor(values, dtype=torch.int64)
+    if dist.get_backend(group) == "nccl":
+        t = t.cuda()
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+    return [int(v) for v in t.tolist()]
+
+
 class PendingHalo:
     """Halo rows in flight from :func:`exchange_halo`; ``wait()`` returns (from_up, from_down)."""
 

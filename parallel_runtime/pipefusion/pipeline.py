@@ -99,6 +99,7 @@ def run_pipefusion(
     on_step: StepReport | None = None,
     on_patch: PatchReport | None = None,
     message_tag: int = 1,
+    cancel_points: Callable[[], None] | None = None,
 ) -> tuple[torch.Tensor | None, PipeFusionStats]:
     """KSampler on a raw VAE latent with PipeFusion over the mesh's "pp" dimension.
 
@@ -109,11 +110,13 @@ def run_pipefusion(
     once per step; ``on_patch`` on every rank after each patch it processed, with the steps this
     rank has finished (progress per rank). ``message_tag`` (equal on all
     ranks, different for every generation, e.g. the job id) keeps one generation's point-to-point
-    messages apart from another's, should an error have left a receive posted."""
+    messages apart from another's, should an error have left a receive posted. ``cancel_points`` (also
+    collective, e.g. ``runtime.cancel_points.BlockCancel``) is called by every rank after each other slot:
+    a cancel then takes effect inside a step."""
     runner = Pipeline(
         adapter, mesh, stages, model_sampling, positive, negative, latent_raw, settings, options, message_tag
     )
-    return runner.run(attention_backend, check_cancel, on_step, on_patch)
+    return runner.run(attention_backend, check_cancel, on_step, on_patch, cancel_points)
 
 
 class Pipeline:
@@ -197,6 +200,7 @@ class Pipeline:
         check_cancel: Callable[[], None] | None,
         on_step: StepReport | None,
         on_patch: PatchReport | None = None,
+        cancel_points: Callable[[], None] | None = None,
     ) -> tuple[torch.Tensor | None, PipeFusionStats]:
         sched = self.sched
         if sched is None:  # nothing to sample
@@ -244,6 +248,10 @@ class Pipeline:
                         check()
                         self.seconds["agree"] += time.perf_counter() - t0
                         self.agreements += 1
+                    elif cancel_points is not None:
+                        t0 = time.perf_counter()
+                        cancel_points()
+                        self.seconds["agree"] += time.perf_counter() - t0
             except JobCancelled:
                 self._drain()  # every message posted so far has its partner: nothing is left in flight
                 raise

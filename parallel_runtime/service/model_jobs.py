@@ -22,6 +22,7 @@ from ..errors import ConfigError, NonFiniteValues
 from ..models.base import Conditioning, ModelAdapter
 from ..models.families.registry import FAMILIES, family
 from ..models.lora.patcher import StackEntry
+from ..runtime.cancel_points import BlockCancel
 from ..runtime.jobs import JobContext
 from .load_job import TEXT_RANK, LoadedModel, loaded_model
 from .lora_state import bring_to_stack
@@ -123,8 +124,9 @@ def generate(
     model switches experts at its boundary. Every rank emits its own progress each step (with pp > 1: after
     each patch, with the steps that rank has finished) and its memory now and then; the preview comes from
     rank 0 (with pp > 1: the last stage), just before that rank's progress for the same step. Cancel is
-    checked each step (with pp > 1 agreed once per step). With pp > 1 it runs PipeFusion (``patches``
-    row bands, ``warmup`` whole-image steps). The transformer is first brought to the LoRA stack ``loras``
+    agreed each step and, inside a step, at block boundaries (with pp > 1: at pipeline slots; see
+    runtime.cancel_points). With pp > 1 it runs PipeFusion (``patches`` row bands, ``warmup`` whole-image
+    steps). The transformer is first brought to the LoRA stack ``loras``
     (each rank patches what it holds; nothing is reloaded; a second expert is not patched). The model
     sampling is the settings' (a ModelSampling node's) or the family's default for the loaded file."""
     model = loaded_model(ctx)
@@ -171,6 +173,7 @@ def generate(
             on_step=on_patch_step,
             on_patch=on_patch,
             message_tag=ctx.job_id,
+            cancel_points=BlockCancel(ctx.cancel_requested, f"job {ctx.job_id}"),  # inside a step: at slots
         )
         if first_bad:
             raise NonFiniteValues(first_bad[0])
@@ -187,19 +190,27 @@ def generate(
         memory.maybe(step + 1 == total)  # before the progress: the panel shows both from the first step
         ctx.emit("progress", {"step": step + 1, "total": total})
 
-    out = denoise_latent(
-        adapter,
-        ctx.mesh,
-        ms,
-        on_device(positive, ctx.device),
-        on_device(negative, ctx.device),
-        latent.to(ctx.device),
-        settings,
-        attention_backend=model.attention,
-        on_step=on_step,
-        noise_mask=None if noise_mask is None else noise_mask.to(ctx.device),
-        expert_2=model.expert_2,
-    )
+    experts = [adapter] + ([model.expert_2[0]] if model.expert_2 is not None else [])
+    cancel = BlockCancel(ctx.cancel_requested, f"job {ctx.job_id}")  # agreed at block boundaries too
+    for expert in experts:
+        expert.block_hook = cancel
+    try:
+        out = denoise_latent(
+            adapter,
+            ctx.mesh,
+            ms,
+            on_device(positive, ctx.device),
+            on_device(negative, ctx.device),
+            latent.to(ctx.device),
+            settings,
+            attention_backend=model.attention,
+            on_step=on_step,
+            noise_mask=None if noise_mask is None else noise_mask.to(ctx.device),
+            expert_2=model.expert_2,
+        )
+    finally:
+        for expert in experts:
+            expert.block_hook = None
     return out.cpu() if ctx.rank == 0 else None
 
 

@@ -91,3 +91,17 @@ def slow_component_loads(rank: int, world: int, seconds: float) -> None:
         return real(*args, **kwargs)
 
     loading.component_class = slow
+
+
+def slow_blocks(rank: int, world: int, seconds: float) -> None:
+    """``worker_setup`` hook: every transformer block takes ``seconds`` longer (a large model at a large
+    size), so one denoising step lasts long enough to be cancelled in its middle."""
+    from parallel_runtime.models import base
+
+    real = base.ModelAdapter.run_block
+
+    def slow(self, acts, i, attention):
+        time.sleep(seconds)
+        return real(self, acts, i, attention)
+
+    base.ModelAdapter.run_block = slow
