@@ -138,6 +138,7 @@ def memory_info(device: torch.device) -> dict[str, int]:
         free, total = torch.cuda.mem_get_info(device)
         info.update(
             allocated_bytes=torch.cuda.memory_allocated(device),
+            reserved_bytes=torch.cuda.memory_reserved(device),  # held by torch's cache: free for this process
             peak_bytes=torch.cuda.max_memory_allocated(device),
             free_bytes=free,
             total_bytes=total,

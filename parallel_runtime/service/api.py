@@ -23,6 +23,7 @@ from ..models.families.registry import FAMILIES, family
 from ..models.lora.keymap import ModelKeys
 from ..models.sampling_spec import ModelSamplingSpec
 from ..parallel.config import ParallelConfig, parse_devices
+from ..runtime.builtin_jobs import info as worker_info
 from ..runtime.futures import EventCallback
 from ..runtime.jobs import Job
 from ..runtime.pool import WorkerPool
@@ -32,6 +33,7 @@ from .host_checks import check_load_request, check_pipefusion_request, host_geom
 from .load_job import load_model
 from .load_request import LoadRequest
 from .lora import LoraChecks, LoraSpec, stack_entries
+from .memory_checks import check_sampling_memory, free_for_torch
 from .model_jobs import decode, encode_text, encode_text_file, generate
 from .sampling_checks import (
     check_branches_for_layout,
@@ -303,7 +305,7 @@ class ParallelModel:
             )
         f = self.spatial_factor
         if latent is None:
-            latent = torch.zeros(batch_size, self.latent_channels, height // f, width // f)
+            shape = (batch_size, self.latent_channels, height // f, width // f)  # made once the job is checked
         elif latent.ndim != 2 + self.latent_dims:
             kind = (
                 "video [batch, channels, frames, height, width]"
@@ -324,16 +326,20 @@ class ParallelModel:
                 "each model family has its own VAE latent space",
                 f"make the latent with this model's size (an empty latent for {self.family}) or its VAE",
             )
-        input_checks.latent_sizes(latent)
+        if latent is not None:
+            shape = tuple(latent.shape)
+            input_checks.latent_sizes(latent)
         positive_branch, negative_branch = as_branch(positive), as_branch(negative)
-        if sigmas is None and denoise <= 0.0:
-            return latent.float().clone()  # KSampler: no sigmas, the input latent comes back
-        self.check_latent_size(latent.shape[-2], latent.shape[-1])
+        if sigmas is None and denoise <= 0.0:  # KSampler: no sigmas, the input latent comes back
+            return torch.zeros(shape) if latent is None else latent.float().clone()
+        self.check_latent_size(shape[-2], shape[-1])
         check_branches_for_layout(self.config, cfg, positive_branch, negative_branch, sampler_name)
-        expected, batch = self.expected_conditioning(), latent.shape[0]
-        check_conditioning_fits(expected, positive_branch, batch, "positive", self.family)
-        if runs_negative(cfg, negative_branch, sampler_name):
-            check_conditioning_fits(expected, negative_branch, batch, "negative", self.family)
+        expected, negative_runs = self.expected_conditioning(), runs_negative(cfg, negative_branch, sampler_name)
+        check_conditioning_fits(expected, positive_branch, shape[0], "positive", self.family)
+        if negative_runs:
+            check_conditioning_fits(expected, negative_branch, shape[0], "negative", self.family)
+        self._check_memory(shape, positive_branch, negative_branch if negative_runs else None)
+        latent = torch.zeros(shape) if latent is None else latent
         settings = SamplingSettings(
             seed,
             steps,
@@ -363,6 +369,15 @@ class ParallelModel:
             loras=stack_entries(self.loras),
             **extra,
         )
+
+    def _check_memory(self, shape: tuple[int, ...], positive: Branch, negative: Branch | None) -> None:
+        """ConfigError when the job's activations (memory_checks) do not fit the devices' free memory."""
+        check_sampling_memory(
+            self.info, self.config, self.request, self.pool.devices, shape, (positive, negative), self._gpu_free
+        )
+
+    def _gpu_free(self) -> list[int]:
+        return [free_for_torch(m) for m in self._run(worker_info, result_rank="all")]
 
     def _pipefusion_kwargs(self) -> dict[str, Any]:
         if self.config.pp <= 1:

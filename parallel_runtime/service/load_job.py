@@ -137,6 +137,7 @@ def load_model(
         "pads_to_patch": adapter.plan.pads_to_patch,
         "max_grid_side": adapter.plan.max_grid_side,
         "num_heads": cfg.get("num_attention_heads"),
+        "inner_dim": (cfg.get("num_attention_heads") or 0) * (cfg.get("attention_head_dim") or 0) or None,
         "num_blocks": adapter.num_blocks,
         "embed_dim": _embed_dim(model),
         "pooled_dim": cfg.get("pooled_projection_dim"),

@@ -105,3 +105,28 @@ def slow_blocks(rank: int, world: int, seconds: float) -> None:
         return real(self, acts, i, attention)
 
     base.ModelAdapter.run_block = slow
+
+
+def step_memory_growth(ctx, cond, latent_shape: tuple[int, ...], cfg: float = 1.0) -> int:
+    """One denoising step of the loaded model on zeros of ``latent_shape``: how far this worker's peak
+    RSS rose above its RSS before the step (bytes; a fresh worker, so the peak is this step's)."""
+    import gc
+    import os
+    import resource
+
+    import torch
+
+    from parallel_runtime.denoise.loop import denoise_latent
+    from parallel_runtime.denoise.model_sampling import model_sampling_for
+    from parallel_runtime.denoise.settings import SamplingSettings
+    from parallel_runtime.service.load_job import loaded_model
+
+    model = loaded_model(ctx)
+    gc.collect()
+    with open("/proc/self/statm") as f:
+        before = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    settings = SamplingSettings(seed=1, steps=1, cfg=cfg)
+    negative = cond if cfg != 1.0 else None
+    ms = model_sampling_for(model.adapter)
+    denoise_latent(model.adapter, ctx.mesh, ms, cond, negative, torch.zeros(latent_shape), settings)
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before
