@@ -12,7 +12,9 @@ Faults: ``kill`` / ``stop`` (the rank sends itself SIGKILL / SIGSTOP at that exa
 (an :class:`InjectedFault`), ``skew`` (at start: the rank's READY names other code than the host's,
 as a worker started from a package edited while the host ran would; such a worker refuses its spec
 even earlier, which tests/test_protocol.py covers with a real edited copy), ``shm-full`` (the rank fills /dev/shm to the last byte, refused unless
-/dev/shm is a small private tmpfs: see :func:`shm_is_private`), ``nan`` (NaN in the model's output / the decoder's input / the text
+/dev/shm is a small private tmpfs: see :func:`shm_is_private`), ``squat`` (another local user takes every
+segment name of the pool's host it can see or guess, :mod:`.stranger`; what it created is listed in
+``squatted-<cell>.json`` for the matrix to remove), ``nan`` (NaN in the model's output / the decoder's input / the text
 embeddings), ``undecodable`` (the job's result on rank 0, an event elsewhere: a value the host
 cannot unpickle). Pools without this hook run none of it.
 """
@@ -30,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 INJECTED_PHASES = ("start", "load", "denoise", "decode", "encode")
-FAULTS = ("kill", "stop", "raise", "nan", "undecodable", "shm-full", "skew")
+FAULTS = ("kill", "stop", "raise", "nan", "undecodable", "shm-full", "skew", "squat")
 FILLER = Path("/dev/shm/dpar-fault-filler")  # what a shm-full fault writes until /dev/shm is full
 PRIVATE_SHM_MAX_BYTES = 256 * 2**20  # /dev/shm is filled only when it is a tmpfs this small
 RESULT_RANK = 0  # the rank whose return value the model API's jobs send back
@@ -98,6 +100,28 @@ def fill_shared_memory() -> int:
     return max(size, 0)
 
 
+def squat_as_stranger(plan_dir: str | os.PathLike, cell: str, host_pid: int) -> list[str]:
+    """Another user squats every name of ``host_pid``'s pools it can see or guess; the paths it created
+    are written to ``squatted-<cell>.json`` in ``plan_dir`` (see :func:`take_squats`)."""
+    from .stranger import run_as_stranger, squat, visible_labels
+
+    report = run_as_stranger(squat, visible_labels(host_pid))
+    created = report["created"] + report["entered"]
+    (Path(plan_dir) / f"squatted-{cell}.json").write_text(json.dumps(created))
+    return created
+
+
+def take_squats(plan_dir: str | os.PathLike, cell: str) -> list[str]:
+    """The paths a squat cell created (and forget the record)."""
+    record = Path(plan_dir) / f"squatted-{cell}.json"
+    try:
+        created = json.loads(record.read_text())
+    except (OSError, ValueError):
+        return []
+    record.unlink(missing_ok=True)
+    return created
+
+
 class InjectedFault(RuntimeError):
     """What a ``raise`` cell throws."""
 
@@ -162,11 +186,13 @@ class Injector:
         return True
 
     def fire(self, phase: str) -> None:
-        """Do a kill / stop / raise / shm-full / skew planned for ``phase`` here and now."""
-        plan = self.plan(phase, ("kill", "stop", "raise", "shm-full", "skew"))
+        """Do a kill / stop / raise / shm-full / skew / squat planned for ``phase`` here and now."""
+        plan = self.plan(phase, ("kill", "stop", "raise", "shm-full", "skew", "squat"))
         if plan is None or not self.take(plan):
             return
-        if plan.fault == "kill":
+        if plan.fault == "squat":
+            squat_as_stranger(self.plan_dir, plan.cell, os.getppid())
+        elif plan.fault == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
         elif plan.fault == "stop":
             os.kill(os.getpid(), signal.SIGSTOP)

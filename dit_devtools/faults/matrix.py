@@ -1,7 +1,9 @@
 """The fault matrix: each fault on each rank in each phase, on CPU with real worker processes.
 
 A cell kills (SIGKILL), stops (SIGSTOP) or breaks (raise, NaN, an undecodable result, a worker of
-other code than the host's: version skew) one rank in one phase — pool start, model load, denoising under USP (ulysses=2), CFG (cfg=2) and PipeFusion (pp=2),
+other code than the host's: version skew) one rank in one phase, has another local user squat every
+segment name it can see or guess (squat: the job must still work), or asks for a job too big for the
+free memory (oversized: refused on the host, the pool untouched) — pool start, model load, denoising under USP (ulysses=2), CFG (cfg=2) and PipeFusion (pp=2),
 VAE decode, text encode, idle — through :mod:`.injection`, and checks: the error has the
 expected type and names the rank (NaN: the step), within ``BOUND_S`` of the fault firing; the host
 is alive (it is the process running this); the next job on the same ParallelModel succeeds and
@@ -26,16 +28,17 @@ from typing import Any
 
 import torch
 
-from parallel_runtime.errors import VersionSkew, WorkerDied, WorkerError, WorkerHung
+from parallel_runtime.errors import ConfigError, VersionSkew, WorkerDied, WorkerError, WorkerHung
 from parallel_runtime.parallel.config import ParallelConfig
 from parallel_runtime.runtime.pools import PoolRegistry
 from parallel_runtime.service.api import LoadRequest, ParallelModel, load_parallel_model
 
-from .injection import FILLER, FaultPlan, disarm, fired_at, install, shm_is_private
+from .injection import FILLER, FaultPlan, disarm, fired_at, install, shm_is_private, squat_as_stranger, take_squats
+from .stranger import remove_squats
 
 LAYOUTS = {"usp": ParallelConfig(ulysses=2), "cfg": ParallelConfig(cfg=2), "pp": ParallelConfig(pp=2)}
 PHASES = ("start", "load", "denoise-usp", "denoise-cfg", "denoise-pp", "decode", "encode", "idle")
-FAULTS = ("kill", "stop", "raise", "nan", "undecodable", "skew")  # shm-full cells: shm_cells.py
+FAULTS = ("kill", "stop", "raise", "nan", "undecodable", "skew", "squat", "oversized")  # shm-full: shm_cells.py
 BOUND_S = 10.0  # the error must come this soon after the fault fired (a loaded 2-core machine)
 # A load failing on one rank is raised once every rank has finished its part of the load (the ranks
 # agree on failures after loading, so none waits in a collective forever): up to a whole load later.
@@ -56,7 +59,14 @@ NOT_APPLICABLE = {
 }
 NEEDS_NAMESPACE = "not applicable: needs a private mount namespace (a small tmpfs over /dev/shm: root, unshare -m)"
 SHM_WARNING = ("/dev/shm", "--shm-size")  # a shm-full cell's job must work and warn with both
-EXPECTED = {"kill": (WorkerDied, "SIGKILL"), "stop": (WorkerHung, "stopped"), "skew": (VersionSkew, "restart")}
+EXPECTED = {
+    "kill": (WorkerDied, "SIGKILL"),
+    "stop": (WorkerHung, "stopped"),
+    "skew": (VersionSkew, "restart"),
+    "oversized": (ConfigError, "GiB of activations per rank"),
+}
+STILL_WORKS = ("shm-full", "squat")  # faults the job must survive with the same result
+OVERSIZED_SIDE = 16384  # ComfyUI's largest image side: a million tokens
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,6 +88,10 @@ class Cell:
             return "only rank 0 holds the text encoders"
         if self.fault == "skew" and self.phase != "start":
             return "a running worker's code does not change: skew shows when a worker starts"
+        if self.fault == "oversized" and not self.phase.startswith("denoise-"):
+            return "the host estimates the activation memory of sampling jobs (the denoise phases)"
+        if self.fault == "oversized" and self.rank != 0:
+            return "the host refuses the job before any rank gets it: one cell (rank 0) per phase"
         return NOT_APPLICABLE.get((self.phase, self.fault))
 
 
@@ -111,6 +125,8 @@ QUICK_CELLS = (
     Cell("encode", "raise", 1),
     Cell("idle", "stop", 1),
     Cell("start", "skew", 0),
+    Cell("decode", "squat", 1),
+    Cell("denoise-usp", "oversized", 0),
 )
 """The subset the test suite runs: every fault kind and every phase at least once, both ranks."""
 
@@ -151,8 +167,9 @@ class Matrix:
             self.healthy["negative"] = model.encode_text("")
         return self.healthy["positive"], self.healthy["negative"]
 
-    def job(self, phase: str, layout: str) -> Any:
-        """Run the job of ``phase`` (start/load/idle: a sample, which restarts and reloads as needed)."""
+    def job(self, phase: str, layout: str, oversized: bool = False) -> Any:
+        """Run the job of ``phase`` (start/load/idle: a sample, which restarts and reloads as needed);
+        ``oversized``: the sample at ``OVERSIZED_SIDE`` px with a batch twice what the free memory holds."""
         model = self.loaded(layout)
         if phase == "decode":
             return model.decode(self._latent())
@@ -161,6 +178,9 @@ class Matrix:
         positive, negative = self._prompts()
         cfg = 2.0 if layout == "cfg" else 1.0
         negative = negative if cfg != 1.0 else None
+        if oversized:
+            batch = _batch_beyond_memory(model, OVERSIZED_SIDE, cfg)
+            return model.sample(positive, negative, None, OVERSIZED_SIDE, OVERSIZED_SIDE, batch_size=batch, cfg=cfg)
         return model.sample(positive, negative, None, self.size, self.size, steps=self.steps, cfg=cfg, seed=7)
 
     def _latent(self) -> torch.Tensor:
@@ -192,16 +212,20 @@ class Matrix:
         with _captured_warnings() as warnings:
             error, raised_at, value = self._provoke(cell, model)
         fired = fired_at(self.plan_dir, cell.name)
+        squats = take_squats(self.plan_dir, cell.name)
         disarm(self.plan_dir)
         FILLER.unlink(missing_ok=True)
         if error is not None:
             result.error = f"{type(error).__name__}: {_first_line(error)}"
         if fired is not None and raised_at is not None:
             result.detection_s = round(max(0.0, raised_at - fired), 3)
+        if cell.fault in STILL_WORKS:
+            result.problems += _judge_still_works(error, fired, value, expected, check_value=cell.phase != "idle")
         if cell.fault == "shm-full":
-            result.problems += _judge_shm_full(error, fired, value, expected)
             warned = any(all(w in line for w in SHM_WARNING) for line in warnings)
             result.note = "warned: /dev/shm full, using the private folder" if warned else "no new segment was needed"
+        elif cell.fault == "squat":
+            result.note = f"another user squatted {len(squats)} names"
         else:
             result.problems += _judge(cell, error, fired, result.detection_s)
         try:
@@ -211,6 +235,7 @@ class Matrix:
             result.next_job = f"failed: {type(exc).__name__}: {_first_line(exc)}"
         if result.next_job != "same result":
             result.problems.append(f"the next job: {result.next_job}")
+        remove_squats(squats)
         result.leftovers = self.wait_for_leftovers(before, result.old_pids, result.old_prefix)
         if any(result.leftovers.values()):
             result.problems.append(f"left behind: {result.leftovers}")
@@ -219,6 +244,10 @@ class Matrix:
 
     def _provoke(self, cell: Cell, model: ParallelModel) -> tuple[BaseException | None, float | None, Any]:
         """(the error, when it reached us, the job's value when there was no error)."""
+        if cell.phase == "idle" and cell.fault == "squat":
+            (Path(self.plan_dir) / f"fired-{cell.name}").write_text(repr(time.time()))
+            squat_as_stranger(self.plan_dir, cell.name, os.getpid())
+            return None, None, None
         if cell.phase == "idle":
             (Path(self.plan_dir) / f"fired-{cell.name}").write_text(repr(time.time()))
             os.kill(model.pool.pids[cell.rank], signal.SIGKILL if cell.fault == "kill" else signal.SIGSTOP)
@@ -226,8 +255,10 @@ class Matrix:
             while model.pool.is_alive and time.monotonic() < deadline:
                 time.sleep(0.01)
             return (None, None, None) if model.pool.is_alive else (model.pool.last_failure, time.time(), None)
+        if cell.fault == "oversized":
+            (Path(self.plan_dir) / f"fired-{cell.name}").write_text(repr(time.time()))
         try:
-            value = self.job(cell.phase, cell.layout)
+            value = self.job(cell.phase, cell.layout, oversized=cell.fault == "oversized")
         except Exception as exc:  # noqa: BLE001 - the error under test
             return exc, time.time(), None
         return None, None, value
@@ -311,7 +342,7 @@ def _judge(cell: Cell, error: BaseException | None, fired: float | None, seconds
         if not isinstance(error, WorkerError) or error.exc_type != wanted_type[cell.fault]:
             got = getattr(error, "exc_type", type(error).__name__)
             problems.append(f"expected a WorkerError of {wanted_type[cell.fault]}, got {got}")
-    if cell.fault != "nan" and getattr(error, "rank", None) != cell.rank:
+    if cell.fault not in ("nan", "oversized") and getattr(error, "rank", None) != cell.rank:
         problems.append(f"the error names rank {getattr(error, 'rank', None)}, not rank {cell.rank}")
     bound = LOAD_RAISE_BOUND_S if (cell.phase, cell.fault) == ("load", "raise") else BOUND_S
     if seconds is not None and seconds > bound:
@@ -319,14 +350,25 @@ def _judge(cell: Cell, error: BaseException | None, fired: float | None, seconds
     return problems
 
 
-def _judge_shm_full(error, fired, value, expected) -> list[str]:
-    """A full /dev/shm: the job still works and gives the same result (a message needing a new
-    segment goes through the private folder, with a warning; recycled segments need no room)."""
+def _judge_still_works(error, fired, value, expected, check_value: bool = True) -> list[str]:
+    """A full /dev/shm or squatted names: the job still works and gives the same result (full: a message
+    needing a new segment goes through the private folder, with a warning; squatted: the pool's names are
+    in a folder of its own). Idle cells have no job: the next job says it all."""
     if fired is None:
         return ["the fault never fired"]
     if error is not None:
         return [f"the job failed: {type(error).__name__}: {_first_line(error)}"]
-    return [] if _same(value, expected) else ["the job's result differs from the healthy one"]
+    return [] if not check_value or _same(value, expected) else ["the job's result differs from the healthy one"]
+
+
+def _batch_beyond_memory(model: ParallelModel, side: int, cfg: float) -> int:
+    """A batch at ``side`` px whose activations need about twice the available RAM (CPU ranks)."""
+    from parallel_runtime.service.memory_checks import available_ram, sampling_bytes_per_rank
+
+    shape = (1, model.latent_channels, side // model.spatial_factor, side // model.spatial_factor)
+    per_item = sampling_bytes_per_rank(model.info, model.config, shape, 512, cfg != 1.0, model.request.dtype)
+    room = available_ram() or 64 * 2**30
+    return max(1, min(4096, -(-2 * room // (per_item * len(model.pool.devices)))))
 
 
 class _ListHandler(logging.Handler):
