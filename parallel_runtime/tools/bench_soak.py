@@ -56,11 +56,11 @@ def resource_sample(worker_pids: list[int]) -> dict[str, dict[str, float]]:
             "fds": sum(s.get("fds", 0) for s in stats),
             "threads": sum(s.get("Threads", 0) for s in stats),
         }
-    entries = list(Path("/dev/shm").glob(f"dpar-{os.getpid()}-*"))
+    entries = list(Path("/dev/shm").glob(f"dpar-{os.getpid()}-*"))  # a pool's folder (its segments inside)
     sizes = []
     for e in entries:
         try:
-            sizes.append(e.stat().st_size)
+            sizes += [f.stat().st_size for f in e.iterdir()] if e.is_dir() else [e.stat().st_size]
         except OSError:
             continue
     out["shm"] = {"shm_entries": len(sizes), "shm_mib": sum(sizes) / 2**20}
