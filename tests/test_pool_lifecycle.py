@@ -31,6 +31,8 @@ def test_nothing_of_the_pool_listens_on_a_network_address():
     assert host_new == [], host_new
     exposed = {pid: [a for a in addrs if not is_loopback(a)] for pid, addrs in workers.items()}
     assert all(not addrs for addrs in exposed.values()), exposed
+    # what README says: each worker's gloo listener, on 127.0.0.1 (loopback only)
+    assert all(addrs and all(a.startswith("127.0.0.1:") for a in addrs) for addrs in workers.values()), workers
 
 
 def test_pool_outlives_the_thread_that_started_it():
