@@ -84,17 +84,17 @@ def test_decode_latent_shape_channels_and_values():
 
 
 def test_an_unknown_sampler_or_scheduler_is_explained_truthfully():
-    """The why says what is true of any name refused: it is not one the Parallel Sampler implements
-    (not that it is not ComfyUI's: a refused name may well be one of ComfyUI's)."""
+    """The why says what is true: the name is none of ComfyUI's KSampler names, all of which the Parallel
+    Sampler runs (the sampling tables hold every one of them)."""
     from parallel_runtime.sampling import SAMPLER_NAMES, SCHEDULER_NAMES
     from parallel_runtime.service.sampling_checks import check_sampling_args
 
     with pytest.raises(ConfigError) as info:
         check_sampling_args("euler_typo", "simple", 10, 1.0)
     message = str(info.value)
-    assert "runs only the samplers it implements" in message and "follow ComfyUI's names" not in message
+    assert "runs the samplers of ComfyUI 0.3.64's KSampler" in message and "none of them" in message
     assert all(name in message for name in SAMPLER_NAMES)
     with pytest.raises(ConfigError) as info:
         check_sampling_args("euler", "karras_typo", 10, 1.0)
-    assert "builds only the schedules it implements" in str(info.value)
+    assert "builds the schedules of ComfyUI 0.3.64's KSampler" in str(info.value)
     assert all(name in str(info.value) for name in SCHEDULER_NAMES)

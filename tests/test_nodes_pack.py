@@ -28,11 +28,6 @@ def test_node_mappings_are_classic_nodes():
                 assert "tooltip" in entry[1], f"{cls.__name__}.{name} has no tooltip"
 
 
-# wt/samplers turns these two into lists (ComfyUI 0.3.64's own sampler and scheduler lists); drop this
-# exception when that work is merged.
-CHOICES_CONVERTED_ELSEWHERE = {"sampler_name", "scheduler"}
-
-
 def test_every_choice_input_is_a_list_so_comfyui_validates_it():
     """ComfyUI 0.3.64 checks a combo's value against its options only when they are a Python list
     (execution.validate_inputs): a tuple lets a workflow with an unknown choice run until it fails
@@ -44,8 +39,6 @@ def test_every_choice_input_is_a_list_so_comfyui_validates_it():
                 kind = entry[0]
                 if isinstance(kind, str):
                     continue  # a type (INT, LATENT, ...), not a choice
-                if name in CHOICES_CONVERTED_ELSEWHERE and isinstance(kind, tuple):
-                    continue
                 combos += 1
                 assert isinstance(kind, list), f"{node}.{name}: choices are a {type(kind).__name__}"
                 assert all(isinstance(c, str) for c in kind), f"{node}.{name}: {kind!r}"

@@ -31,15 +31,15 @@ def check_sampling_args(
     if sampler not in SAMPLER_NAMES:
         raise ConfigError(
             f"unknown sampler {sampler!r}",
-            "the Parallel Sampler runs only the samplers it implements, each under ComfyUI's name, and this "
-            "name is none of them",
+            "the Parallel Sampler runs the samplers of ComfyUI 0.3.64's KSampler under their ComfyUI names, and "
+            "this name is none of them (a typo, or a sampler another custom node adds)",
             f"use one of {', '.join(SAMPLER_NAMES)}",
         )
     if scheduler not in SCHEDULER_NAMES:
         raise ConfigError(
             f"unknown scheduler {scheduler!r}",
-            "the Parallel Sampler builds only the schedules it implements, each under ComfyUI's name, and "
-            "this name is none of them",
+            "the Parallel Sampler builds the schedules of ComfyUI 0.3.64's KSampler under their ComfyUI names, "
+            "and this name is none of them (a typo, or a scheduler another custom node adds)",
             f"use one of {', '.join(SCHEDULER_NAMES)}",
         )
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:

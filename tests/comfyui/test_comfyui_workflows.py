@@ -102,9 +102,5 @@ def test_comfyui_refuses_an_unknown_choice_of_every_choice_input(comfy_oracle):
     probes = comfy_oracle["choice_probes"]
     expected = {"DiTParallelModelLoader." + n for n in ("model", "family", "layout", "dtype", "attention", "weights")}
     assert expected <= set(probes), sorted(probes)
-    pending = {"DiTParallelSampler.sampler_name", "DiTParallelSampler.scheduler"}  # wt/samplers' lists
-    pending |= {"DiTParallelSamplerAdvanced.sampler_name", "DiTParallelSamplerAdvanced.scheduler"}
-    accepted = {
-        k: v for k, v in probes.items() if k not in pending and (v["valid"] or "value_not_in_list" not in v["errors"])
-    }
+    accepted = {k: v for k, v in probes.items() if v["valid"] or "value_not_in_list" not in v["errors"]}
     assert not accepted, accepted
