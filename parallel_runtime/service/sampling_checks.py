@@ -145,34 +145,28 @@ def check_conditioning_fits(
     expected: Mapping[str, int | None], branch: Branch | None, batch: int, role: str, family: str
 ) -> None:
     """Each entry of ``branch`` against the model and the latent: text embeddings ``embed_dim`` wide,
-    a pooled vector ``pooled_dim`` wide when the model takes one, CLIP-vision states ``image_dim`` wide,
-    an attention mask of one value per token, and a batch of 1 or the latent's (``expected`` is
-    ``ParallelModel.expected_conditioning()``)."""
+    a pooled vector ``pooled_dim`` wide when the model takes one, an attention mask of one value per
+    token, and a batch of 1 or the latent's for every tensor, a family's extras included (``expected``
+    is ``ParallelModel.expected_conditioning()``; a family checks its extras where it makes them)."""
     for index, entry in enumerate(branch or ()):
         where = role if len(branch) == 1 else f"{role} entry {index + 1}"
         _check_entry(expected, entry, batch, where, family)
 
 
+WIDTHS = (  # (field, what it is, the expected_conditioning() key, what the transformer does with it)
+    ("prompt_embeds", "text embeddings are", "embed_dim", "projects its text encoders' embeddings"),
+    ("pooled", "pooled output is", "pooled_dim", "adds a pooled text vector to the timestep"),
+)
+
+
 def _check_entry(expected: Mapping[str, int | None], entry: CondEntry, batch: int, where: str, family: str) -> None:
     cond = entry.cond
     encode = "encode the prompt with this model's own text encoders (Parallel Text Encode / encode_text)"
-    widths = (
-        (
-            "text embeddings are",
-            cond.prompt_embeds,
-            expected.get("embed_dim"),
-            "projects its text encoders' embeddings",
-        ),
-        ("pooled output is", cond.pooled, expected.get("pooled_dim"), "adds a pooled text vector to the timestep"),
-        ("CLIP-vision states are", cond.image_embeds, expected.get("image_dim"), "attends to CLIP ViT-H's states"),
-    )
-    for name_is, tensor, want, role in widths:
-        name = name_is.rsplit(" ", 1)[0]
+    for field, name_is, key, role in WIDTHS:
+        tensor, want, name = getattr(cond, field), expected.get(key), name_is.rsplit(" ", 1)[0]
         if want is None:
             continue
         if tensor is None:
-            if name == "CLIP-vision states":
-                continue  # optional (Wan 2.1 I2V without a start image's CLIP output)
             raise ConfigError(
                 f"the {where} conditioning has no {name}, which this {family} model needs",
                 f"the {family} transformer {role} ({want} wide)",
