@@ -14,12 +14,12 @@ import os
 import struct
 import subprocess
 import sys
-import tomllib
 import urllib.request
 import zipfile
 from pathlib import Path
 
 import pytest
+import tomllib
 from comfy_client import ComfyClient
 from comfy_env import REPO
 from comfy_server import ComfyServer, _git, clone_pack, pip_install_requirements
