@@ -79,8 +79,11 @@ def conds(case: dict, **extras) -> tuple[Conditioning, Conditioning]:
 
 
 @pytest.mark.parametrize("run_index", [0, 1], ids=["euler-cfg5", "euler_ancestral-cfg1"])
-def test_text_to_video_equals_comfyui_ksampler(wan_file, run_index):
-    case = REF["t2v"]
+@pytest.mark.parametrize("name", ["t2v", "t2v_padded"], ids=["whole-tokens", "9x5-latent-padded"])
+def test_text_to_video_equals_comfyui_ksampler(wan_file, run_index, name):
+    """EmptyHunyuanLatentVideo + KSampler; a 9x5 latent is not whole 2x2 tokens: ComfyUI's WanModel pads it
+    circularly and crops the prediction back, and so do we."""
+    case = REF[name]
     r = case["runs"][run_index]
     settings = SamplingSettings(
         seed=r["seed"], steps=r["steps"], cfg=r["cfg"], sampler=r["sampler"], scheduler=r["scheduler"]
@@ -124,9 +127,12 @@ def test_two_experts_two_passes_equal_comfyui_ksampler_advanced(wan_file):
     close(out, tensor(case["output"]))
 
 
-@pytest.mark.parametrize("name", ["i2v_clip", "i2v"], ids=["wan2.1-i2v-clip-vision", "wan2.2-i2v-a14b"])
+@pytest.mark.parametrize(
+    "name", ["i2v_clip", "i2v", "i2v_padded"], ids=["wan2.1-i2v-clip-vision", "wan2.2-i2v-a14b", "9x5-latent-padded"]
+)
 def test_image_to_video_equals_comfyui_wan_image_to_video(wan_file, name):
-    """WanImageToVideo's CONDITIONING (start-image latent + mask, and CLIP-vision states for 2.1)."""
+    """WanImageToVideo's CONDITIONING (start-image latent + mask, and CLIP-vision states for 2.1); at a size
+    that is not whole tokens the start-image channels are padded with the latent."""
     case = REF[name]
     extras = {"concat_image": tensor(case["concat_latent_image"]), "concat_mask": tensor(case["concat_mask"])}
     if case["clip_vision"] is not None:
@@ -138,9 +144,11 @@ def test_image_to_video_equals_comfyui_wan_image_to_video(wan_file, name):
     close(out, tensor(case["output"]))
 
 
-def test_ti2v_first_frame_latent_equals_comfyui_wan22_image_to_video_latent(wan_file):
-    """Wan 2.2 TI2V-5B: the LATENT's noise mask keeps the first frame and sets per-frame timesteps."""
-    case = REF["ti2v"]
+@pytest.mark.parametrize("name", ["ti2v", "ti2v_padded"], ids=["whole-tokens", "5x3-latent-padded"])
+def test_ti2v_first_frame_latent_equals_comfyui_wan22_image_to_video_latent(wan_file, name):
+    """Wan 2.2 TI2V-5B: the LATENT's noise mask keeps the first frame and sets per-frame timesteps (at a
+    5x3 latent: per-frame time over the padded tokens, the mask's mean over the latent's own pixels)."""
+    case = REF[name]
     settings = SamplingSettings(
         seed=case["seed"], steps=case["steps"], cfg=case["cfg"], sampler=case["sampler"], scheduler=case["scheduler"]
     )

@@ -36,7 +36,14 @@ LATENT = (1, 16, 3, 6, 10)
 class Case:
     """A tiny Wan model, its conditioning and the single-device (in-process) result."""
 
-    def __init__(self, name: str, extras: dict | None = None, mask: torch.Tensor | None = None, cfg: float = 4.0):
+    def __init__(
+        self,
+        name: str,
+        extras: dict | None = None,
+        mask: torch.Tensor | None = None,
+        cfg: float = 4.0,
+        size: tuple[int, ...] = LATENT[2:],
+    ):
         self.path = str(ensure_tiny_model(name))
         comps = load_pipeline_components(self.path, "cpu", torch.float32)
         adapter = comps.adapter()
@@ -45,7 +52,7 @@ class Case:
         self.pos = Conditioning(pos.prompt_embeds, extras=extras)
         self.neg = Conditioning(neg.prompt_embeds, extras=extras)
         channels = adapter.plan.latent_channels
-        self.latent = torch.zeros(1, channels, *LATENT[2:]) if mask is None else torch.randn(1, channels, *LATENT[2:])
+        self.latent = torch.zeros(1, channels, *size) if mask is None else torch.randn(1, channels, *size)
         self.mask = mask
         self.settings = SamplingSettings(seed=5, steps=STEPS, cfg=cfg, sampler="euler", scheduler="simple")
         ms = model_sampling_for(adapter)
@@ -99,6 +106,16 @@ def test_image_to_video_layouts_equal_single_device(cpu_pool, layout):
     }
     case = Case("tiny-wan-i2v", extras)
     _close(case.run(cpu_pool(LAYOUTS[layout])), case.expected)
+
+
+@pytest.mark.parametrize("layout", ["ulysses2", "cfg2"])
+def test_size_not_whole_tokens_is_padded_on_every_rank_as_on_one_device(cpu_pool, layout):
+    """A 3 x 5 x 9 latent (ComfyUI's WanModel pads it circularly to 6 x 10 and crops back; tests/
+    test_wan_comfy_reference.py holds that against ComfyUI): the padded tokens split over the ranks."""
+    case = Case("tiny-wan", size=(3, 5, 9))
+    got = case.run(cpu_pool(LAYOUTS[layout]))
+    assert got.shape == (1, 16, 3, 5, 9)
+    _close(got, case.expected)
 
 
 def test_ti2v_per_frame_time_under_ulysses_equals_single_device(cpu_pool):

@@ -429,7 +429,8 @@ class ModelAdapter(abc.ABC):
         pad_h, pad_w = -x.shape[-2] % p, -x.shape[-1] % p
         if not (pad_h or pad_w) or not self.plan.pads_to_patch:
             return x
-        return torch.nn.functional.pad(x, (0, pad_w, 0, pad_h), mode="circular")
+        frames = (0, 0) if x.ndim == 5 else ()  # a video's frames are whole tokens already (1 frame each)
+        return torch.nn.functional.pad(x, (0, pad_w, 0, pad_h, *frames), mode="circular")
 
     # -- latent <-> tokens -----------------------------------------------------------------------
     def grid_of(self, x: torch.Tensor) -> tuple[int, ...]:

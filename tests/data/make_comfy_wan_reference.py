@@ -132,11 +132,13 @@ def start_image(name: str, h: int, w: int) -> tuple[torch.Tensor, dict]:
     }
 
 
-def case_t2v(c, folder: Path) -> dict:
+def case_t2v(c, folder: Path, width: int = WIDTH, height: int = HEIGHT, name: str = "t2v") -> dict:
+    """EmptyHunyuanLatentVideo + KSampler (``width`` x ``height`` px; 72x40 gives a latent of 9x5, not whole
+    2x2 tokens, which ComfyUI's WanModel pads circularly and crops back)."""
     model, info = load_model(c, folder, TinyWan(), "t2v")
-    (latent,) = c.hunyuan.EmptyHunyuanLatentVideo().generate(WIDTH, HEIGHT, LENGTH, 1)
-    pos, pos_recipe = conditioning("t2v/positive", 24)
-    neg, neg_recipe = conditioning("t2v/negative", 24)
+    (latent,) = c.hunyuan.EmptyHunyuanLatentVideo().generate(width, height, LENGTH, 1)
+    pos, pos_recipe = conditioning(f"{name}/positive", 24)
+    neg, neg_recipe = conditioning(f"{name}/negative", 24)
     runs = []
     for seed, steps, cfg, sampler, scheduler in (
         (42, 4, 5.0, "euler", "simple"),
@@ -150,7 +152,7 @@ def case_t2v(c, folder: Path) -> dict:
     return {
         "model": info,
         "latent": tensor_json(latent["samples"]),
-        "empty_latent": {"width": WIDTH, "height": HEIGHT, "length": LENGTH, "batch_size": 1},
+        "empty_latent": {"width": width, "height": height, "length": LENGTH, "batch_size": 1},
         "positive": pos_recipe,
         "negative": neg_recipe,
         "runs": runs,
@@ -195,22 +197,24 @@ def case_two_pass(c, folder: Path) -> dict:
     }
 
 
-def case_i2v(c, folder: Path, clip_vision: bool) -> dict:
-    """WanImageToVideo: Wan 2.1 I2V (CLIP-vision image embedding) or Wan 2.2 A14B I2V (without one)."""
+def case_i2v(c, folder: Path, clip_vision: bool, width: int = WIDTH, height: int = HEIGHT, suffix: str = "") -> dict:
+    """WanImageToVideo: Wan 2.1 I2V (CLIP-vision image embedding) or Wan 2.2 A14B I2V (without one); a
+    ``suffix`` names a case at another size (inputs drawn under that name, the same model)."""
     salt = "i2v_clip" if clip_vision else "i2v"
     model, info = load_model(c, folder, TinyWan(in_dim=36, clip_vision=clip_vision), salt)
+    name = salt + suffix
     tokens = 512 if clip_vision else 24  # ComfyUI's UMT5 encoder pads to 512; the 2.2 case tries another length
-    pos, pos_recipe = conditioning(f"{salt}/positive", tokens)
-    neg, neg_recipe = conditioning(f"{salt}/negative", tokens)
-    vae = StubVAE(f"{salt}/vae", 16, 8)
-    image, image_recipe = start_image(f"{salt}/image", HEIGHT, WIDTH)
+    pos, pos_recipe = conditioning(f"{name}/positive", tokens)
+    neg, neg_recipe = conditioning(f"{name}/negative", tokens)
+    vae = StubVAE(f"{name}/vae", 16, 8)
+    image, image_recipe = start_image(f"{name}/image", height, width)
     clip = None
     clip_recipe = None
     if clip_vision:
-        states, clip_recipe = generated(f"{salt}/clip_vision", (1, 257, 1280), 1.0)
+        states, clip_recipe = generated(f"{name}/clip_vision", (1, 257, 1280), 1.0)
         clip = ClipVisionOutput(states)
     result = c.wan.WanImageToVideo.execute(
-        pos, neg, vae, WIDTH, HEIGHT, LENGTH, 1, start_image=image, clip_vision_output=clip
+        pos, neg, vae, width, height, LENGTH, 1, start_image=image, clip_vision_output=clip
     )
     pos2, neg2, latent = result.args
     extras = pos2[0][1]
@@ -221,7 +225,7 @@ def case_i2v(c, folder: Path, clip_vision: bool) -> dict:
         "negative": neg_recipe,
         "clip_vision": clip_recipe,
         "start_image": image_recipe,
-        "image_to_video": {"width": WIDTH, "height": HEIGHT, "length": LENGTH, "batch_size": 1},
+        "image_to_video": {"width": width, "height": height, "length": LENGTH, "batch_size": 1},
         "vae_encode": vae.calls,
         "concat_latent_image": tensor_json(extras["concat_latent_image"]),
         "concat_mask": tensor_json(extras["concat_mask"]),
@@ -235,22 +239,22 @@ def case_i2v(c, folder: Path, clip_vision: bool) -> dict:
     }
 
 
-def case_ti2v(c, folder: Path) -> dict:
+def case_ti2v(c, folder: Path, width: int = 64, height: int = 64, name: str = "ti2v") -> dict:
     """Wan 2.2 TI2V-5B image-to-video: Wan22ImageToVideoLatent (first frame kept by a noise mask, per-frame
-    timesteps in the model)."""
+    timesteps in the model); 80x48 px gives a latent of 5x3 (16x VAE), padded by the model."""
     model, info = load_model(c, folder, TinyWan(in_dim=48, out_dim=48), "ti2v")
-    vae = StubVAE("ti2v/vae", 48, 16)
-    image, image_recipe = start_image("ti2v/image", 64, 64)
-    (latent,) = c.wan.Wan22ImageToVideoLatent.execute(vae, 64, 64, LENGTH, 1, start_image=image).args
-    pos, pos_recipe = conditioning("ti2v/positive", 24)
-    neg, neg_recipe = conditioning("ti2v/negative", 24)
+    vae = StubVAE(f"{name}/vae", 48, 16)
+    image, image_recipe = start_image(f"{name}/image", height, width)
+    (latent,) = c.wan.Wan22ImageToVideoLatent.execute(vae, width, height, LENGTH, 1, start_image=image).args
+    pos, pos_recipe = conditioning(f"{name}/positive", 24)
+    neg, neg_recipe = conditioning(f"{name}/negative", 24)
     out = ksampler(c, model, 9, 3, 2.0, "euler", "simple", pos, neg, latent)
     return {
         "model": info,
         "positive": pos_recipe,
         "negative": neg_recipe,
         "start_image": image_recipe,
-        "image_to_video": {"width": 64, "height": 64, "length": LENGTH, "batch_size": 1},
+        "image_to_video": {"width": width, "height": height, "length": LENGTH, "batch_size": 1},
         "vae_encode": vae.calls,
         "latent": tensor_json(latent["samples"]),
         "noise_mask": tensor_json(latent["noise_mask"]),
@@ -262,6 +266,13 @@ def case_ti2v(c, folder: Path) -> dict:
         "output": tensor_json(out["samples"]),
     }
 
+
+PADDED = ("t2v_padded", "i2v_padded", "ti2v_padded")  # latents that are not whole 2x2 tokens
+CASES = {
+    "t2v_padded": lambda c, folder: case_t2v(c, folder, 72, 40, "t2v_padded"),  # latent 9x5
+    "i2v_padded": lambda c, folder: case_i2v(c, folder, False, 72, 40, "_padded"),  # latent 9x5, concat padded too
+    "ti2v_padded": lambda c, folder: case_ti2v(c, folder, 80, 48, "ti2v_padded"),  # latent 5x3 (16x VAE)
+}
 
 VAE_CASES = {  # tiny Wan VAEs: ComfyUI's own modules (comfy.ldm.wan.vae / vae2_2) at small widths
     "vae21": {"module": "vae", "args": {"dim": 8, "z_dim": 16}, "latent": (1, 16, 3, 4, 4)},
@@ -332,11 +343,20 @@ def main() -> None:
     here = Path(__file__).resolve().parent
     parser.add_argument("--out", type=Path, default=here / "comfy_wan_reference.json")
     parser.add_argument("--vae-out", type=Path, default=here / "comfy_wan_vae_reference.json")
+    parser.add_argument(
+        "--only", nargs="+", choices=sorted(CASES), help="regenerate these cases into the existing --out file only"
+    )
     args = parser.parse_args()
     torch.set_grad_enabled(False)
     with tempfile.TemporaryDirectory(prefix="comfy-wan-ref-") as tmp:
         folder = Path(tmp)
         c = import_comfy(args.comfy_dir.resolve(), folder / "base")
+        if args.only:
+            ref = json.loads(args.out.read_text(encoding="utf-8"))
+            ref.update({name: CASES[name](c, folder) for name in args.only})
+            args.out.write_text(dump_json(ref) + "\n", encoding="utf-8")
+            print(f"wrote {', '.join(args.only)} into {args.out}")
+            return
         ref = {
             "source": {
                 "comfyui_commit": args.commit,
@@ -349,6 +369,7 @@ def main() -> None:
             "i2v_clip": case_i2v(c, folder, clip_vision=True),
             "i2v": case_i2v(c, folder, clip_vision=False),
             "ti2v": case_ti2v(c, folder),
+            **{name: CASES[name](c, folder) for name in PADDED},
         }
         ref["latent_formats"] = latent_formats()
         vae_ref = {"source": ref["source"], **{name: case_vae(c, spec) for name, spec in VAE_CASES.items()}}

@@ -69,8 +69,8 @@ class WanAdapter(ModelAdapter):
             latent_format=latent_format or (WAN22 if per_frame_time else WAN21),
             # every Wan variant (2.1 T2V/I2V, 2.2 A14B, TI2V-5B): ModelType.FLOW -> ModelSamplingDiscreteFlow
             model_sampling=discrete_flow_sampling(WAN_SHIFT),
-            # ComfyUI's WanModel pads too; ours does not yet (per-frame time, concat image, 3-D grid): whole tokens
-            pads_to_patch=False,
+            # ComfyUI's WanModel pads the input (latent and image-to-video channels) circularly and crops back
+            pads_to_patch=True,
             splits=tuple(splits),
             vae_scale_factor=16 if per_frame_time else 8,
             latent_dims=3,
@@ -86,7 +86,9 @@ class WanAdapter(ModelAdapter):
     # -- inputs ------------------------------------------------------------------------------------
     def condition_channels(self, x: torch.Tensor, cond: Conditioning) -> torch.Tensor:
         """The I2V input channels after the latent ones (ComfyUI ``WAN21.concat_cond``): ``1 - mask``
-        (4 channels) then the start-image latent in model space; zeros when the conditioning has none."""
+        (4 channels) then the start-image latent in model space; zeros when the conditioning has none.
+        ``x`` may be padded to whole tokens (``pad_to_patch``): the image and mask, made at the latent's
+        own size, are padded the same way (ComfyUI pads the concatenated input as one)."""
         extra = self.transformer.config.in_channels - x.shape[1]
         if extra == 0:
             return x
@@ -94,7 +96,7 @@ class WanAdapter(ModelAdapter):
         image, mask = inputs.concat_image, inputs.concat_mask
         if image is None:
             return torch.cat([x, x.new_zeros(x.shape[0], extra, *x.shape[2:])], dim=1)
-        image = _fit(image, x, "concat_latent_image").to(x.dtype)
+        image = _fit(self.pad_to_patch(image.to(x.device)), x, "concat_latent_image").to(x.dtype)
         fmt = self.plan.latent_format
         image = torch.cat([fmt.to_model(part) for part in image.split(fmt.channels, dim=1)], dim=1)
         image = image[:, : extra - 4]
@@ -105,7 +107,8 @@ class WanAdapter(ModelAdapter):
             mask = 1.0 - (mask if mask.shape[1] == 4 else mask.mean(dim=1, keepdim=True))
             if mask.shape[2] < x.shape[2]:
                 mask = nn.functional.pad(mask, (0, 0, 0, 0, 0, x.shape[2] - mask.shape[2]))
-            mask = _fit(mask.expand(-1, 4, -1, -1, -1) if mask.shape[1] == 1 else mask, x, "concat_mask")
+            mask = self.pad_to_patch(mask.expand(-1, 4, -1, -1, -1) if mask.shape[1] == 1 else mask)
+            mask = _fit(mask, x, "concat_mask")
         return torch.cat([x, mask, image], dim=1)
 
     def process_timestep(self, timestep: torch.Tensor, denoise_mask: torch.Tensor | None) -> torch.Tensor:
