@@ -159,6 +159,7 @@ class Activations:
     img_rope: Rope | None = None  # rotary (cos, sin) of this rank's image tokens (token dim: the plan's Split)
     txt_rope: Rope | None = None
     txt_mask: torch.Tensor | None = None  # cross-attention bias [B, 1, T] (replicated)
+    ref_tokens: int = 0  # reference-image tokens (edit models) after the grid's in the image fields (full count)
 
     @property
     def img_tokens(self) -> int:
@@ -347,6 +348,12 @@ class ModelAdapter(abc.ABC):
         timestep = _batched(timestep, batch, full.device)
         guidance = None if guidance is None else _batched(guidance, batch, full.device)
         acts = self.embed_full(full, timestep, cond.to(full.device, self.dtype), guidance)
+        if acts.ref_tokens:
+            raise ConfigError(
+                f"{self.family}: a PipeFusion patch with {acts.ref_tokens} reference-image tokens",
+                "PipeFusion's stale K/V buffers hold the image's tokens only",
+                "run reference images (Kontext / edit models) with ulysses, ring or cfg parallelism",
+            )
         t0, t1 = r0 // p * cols, r1 // p * cols
         changes: dict[str, Any] = {"grid": ((r1 - r0) // p, cols)}
         for field in self.plan.image_fields:
@@ -397,7 +404,9 @@ class ModelAdapter(abc.ABC):
     def final(self, acts: Activations, mesh: ParallelMesh) -> torch.Tensor:
         """Prediction [B, latent_channels, (T,) H, W] in model space (the stacked view for a band's 2-D grid
         of a video family), gathered on every sp rank."""
-        tokens = gather(self.project_out(acts), 1, acts.img_tokens, mesh)
+        tokens = gather(self.project_out(acts), 1, acts.img_tokens + acts.ref_tokens, mesh)
+        if acts.ref_tokens:  # reference images ride along in the sequence; the prediction is the image's
+            tokens = tokens[:, : acts.img_tokens]
         return self.unpatchify(tokens, acts.grid)
 
     def forward(

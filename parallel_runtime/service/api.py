@@ -180,6 +180,7 @@ class ParallelModel:
             "embed_dim": self.info["embed_dim"],
             "pooled_dim": self.info["pooled_dim"],
             "image_dim": self.info.get("image_dim"),  # CLIP-vision states (Wan 2.1 I2V), else None
+            "latent_channels": self.info.get("latent_channels"),  # what a reference image's latent must have
         }
 
     def check_latent_size(self, height: int, width: int) -> None:

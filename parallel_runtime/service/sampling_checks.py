@@ -12,6 +12,7 @@ from typing import Any
 
 from ..denoise.entries import Branch, CondEntry
 from ..errors import ConfigError
+from ..models.reference_latents import reference_count
 from ..parallel.config import ParallelConfig
 from ..pipefusion.branches import single_entry
 from ..pipefusion.schedule import require_per_patch
@@ -133,6 +134,14 @@ def check_branches_for_layout(
         single_entry(positive, "positive")
         if runs_negative(cfg, negative, sampler):
             single_entry(negative, "negative")
+        refs = [e for e in (*positive, *(negative or ())) if reference_count(e.cond)]
+        if refs:
+            raise ConfigError(
+                "reference images (ReferenceLatent: Kontext / edit models) under PipeFusion",
+                "PipeFusion's stale K/V buffers hold the image's tokens only; reference tokens are not supported "
+                "there yet",
+                "use a layout without pipefusion (ulysses, ring and cfg parallelism run reference images)",
+            )
 
 
 def runs_negative(cfg: float, negative: Branch | None, sampler: str) -> bool:

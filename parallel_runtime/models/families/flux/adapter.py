@@ -1,5 +1,8 @@
 """Flux.1 (FluxTransformer2DModel): joint text+image attention, 3-axis rotary ids, guidance input.
 
+Kontext's reference images (``models.reference_latents``) are appended to the image tokens with their ids
+and split over the sp ranks with them; the output layer's result keeps the image's tokens.
+
 Layout: the model-space latent [B,16,H,W] is packed into 2x2 patches (channel order c,p,q, as
 FluxPipeline packs it), so a token is 64 values; text tokens come first in every attention call.
 Each sp rank holds [its text shard, its image shard] plus the rotary rows of exactly those tokens.
@@ -15,6 +18,7 @@ from torch import nn
 from ....errors import ConfigError
 from ... import compat
 from ...base import Activations, Conditioning, LatentFormat, ModelAdapter, ModelPlan, Split
+from ...reference_latents import in_model_space, references_of
 from ...sampling_spec import discrete_flow_sampling, flux_sampling
 from . import ID
 from .latent import latent_format as flux_latent_format
@@ -72,7 +76,13 @@ class FluxAdapter(ModelAdapter):
                 "pass guidance (e.g. 3.5), as FluxPipeline's guidance_scale",
             )
         rows, cols = self.grid_of(x)
-        img = t.x_embedder(self.patchify(x))
+        patches, ids = self.patchify(x), image_ids(rows, cols, x.device)
+        refs = references_of(cond, "FLUX.1")
+        if refs is not None:  # Kontext: reference tokens after the image's, in model space
+            ref = in_model_space(refs.tokens, self.plan.latent_format, PACK, "cpq")
+            patches = torch.cat([patches, ref.to(patches.dtype)], dim=1)
+            ids = torch.cat([ids, refs.ids[0].to(ids)])
+        img = t.x_embedder(patches)
         ts = timestep.to(img.dtype) * 1000
         if self.plan.guidance_embed:
             temb = t.time_text_embed(ts, guidance.to(img.dtype) * 1000, cond.pooled)
@@ -86,8 +96,9 @@ class FluxAdapter(ModelAdapter):
             temb_out=temb,
             grid=(rows, cols),
             txt_tokens=txt.shape[1],
-            img_rope=t.pos_embed(image_ids(rows, cols, x.device)),
+            img_rope=t.pos_embed(ids),
             txt_rope=t.pos_embed(torch.zeros(txt.shape[1], 3, device=x.device)),
+            ref_tokens=0 if refs is None else refs.tokens.shape[1],
         )
 
     def call_block(self, list_name: str, block: nn.Module, acts: Activations) -> Activations:

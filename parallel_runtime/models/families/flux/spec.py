@@ -8,6 +8,7 @@ from types import MappingProxyType
 from ....parallel.layout import LayoutHints
 from ..spec import FamilySpec, GGUFFacts, TextFacts
 from . import DEV, ID, SCHNELL
+from .comfy_inputs import COMFY_CONDITIONING
 from .latent import FLUX_PREVIEW
 
 
@@ -61,5 +62,6 @@ FAMILY = FamilySpec(
     generate_cfg=1.0,
     node_preview="Flux",
     lora_markers=("double_blocks", "single_blocks", "single_transformer_blocks"),
+    comfy_conditioning=COMFY_CONDITIONING,
     gguf=GGUF,
 )
