@@ -12,6 +12,10 @@ graph gives ComfyUI's picture; ``QwenImageAdapter.rope_centre = "diffusers"`` gi
 The tables are carried as real ``view_as_real`` tensors (they split, slice and travel between PipeFusion
 stages like Flux's cos/sin) and turned back into complex numbers for the block.
 
+Reference images (Qwen-Image-Edit, ``models.reference_latents``): their tokens follow the image's in the
+image fields with rotary rows looked up from their ids (frame index, centred row and column), split over the
+sp ranks with the image's; the output layer's result keeps the image's tokens.
+
 Text mask: trailing padding shared by the whole batch is dropped (exact: masked keys influence nothing
 and no kept token moves); a mask that still masks something is applied on one rank only.
 """
@@ -27,6 +31,7 @@ from ....errors import ConfigError
 from ... import compat
 from ...base import Activations, Conditioning, ModelAdapter, ModelPlan, Split
 from ...latent_formats import LatentFormat
+from ...reference_latents import in_model_space, references_of
 from ...sampling_spec import flux_sampling
 from ..wan.latent import WAN21  # Qwen-Image's VAE is Wan 2.1's (ComfyUI's QwenImage: latent_formats.Wan21)
 from . import ID
@@ -54,7 +59,7 @@ class QwenImageAdapter(ModelAdapter):
             raise ConfigError(
                 f"Qwen-Image transformer with {', '.join(used) or f'in_channels={config.in_channels}, out_channels={out}'}",
                 "only text-to-image Qwen-Image (2x2-packed 16-channel latents, no edit/layered inputs) is supported",
-                "load Qwen-Image (qwen_image_*.safetensors or the Qwen/Qwen-Image folder); edit variants come later",
+                "load Qwen-Image or Qwen-Image-Edit / Edit-2509 (qwen_image*.safetensors or a diffusers folder)",
             )
         return ModelPlan(
             family=cls.family,
@@ -79,10 +84,17 @@ class QwenImageAdapter(ModelAdapter):
         t = self.transformer
         text, mask = strip_text_padding(cond.prompt_embeds, cond.attention_mask)
         rows, cols = self.grid_of(x)
-        img = t.img_in(self.patchify(x))
+        patches = self.patchify(x)
+        refs = references_of(cond, "Qwen-Image")
+        if refs is not None:  # Qwen-Image-Edit: reference tokens after the image's, in model space
+            ref = in_model_space(refs.tokens, self.plan.latent_format, PACK, "cpq")
+            patches = torch.cat([patches, ref.to(patches.dtype)], dim=1)
+        img = t.img_in(patches)
         temb = t.time_text_embed(timestep.to(img.dtype), img)
         txt = t.txt_in(t.txt_norm(text))
         img_rope, txt_rope = qwen_rope_tables(t.pos_embed, rows, cols, txt.shape[1], x.device, self.rope_centre)
+        if refs is not None:
+            img_rope = torch.cat([img_rope, qwen_rope_rows(t.pos_embed, refs.ids[0]).to(img_rope.device)])
         return Activations(
             img=img,
             txt=txt,
@@ -93,6 +105,7 @@ class QwenImageAdapter(ModelAdapter):
             img_rope=(torch.view_as_real(img_rope),),
             txt_rope=(torch.view_as_real(txt_rope),),
             txt_mask=mask,
+            ref_tokens=0 if refs is None else refs.tokens.shape[1],
         )
 
     def embed(self, x, timestep, cond, mesh, guidance=None) -> Activations:
@@ -191,3 +204,13 @@ def qwen_rope_tables(
     start = max(rows // 2, cols // 2)
     text = rope.pos_freqs[start : start + text_tokens]
     return image.to(device), text.to(device)
+
+
+def qwen_rope_rows(rope: nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    """Complex rotary rows [N, D/2] of QwenEmbedRope ``rope`` for position ids [N, 3] (frame, row, col)."""
+    halves = [d // 2 for d in rope.axes_dim]
+    pos = rope.pos_freqs.split(halves, dim=1)
+    neg = rope.neg_freqs.split(halves, dim=1)
+    ids = ids.to(rope.pos_freqs.device).round().long()
+    axes = [_axis_rows(pos[a], neg[a], ids[:, a]) for a in range(3)]
+    return torch.cat(axes, dim=-1)

@@ -9,6 +9,7 @@ from ....parallel.layout import LayoutHints
 from ..spec import FamilySpec, GGUFFacts, TextFacts
 from ..wan.latent import WAN21_PREVIEW  # Qwen-Image's VAE is Wan 2.1's
 from . import ID, QWEN_IMAGE
+from .comfy_inputs import COMFY_CONDITIONING
 
 
 def _adapter():
@@ -60,5 +61,6 @@ FAMILY = FamilySpec(
     previews=(WAN21_PREVIEW,),
     lora_markers=("img_mlp",),
     text_encoder_file=_text_encoder_file,
+    comfy_conditioning=COMFY_CONDITIONING,
     gguf=GGUF,
 )
