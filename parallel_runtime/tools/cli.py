@@ -96,7 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument(f"--{dim}", type=int, default=None, help=f"{dim} parallel degree (default: automatic layout)")
     p.add_argument("--patches", type=int, default=None, help="PipeFusion patches (row bands)")
     p.add_argument("--warmup", type=int, default=1, help="PipeFusion synchronous warmup steps")
-    p.add_argument("--prompt", default="a red circle on a blue background")
+    p.add_argument("--prompt", default="a green square on a yellow background")
     p.add_argument("--negative", default="")
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--cfg-scale", type=float, default=None, help="classifier-free guidance scale (default per family)")
