@@ -132,8 +132,10 @@ def convert_wan_vae(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return convert_wan_vae_to_diffusers(state)
 
 
-def wan_vae_layer_classes() -> tuple[type, type]:
-    """(WanCausalConv3d, WanAttentionBlock) of diffusers' AutoencoderKLWan."""
+def causal_vae_layer_classes() -> tuple[tuple[type, ...], tuple[type, ...]]:
+    """(causal 3-D conv classes, attention block classes) of diffusers' Wan-style VAEs: AutoencoderKLWan's
+    and AutoencoderKLQwenImage's (the same layers under Qwen-Image's own class names)."""
+    from diffusers.models.autoencoders.autoencoder_kl_qwenimage import QwenImageAttentionBlock, QwenImageCausalConv3d
     from diffusers.models.autoencoders.autoencoder_kl_wan import WanAttentionBlock, WanCausalConv3d
 
-    return WanCausalConv3d, WanAttentionBlock
+    return (WanCausalConv3d, QwenImageCausalConv3d), (WanAttentionBlock, QwenImageAttentionBlock)

@@ -250,10 +250,10 @@ def _preview(adapter: ModelAdapter, denoised: torch.Tensor) -> torch.Tensor:
 
 def decode(ctx: JobContext, latent: torch.Tensor) -> torch.Tensor | None:
     """Exact parallel VAE decode of a raw latent over every rank; ComfyUI IMAGE on rank 0 (a Wan video latent
-    [B,C,T,H,W]: its frames, row bands of every frame over the ranks). Qwen-Image's frame VAE decodes the
-    image as one frame on rank 0."""
-    from ..vae.decode import band_to_image, decode_to_image_tensor
-    from ..vae.latent_space import is_frame_vae, to_vae_space
+    [B,C,T,H,W]: its frames, row bands of every frame over the ranks; Qwen-Image's image: one frame of its
+    Wan-style VAE, in bands the same way)."""
+    from ..vae.decode import decode_to_image_tensor
+    from ..vae.latent_space import to_vae_space
     from ..vae.wan import is_wan_vae
 
     model = loaded_model(ctx)
@@ -262,10 +262,8 @@ def decode(ctx: JobContext, latent: torch.Tensor) -> torch.Tensor | None:
     group = dist.group.WORLD if ctx.world_size > 1 else None
     with torch.no_grad():
         z = to_vae_space(vae, latent.to(ctx.device, next(vae.parameters()).dtype))
-        if is_wan_vae(vae) and z.ndim == 4:  # an image through a Wan VAE: one frame
+        if is_wan_vae(vae) and z.ndim == 4:  # an image through a Wan or Qwen-Image VAE: one frame
             z = z.unsqueeze(2)
-        elif is_frame_vae(vae) and not is_wan_vae(vae):  # Qwen-Image's VAE: its own classes, one device
-            return band_to_image(vae.decode(z.unsqueeze(2)).sample[:, :, 0]).cpu() if ctx.rank == 0 else None
         image = decode_to_image_tensor(vae, z, ctx.mesh, group, result_rank=0)
     if image is not None and not torch.isfinite(image).all():
         raise NonFiniteValues("the VAE decode")

@@ -104,7 +104,7 @@ def decode_latent_band(
     ``min_band_rows`` rows (default 2, never below what the convs' halos need); the other ranks
     get a 0-row band and only take part in the collectives."""
     group = _resolve_group(mesh, group_dim)
-    if is_wan_vae(vae):  # video latents [B, C, T, h, w]: diffusers' own frame loop per band (vae.wan)
+    if is_wan_vae(vae):  # Wan / Qwen-Image latents [B, C, T, h, w]: diffusers' own frame loop per band (vae.wan)
         min_rows = DEFAULT_MIN_BAND_ROWS if min_band_rows is None else min_band_rows
         z = check_wan_latent(vae, z).to(next(vae.parameters()).device)
         _agree_on_shape(z, min_rows, group, mesh)

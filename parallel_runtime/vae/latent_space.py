@@ -1,23 +1,17 @@
-"""A LATENT as ComfyUI keeps it for a family -> the latent the family's VAE decoder takes, and frame VAEs.
+"""A LATENT as ComfyUI keeps it for a family -> the latent the family's VAE decoder takes.
 
 - FLUX.2: ComfyUI's LATENT is the VAE latent packed 2x2 (channel order c, p, q: 4x the channels at half
   the size) and normalised with the VAE's batch-norm running statistics (ComfyUI's FLUX.2 VAE does both
   itself; Flux2Pipeline does them around its transformer). Undone here:
   ``z = unpack(latent * sqrt(running_var + eps) + running_mean)``, then the usual AutoencoderKL decoder.
-- Wan-style (causal 3-D) VAEs (Qwen-Image's ``AutoencoderKLQwenImage``) decode frames: an image is one frame.
+- Wan-style (causal 3-D) VAEs (Qwen-Image's ``AutoencoderKLQwenImage``) decode frames: an image is one frame
+  (``vae.wan``).
 """
 
 from __future__ import annotations
 
 import torch
 from torch import nn
-
-FRAME_VAES = ("AutoencoderKLQwenImage", "AutoencoderKLWan")
-
-
-def is_frame_vae(vae: nn.Module) -> bool:
-    """A Wan-style VAE that decodes [B, C, T, H, W] latents frame by frame."""
-    return type(vae).__name__ in FRAME_VAES
 
 
 def to_vae_space(vae: nn.Module, latent: torch.Tensor) -> torch.Tensor:

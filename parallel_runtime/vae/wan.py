@@ -1,4 +1,6 @@
-"""Exact parallel decode of Wan video latents (diffusers ``AutoencoderKLWan``, Wan 2.1 and 2.2).
+"""Exact parallel decode of Wan-style causal VAE latents: diffusers ``AutoencoderKLWan`` (Wan 2.1 and 2.2
+videos) and ``AutoencoderKLQwenImage`` (Qwen-Image: the same decoder under its own class names; an image is
+one frame).
 
 Each rank decodes a band of latent rows of every frame. The Wan decoder has no GroupNorm (its RMS norm
 normalises each pixel over the channels), so only two kinds of layer look beyond a pixel's own rows:
@@ -38,13 +40,17 @@ from ..parallel.mesh import CommStats
 from .bands import RowBands, plan_band_rows
 from .ops import band_conv2d
 
-_FIX = "decode this VAE on one device (vae.decode), or use a diffusers AutoencoderKLWan (Wan 2.1 or 2.2 VAE)"
+_FIX = (
+    "decode this VAE on one device (vae.decode), or use a diffusers AutoencoderKLWan (Wan 2.1 or 2.2 VAE) "
+    "or AutoencoderKLQwenImage"
+)
 
 
 def is_wan_vae(vae: nn.Module) -> bool:
-    from diffusers import AutoencoderKLWan
+    """A Wan-style causal VAE this module decodes in bands: AutoencoderKLWan or AutoencoderKLQwenImage."""
+    from diffusers import AutoencoderKLQwenImage, AutoencoderKLWan
 
-    return isinstance(vae, AutoencoderKLWan)
+    return isinstance(vae, (AutoencoderKLWan, AutoencoderKLQwenImage))
 
 
 def _unsupported(where: str, what: str) -> ConfigError:
@@ -59,11 +65,11 @@ def _unsupported(where: str, what: str) -> ConfigError:
 def _layers(vae: nn.Module) -> tuple[list[nn.Module], list[nn.Conv2d], list[nn.Module]]:
     """(spatial causal convs, resampler 3x3 convs, attention blocks) of the decoder; raises for layers a band
     decode would get wrong."""
-    WanCausalConv3d, WanAttentionBlock = compat.wan_vae_layer_classes()
+    causal_convs, attention_blocks = compat.causal_vae_layer_classes()
     causal, conv2d, attention = [], [], []
     for name, module in vae.decoder.named_modules():
         where = f"decoder.{name}"
-        if isinstance(module, WanCausalConv3d):
+        if isinstance(module, causal_convs):
             kt, kh, kw = module.kernel_size
             ph, pw = module._padding[2], module._padding[0]
             if module.stride != (1, 1, 1) or module.dilation != (1, 1, 1):
@@ -72,7 +78,7 @@ def _layers(vae: nn.Module) -> tuple[list[nn.Module], list[nn.Conv2d], list[nn.M
                 raise _unsupported(where, f"kernel {module.kernel_size} with spatial padding ({ph}, {pw})")
             if ph:
                 causal.append(module)
-        elif isinstance(module, WanAttentionBlock):
+        elif isinstance(module, attention_blocks):
             attention.append(module)
         elif isinstance(module, nn.Conv2d):
             if module.stride != (1, 1) or module.kernel_size[0] != 2 * module.padding[0] + 1:
@@ -87,9 +93,11 @@ def _layers(vae: nn.Module) -> tuple[list[nn.Module], list[nn.Conv2d], list[nn.M
 
 
 def check_wan_decoder(vae: nn.Module) -> None:
-    """Raise ConfigError unless ``vae`` is an AutoencoderKLWan whose decoder the band decode reproduces."""
+    """Raise ConfigError unless ``vae`` is a Wan-style VAE whose decoder the band decode reproduces."""
     if not is_wan_vae(vae):
-        raise ConfigError(f"{type(vae).__name__} is not a Wan VAE", "this decode walks AutoencoderKLWan", _FIX)
+        raise ConfigError(
+            f"{type(vae).__name__} is not a Wan-style VAE", "this decode walks AutoencoderKLWan's decoder", _FIX
+        )
     if vae.training:
         raise ConfigError(
             "the VAE is in training mode",
@@ -144,7 +152,8 @@ def _gather_kv(k: torch.Tensor, v: torch.Tensor, layout: RowBands, width: int) -
 
 
 def _attention(block: nn.Module, layout: RowBands):
-    """diffusers' WanAttentionBlock (single head over the pixels of each frame) with gathered K/V."""
+    """diffusers' WanAttentionBlock / QwenImageAttentionBlock (single head over the pixels of each frame) with
+    gathered K/V."""
 
     def forward(x: torch.Tensor) -> torch.Tensor:
         identity = x
@@ -206,11 +215,13 @@ def decode_wan_band(vae: nn.Module, z_band: torch.Tensor, layout: RowBands) -> t
     if layout.local_rows == 0:
         _sit_out(vae, z_band, layout)
         b, _, _, _, w = z_band.shape
-        out_channels = vae.config.out_channels // ((vae.config.patch_size or 1) ** 2)
+        config = vae.config  # AutoencoderKLQwenImage names its image channels input_channels, without a patch
+        image_channels = getattr(config, "out_channels", None) or config.input_channels
+        out_channels = image_channels // ((getattr(config, "patch_size", None) or 1) ** 2)
         return z_band.new_empty(b, out_channels, frames, 0, w * factor)
     if vae.use_tiling:
         raise ConfigError(
-            "tiled decoding is enabled on this Wan VAE",
+            f"tiled decoding is enabled on this {type(vae).__name__}",
             "the parallel decode splits rows itself; diffusers' tiles would blend across the bands",
             "call vae.disable_tiling() before the parallel decode",
         )
@@ -226,9 +237,9 @@ def check_wan_latent(vae: nn.Module, z: torch.Tensor) -> torch.Tensor:
     channels = vae.config.z_dim
     if z.dim() != 5 or z.shape[1] != channels or min(z.shape[2:]) < 1:
         raise ConfigError(
-            f"latent of shape {tuple(z.shape)} does not fit this Wan VAE",
-            f"it decodes video latents [batch, {channels}, frames, height, width]",
-            f"pass the LATENT of a Wan model with {channels} channels (Wan 2.1: 16, Wan 2.2 TI2V-5B: 48)",
+            f"latent of shape {tuple(z.shape)} does not fit this {type(vae).__name__}",
+            f"it decodes video latents [batch, {channels}, frames, height, width] (an image: one frame)",
+            f"pass the LATENT of a model with {channels} channels (Wan 2.1 / Qwen-Image: 16, Wan 2.2 TI2V-5B: 48)",
         )
     return z
 
@@ -257,5 +268,7 @@ def output_frames(latent_frames: int) -> int:
 
 
 def spatial_factor(vae: nn.Module) -> int:
-    """Pixels per latent pixel along each side (8 for Wan 2.1's VAE, 16 for 2.2's)."""
-    return int(getattr(vae.config, "scale_factor_spatial", None) or 8)
+    """Pixels per latent pixel along each side (8 for Wan 2.1's and Qwen-Image's VAE, 16 for Wan 2.2's)."""
+    return int(
+        getattr(vae, "spatial_compression_ratio", None) or getattr(vae.config, "scale_factor_spatial", None) or 8
+    )

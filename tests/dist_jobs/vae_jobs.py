@@ -73,3 +73,19 @@ def decode_mismatched(ctx, vae_dir: str, z: torch.Tensor) -> str:
     except ConfigError as exc:
         return str(exc)
     return "no error"
+
+
+def decode_qwen_image(ctx, vae_dir: str, z: torch.Tensor, min_band_rows: int | None = None) -> dict[str, Any]:
+    """decode_to_image_tensor of a Qwen-Image VAE (AutoencoderKLQwenImage saved in ``vae_dir``) over "sp":
+    {"image": IMAGE on sp rank 0 else None, "sent": {op: bytes}}."""
+    from diffusers import AutoencoderKLQwenImage
+
+    from parallel_runtime.vae.decode import decode_to_image_tensor
+
+    torch.set_num_threads(1)
+    key = ("tests.qwen_image_vae", vae_dir)
+    if key not in ctx.state:
+        ctx.state[key] = AutoencoderKLQwenImage.from_pretrained(vae_dir, torch_dtype=torch.float32).eval()
+    before = ctx.mesh.stats.snapshot()
+    image = decode_to_image_tensor(ctx.state[key], z, ctx.mesh, "sp", result_rank=0, min_band_rows=min_band_rows)
+    return {"image": None if image is None else image.cpu(), "sent": _sent_since(ctx, before)}
