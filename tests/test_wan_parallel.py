@@ -126,6 +126,23 @@ def test_ti2v_per_frame_time_under_ulysses_equals_single_device(cpu_pool):
     _close(case.run(cpu_pool(LAYOUTS["ulysses2"])), case.expected)
 
 
+def test_ti2v_noise_mask_under_pipefusion(cpu_pool):
+    """Wan 2.2 TI2V-5B with a kept first frame on PipeFusion 2: stage 0 embeds with the per-frame timesteps
+    the mask implies, the last stage applies the mask to each band (4 bands of 3, 2, 2, 2 of the 9 stacked
+    token rows, so bands cross frames). warmup = steps: equal to one device; warmup 1 (stale K/V): close to
+    it, and the kept frame is the start latent's, as on one device."""
+    mask = torch.ones(1, 1, 3, 6, 10)
+    mask[:, :, 0] = 0.0
+    case = Case("tiny-wan-ti2v", mask=mask)
+    pool = cpu_pool(LAYOUTS["pp2"])
+    _close(case.run(pool, patches=4, warmup=STEPS), case.expected)
+    stale = case.run(pool, patches=4, warmup=1)
+    torch.testing.assert_close(stale[:, :, 0], case.latent[:, :, 0], atol=1e-5, rtol=0)
+    torch.testing.assert_close(case.expected[:, :, 0], case.latent[:, :, 0], atol=1e-5, rtol=0)
+    err = ((stale - case.expected).norm() / (case.expected - case.latent).norm()).item()
+    assert 0 < err < 0.05, f"stale-KV result {err:.2e} (relative to the change sampling made) from one device"
+
+
 def test_two_experts_under_ulysses_and_cfg_equal_single_device(cpu_pool):
     case = Case("tiny-wan-a14b")
     for layout in ("ulysses2", "cfg2"):

@@ -1,5 +1,6 @@
 """The last PipeFusion stage's samplers: one sampler generator per patch (noise from one shared
-draw, so every sampler works patch by patch), fed each item's denoised prediction."""
+draw, so every sampler works patch by patch), fed each item's denoised prediction; with a LATENT's noise
+mask, ComfyUI's inpainting rule applied to each band (:class:`BandInpainting`)."""
 
 from __future__ import annotations
 
@@ -7,17 +8,50 @@ from collections.abc import Callable
 
 import torch
 
-from ..denoise.loop import start_noise
+from ..denoise.loop import inpaint_noise, start_noise
 from ..denoise.settings import SamplingSettings
 from ..sampling import Guided, ModelCall, ModelSampling, SharedNoise, default_noise, noise_latent, sampler_steps
 from .schedule import Band, Item, PipelineSchedule
+
+
+class BandInpainting:
+    """The single-device ``denoise.loop.Inpainting`` rule on a band of rows (all tensors in the stacked
+    view [B, C, rows, W]): the model sees ``x`` where the mask is 1 and the input latent (re-noised to the
+    round's sigma, or clean) where it is 0, and the prediction there is the input latent."""
+
+    def __init__(
+        self,
+        mask: torch.Tensor,
+        latent: torch.Tensor,
+        noise: torch.Tensor,
+        model_sampling: ModelSampling,
+        clean: bool,
+    ):
+        self.mask, self.latent, self.noise, self.ms, self.clean = mask, latent, noise, model_sampling, clean
+
+    def model_input(self, x: torch.Tensor, rows: tuple[int, int], sigma: float) -> torch.Tensor:
+        mask, latent = self.mask[..., rows[0] : rows[1], :], self.latent[..., rows[0] : rows[1], :]
+        if self.clean:
+            fill = latent
+        else:
+            s = torch.tensor(sigma, dtype=torch.float32, device=x.device)
+            fill = self.ms.noise_scaling(s, self.noise[..., rows[0] : rows[1], :], latent)
+        return x * mask + fill * (1.0 - mask)
+
+    def prediction(self, answer: torch.Tensor | Guided, rows: tuple[int, int]) -> torch.Tensor | Guided:
+        mask, latent = self.mask[..., rows[0] : rows[1], :], self.latent[..., rows[0] : rows[1], :]
+        if isinstance(answer, Guided):  # a CFG++ sampler's unconditional prediction stays the model's
+            return Guided(answer.denoised * mask + latent * (1.0 - mask), answer.uncond)
+        return answer * mask + latent * (1.0 - mask)
 
 
 class PatchSamplers:
     """Per-patch sampler generators on the last stage, and the latents they send back to stage 0.
 
     ``latent`` is the whole start latent in model space (not yet noised); ``send_latent(x)`` sends
-    an item's next latent to stage 0."""
+    an item's next latent to stage 0. ``mask`` (stacked like ``latent``, 1 = denoise): the LATENT's noise
+    mask, applied as ComfyUI's inpainting (``clean_fill``: the kept region stays the clean latent, as
+    ComfyUI's WAN22 keeps it)."""
 
     def __init__(
         self,
@@ -29,11 +63,17 @@ class PatchSamplers:
         patch_size: int,
         device: torch.device,
         send_latent: Callable[[torch.Tensor], None],
+        mask: torch.Tensor | None = None,
+        clean_fill: bool = False,
     ):
         self.sched, self.send_latent = sched, send_latent
         ms = model_sampling
         noise = start_noise(settings, latent.shape) if settings.add_noise else torch.zeros(latent.shape)
         x = noise_latent(ms, sigmas, noise, latent).to(device)
+        self.inpaint: BandInpainting | None = None
+        if mask is not None:
+            fill = inpaint_noise(settings, noise).to(device)
+            self.inpaint = BandInpainting(mask.to(device), latent.to(device), fill, ms, clean_fill)
         full = default_noise(settings.sampler, tuple(x.shape), sigmas, settings.seed)
         shared = None if full is None else SharedNoise(full, tuple(x.shape))
         p = patch_size
@@ -63,12 +103,21 @@ class PatchSamplers:
             if call is None or (call.step, call.stage) != (rnd.step, rnd.stage):
                 raise RuntimeError(f"patch {p} sampler is at {call} but item {item.index} is round {rnd}")
             xs.append(call.x)
-        return xs[0] if len(xs) == 1 else torch.cat(xs, dim=-2)
+        x = xs[0] if len(xs) == 1 else torch.cat(xs, dim=-2)
+        if self.inpaint is not None:  # what the model sees of this band (sent to stage 0, used for the prediction)
+            x = self.inpaint.model_input(x, self._rows_of(item.band), rnd.sigma)
+        return x
+
+    def _rows_of(self, band: Band) -> tuple[int, int]:
+        patches = self._patches_of(band)
+        return self.rows[patches[0]][0], self.rows[patches[-1]][1]
 
     def step(self, item: Item, answer: torch.Tensor | Guided) -> None:
         """Feed the item's prediction (Guided for CFG++) to its patches' samplers; send ready latents to stage 0."""
         rnd = self.sched.rounds[item.round]
         start = self.rows[self._patches_of(item.band)[0]][0]
+        if self.inpaint is not None:
+            answer = self.inpaint.prediction(answer, self._rows_of(item.band))
         for p in self._patches_of(item.band):
             r0, r1 = self.rows[p]
             rows = (..., slice(r0 - start, r1 - start), slice(None))

@@ -35,7 +35,7 @@ from typing import Any, Literal
 import torch
 
 from ..denoise.entries import Branch
-from ..denoise.loop import latent_to_model, schedule
+from ..denoise.loop import latent_to_model, prepare_denoise_mask, schedule
 from ..denoise.settings import SamplingSettings, embedded_guidance
 from ..errors import ConfigError, JobCancelled
 from ..models.base import Activations, Conditioning, ModelAdapter
@@ -100,6 +100,7 @@ def run_pipefusion(
     on_patch: PatchReport | None = None,
     message_tag: int = 1,
     cancel_points: Callable[[], None] | None = None,
+    noise_mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor | None, PipeFusionStats]:
     """KSampler on a raw VAE latent with PipeFusion over the mesh's "pp" dimension.
 
@@ -112,10 +113,13 @@ def run_pipefusion(
     ranks, different for every generation, e.g. the job id) keeps one generation's point-to-point
     messages apart from another's, should an error have left a receive posted. ``cancel_points`` (also
     collective, e.g. ``runtime.cancel_points.BlockCancel``) is called by every rank after each other slot:
-    a cancel then takes effect inside a step."""
+    a cancel then takes effect inside a step. ``noise_mask``: the LATENT's (Wan22ImageToVideoLatent keeps the
+    first frame): the last stage applies it to each band as the single-device loop does, and stage 0 gives
+    the model the timesteps it implies (Wan 2.2 TI2V: one per frame)."""
     runner = Pipeline(
         adapter, mesh, stages, model_sampling, positive, negative, latent_raw, settings, options, message_tag
     )
+    runner.set_noise_mask(noise_mask)
     return runner.run(attention_backend, check_cancel, on_step, on_patch, cancel_points)
 
 
@@ -192,6 +196,13 @@ class Pipeline:
         self.last_item_of_step: dict[int, int] = {}
         self.seconds = dict.fromkeys(("compute", "receive", "agree", "total"), 0.0)
         self.agreements = 0
+        self.mask: torch.Tensor | None = None  # the noise mask at the latent's (unstacked) shape
+
+    def set_noise_mask(self, noise_mask: torch.Tensor | None) -> None:
+        """A LATENT's noise mask, prepared as the single-device loop prepares it (1 = denoise)."""
+        if noise_mask is not None:
+            shape = (self.batch, self.latent.shape[1], *self.full_size)
+            self.mask = prepare_denoise_mask(noise_mask, shape).to(self.device)
 
     # -- driver ------------------------------------------------------------------------------------
     def run(
@@ -286,6 +297,8 @@ class Pipeline:
             self.adapter.plan.patch_size,
             self.device,
             lambda x: self._send(x, 0, "latent"),
+            mask=None if self.mask is None else stacked(self.mask),
+            clean_fill=self.adapter.plan.inpaint_with_clean_latent,
         )
 
     # -- messages ----------------------------------------------------------------------------------
@@ -428,6 +441,9 @@ class Pipeline:
             sigma_b = torch.as_tensor(sigma, dtype=torch.float32, device=self.device).reshape(1).expand(xb.shape[0])
             x_in = self.ms.calculate_input(sigma_b.reshape(-1, 1, 1, 1), xb)
             timestep = self.ms.timestep(sigma_b)
+            if self.mask is not None:  # the whole latent's mask: a band is embedded within the whole latent
+                mask = self.mask.repeat(xb.shape[0] // self.mask.shape[0], *([1] * (self.mask.ndim - 1)))
+                timestep = self.adapter.process_timestep(timestep, mask)
             out.append(
                 self.adapter.embed_rows(
                     x_in, band.latent_rows(p), self.full_size, timestep, cond, self.mesh, guidance=guidance

@@ -134,12 +134,6 @@ def generate(
     memory = _MemoryReports(ctx)
     adapter = model.adapter
     ms = model_sampling_for(adapter, settings.model_sampling)
-    if model.stages is not None and noise_mask is not None:
-        raise ConfigError(
-            "a LATENT with a noise mask (inpainting, Wan22ImageToVideoLatent) on a PipeFusion layout",
-            "PipeFusion's per-patch samplers do not apply a noise mask yet",
-            "use Ulysses / Ring / CFG parallelism for this graph (a layout without PipeFusion)",
-        )
     if model.stages is not None:
         from ..pipefusion.pipeline import PipeFusionSettings, run_pipefusion
 
@@ -174,6 +168,7 @@ def generate(
             on_patch=on_patch,
             message_tag=ctx.job_id,
             cancel_points=BlockCancel(ctx.cancel_requested, f"job {ctx.job_id}"),  # inside a step: at slots
+            noise_mask=None if noise_mask is None else noise_mask.to(ctx.device),
         )
         if first_bad:
             raise NonFiniteValues(first_bad[0])
