@@ -33,6 +33,7 @@ class LoadedModel:
     stage_weights: Any = None  # what this rank's stage loaded (pipefusion.stage_loading.StageWeights)
     lora: Any = None  # models.lora.patcher.LoraPatcher once a LoRA touched this model (service.lora_state)
     expert_2: tuple[ModelAdapter, float] | None = None  # second expert and its boundary sigma (Wan 2.2 A14B)
+    lora_2: Any = None  # the second expert's LoraPatcher (it takes the same stack as the first)
 
 
 def torch_dtype(name: str) -> torch.dtype:

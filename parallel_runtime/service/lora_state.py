@@ -3,7 +3,9 @@
 The patcher belongs to the loaded model (``LoadedModel.lora``): a model loaded anew starts pristine.
 ``generate`` brings the transformer to the job's stack (strength_model), ``encode_text`` the text encoders
 (strength_clip, on the rank that holds them). Every rank patches only what it holds; USP / CFG replicas
-compute the same patches with the same operations, so they stay identical.
+compute the same patches with the same operations, so they stay identical. A two-expert model (Wan 2.2 A14B
+from a diffusers folder) patches both experts with the stack, as ComfyUI does when the same LoRA loader
+feeds each expert's model (each expert has its own patcher and pristine weights).
 """
 
 from __future__ import annotations
@@ -72,10 +74,28 @@ def _patcher(model: Any) -> LoraPatcher:
     return model.lora
 
 
+def _second_expert_patcher(model: Any) -> LoraPatcher | None:
+    """The second expert's patcher (made on first use), or None for a one-transformer model."""
+    if model.expert_2 is None:
+        return None
+    if model.lora_2 is None:
+        comps, transformer = model.components, model.expert_2[0].transformer
+        keys = model_keys(comps.family, transformer, comps.transformer_config, original=None, encoders={})
+        model.lora_2 = LoraPatcher(keys, {TRANSFORMER: transformer})
+    return model.lora_2
+
+
 def bring_to_stack(model: Any, stack: Sequence[StackEntry], part: str) -> dict[str, int]:
-    """Patch (or unpatch) ``part`` ("transformer" or "text") of the loaded ``model`` to ``stack``."""
+    """Patch (or unpatch) ``part`` ("transformer": both experts of a two-expert model, or "text") of the
+    loaded ``model`` to ``stack``."""
     if not stack and model.lora is None:
         return {"recomputed": 0, "restored": 0}  # never patched: nothing to do
     patcher = _patcher(model)
-    spaces = [TRANSFORMER] if part == "transformer" else list(model.components.text_encoders)
-    return patcher.apply(tuple(stack), spaces)
+    if part != "transformer":
+        return patcher.apply(tuple(stack), list(model.components.text_encoders))
+    counts = patcher.apply(tuple(stack), [TRANSFORMER])
+    second = _second_expert_patcher(model)
+    if second is not None:
+        more = second.apply(tuple(stack), [TRANSFORMER])
+        counts = {k: counts.get(k, 0) + more.get(k, 0) for k in {*counts, *more}}
+    return counts

@@ -127,7 +127,7 @@ def generate(
     agreed each step and, inside a step, at block boundaries (with pp > 1: at pipeline slots; see
     runtime.cancel_points). With pp > 1 it runs PipeFusion (``patches`` row bands, ``warmup`` whole-image
     steps). The transformer is first brought to the LoRA stack ``loras``
-    (each rank patches what it holds; nothing is reloaded; a second expert is not patched). The model
+    (each rank patches what it holds; nothing is reloaded; a second expert is patched with the same stack). The model
     sampling is the settings' (a ModelSampling node's) or the family's default for the loaded file."""
     model = loaded_model(ctx)
     bring_to_stack(model, loras, "transformer")
