@@ -95,6 +95,25 @@ def test_tiny_smoke_workflow_runs(pool_registry):
     assert 0.0 <= float(image.min()) <= float(image.max()) <= 1.0
 
 
+def test_the_trained_tiny_model_workflow_draws_its_prompt_as_saved(pool_registry):
+    """workflows/tiny_flux_shapes_cpu.json run exactly as saved (the shipped trained model, Ulysses 2 on two CPU
+    workers, 128 px, 12 steps, CFG 2) draws the green square on yellow its prompt asks for."""
+    import numpy as np
+
+    from dit_devtools.training.shapes_detector import detect
+
+    context = importlib.import_module(f"{load_pack().__name__}.nodes.context")
+    bridge = importlib.import_module(f"{load_pack().__name__}.nodes.bridge")
+    data = json.loads((ROOT / "workflows" / "tiny_flux_shapes_cpu.json").read_text(encoding="utf-8"))
+    ctx = context.NodeContext.create(registry=pool_registry, bridge=bridge.ComfyBridge())
+    sink = next(n for n in data["nodes"] if n["type"] == "PreviewImage")
+    (image,) = run_ui_workflow(data, ctx, {})[sink["id"]]
+    assert image.shape == (1, 128, 128, 3)
+    found = detect(np.asarray(image[0].clamp(0, 1), dtype=np.float32))
+    assert found.blobs, f"no shape found (background {found.background})"
+    assert (found.background, found.blobs[0].colour, found.blobs[0].shape) == ("yellow", "green", "square")
+
+
 def test_tiny_wan_smoke_workflow_runs(pool_registry):
     """The tiny Wan workflow file (Parallel Empty Latent with length 9 -> 5-D latent, UMT5 text encode on
     the workers, Ulysses 2) decodes into 9 frames, and equals the same graph on one CPU worker."""

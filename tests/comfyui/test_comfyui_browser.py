@@ -108,3 +108,37 @@ def test_status_panel_follows_a_running_prompt(comfy_server, object_info, tmp_pa
         run = client.follow(prompt_id, timeout=120)
         assert run.outcome == "execution_interrupted", run.messages[-5:]
         assert max(run.progress(sampler)) < BROWSER_STEPS
+
+
+SHAPES = SMOKE.with_name("tiny_flux_shapes_cpu.json")
+
+
+def test_an_ordinary_run_of_the_shipped_shapes_workflow_for_the_readme(comfy_server, tmp_path):
+    """The page's own queue runs workflows/tiny_flux_shapes_cpu.json as saved (the trained tiny model, Ulysses 2
+    on two CPU ranks); when it is done the panel shows that pool and the finished job, and the page is kept as
+    test-artifacts/status-panel.png (the README's docs/status-panel.png is a copy of it)."""
+    problem = missing_browser()
+    if problem:
+        pytest.fail(problem)
+    driver = start_chromium(tmp_path / "chromium-profile", artifacts_dir() / "chromedriver-shapes.log")
+    try:
+        driver.get(comfy_server.url)
+        deadline = time.monotonic() + 180
+        while not driver.execute_script("return !!document.querySelector(arguments[0])", TAB_BUTTON):
+            assert time.monotonic() < deadline, "the DiT Parallel sidebar tab did not appear"
+            time.sleep(0.25)
+        driver.execute_script("return window.app.loadGraphData(arguments[0])", json.loads(SHAPES.read_text()))
+        driver.execute_script("document.querySelector(arguments[0]).click()", TAB_BUTTON)
+        driver.execute_script("return window.app.queuePrompt(0, 1)")  # what the Run button does
+
+        def finished(panel):
+            pools = [p for p in (panel or {}).get("pools", []) if "tiny-flux-shapes" in p["text"]]
+            return pools and pools[0]["job"] == "decoding done" and pools[0]
+
+        pool = wait_for(driver, finished, 600, "the shapes workflow to finish (decoding done)")
+        assert "on cpu, cpu" in pool["text"] and "ulysses=2" in pool["text"], pool["text"]
+        assert [(r["rank"], r["state"]) for r in pool["ranks"]] == [("0", "ready"), ("1", "ready")]
+        time.sleep(2)  # the preview node paints the picture after the last message
+        driver.save_screenshot(str(artifacts_dir() / "status-panel.png"))
+    finally:
+        driver.quit()
