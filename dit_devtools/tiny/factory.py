@@ -19,14 +19,22 @@ from parallel_runtime.errors import ConfigError
 
 TINY_VERSION = "v1"  # bump whenever the built folders change: caches are keyed by it
 TINY_MODELS: tuple[str, ...] = ("tiny-flux", "tiny-sd3", "tiny-pixart", "tiny-qwen-image", "tiny-flux2")
-TINY_VIDEO_MODELS: tuple[str, ...] = ("tiny-wan", "tiny-wan-i2v", "tiny-wan-a14b", "tiny-wan-ti2v")
+TINY_VIDEO_MODELS: tuple[str, ...] = (
+    "tiny-wan",
+    "tiny-wan-i2v",
+    "tiny-wan-a14b",
+    "tiny-wan-ti2v",
+    "tiny-hunyuan-video",
+    "tiny-hunyuan-video-i2v",
+)
 CACHE_ENV = "DIT_PARALLEL_TINY_ROOT"
 
 
 def _builders() -> dict[str, Callable[[dict[str, Any]], dict[str, Any]]]:
-    from . import big, image, video
+    from . import big, hunyuan_video, image, video
 
-    return {**image.BUILDERS, "tiny-qwen-image": big.qwen_image, "tiny-flux2": big.flux2, **video.BUILDERS}
+    builders = {**image.BUILDERS, "tiny-qwen-image": big.qwen_image, "tiny-flux2": big.flux2, **video.BUILDERS}
+    return {**builders, **hunyuan_video.BUILDERS}
 
 
 def _check_name(name: str) -> None:

@@ -39,8 +39,8 @@ class SamplingSettings:
 
 
 def embedded_guidance(adapter: ModelAdapter, guidance: float | None) -> float | None:
-    """The distilled guidance a guidance-embedding model (Flux dev) is given (its default when
-    unset); None for models without one."""
+    """The distilled guidance a guidance-embedding model (Flux dev) is given (its plan's default when
+    unset: ComfyUI's, 3.5 for Flux); None for models without one."""
     if not adapter.plan.guidance_embed:
         return None
-    return DEFAULT_FLUX_GUIDANCE if guidance is None else guidance
+    return adapter.plan.default_guidance if guidance is None else guidance

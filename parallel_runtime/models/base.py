@@ -76,6 +76,7 @@ class ModelPlan:
     image_fields: tuple[str, ...] = ("img", "img_rope")  # Activations fields with one entry per image token
     latent_frame_axis: bool = False  # ComfyUI's LATENT is [B, C, 1, H, W] for this image family (Qwen-Image's Wan VAE)
     inpaint_with_clean_latent: bool = False  # a noise mask keeps the unnoised latent (ComfyUI WAN22), else re-noised
+    default_guidance: float = 3.5  # embedded guidance of entries without one (ComfyUI's extra_conds; Flux: 3.5)
 
 
 @dataclasses.dataclass(frozen=True)

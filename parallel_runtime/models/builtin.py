@@ -24,6 +24,8 @@ RANDOM_MODELS: tuple[str, ...] = (
     "tiny-wan-i2v",
     "tiny-wan-a14b",
     "tiny-wan-ti2v",
+    "tiny-hunyuan-video",
+    "tiny-hunyuan-video-i2v",
 )  # dit_devtools.tiny's TINY_MODELS + TINY_VIDEO_MODELS
 BUILTIN_MODELS: tuple[str, ...] = (*TRAINED_MODELS, *RANDOM_MODELS)
 TRAINED_ROOT = Path(__file__).resolve().parent / "trained"

@@ -314,7 +314,7 @@ def free_gpu_bytes(devices: list[str]) -> dict[str, int]:
 
 def _embed_dim(model: LoadedModel) -> int | None:
     cfg = model.components.transformer_config
-    keys = ("joint_attention_dim", "caption_channels", "cross_attention_dim", "text_dim")  # text_dim: Wan's UMT5
+    keys = ("joint_attention_dim", "caption_channels", "cross_attention_dim", "text_dim", "text_embed_dim")
     return next((cfg[k] for k in keys if cfg.get(k)), None)
 
 

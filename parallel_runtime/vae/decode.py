@@ -23,6 +23,7 @@ from ..errors import ConfigError
 from ..parallel.collectives import all_gather_cat, gather_to, group_rank, group_size
 from ..parallel.mesh import ParallelMesh
 from .bands import DEFAULT_MIN_BAND_ROWS, RowBands, plan_band_rows
+from .causal3d import check_video_latent, decode_video_band, video_vae_of
 from .decoder import check_decoder, decode_band
 from .wan import check_wan_latent, decode_wan_latent_band, is_wan_vae
 
@@ -96,14 +97,22 @@ def decode_latent_band(
     min_band_rows: int | None = None,
     upcast: bool | None = None,
 ) -> DecodedBand:
-    """Decode this rank's row band of ``z`` [B, C, h, w] (a Wan VAE: [B, C, T, h, w]) and return it
-    without gathering.
+    """Decode this rank's row band of ``z`` [B, C, h, w] (a Wan VAE or a family's causal 3-D VAE:
+    [B, C, T, h, w]) and return it without gathering.
 
     Every rank of the group must call this with the same ``z``. The latent rows are split with
     :func:`~parallel_runtime.parallel.sharding.split_sizes` over as many ranks as can each take
     ``min_band_rows`` rows (default 2, never below what the convs' halos need); the other ranks
     get a 0-row band and only take part in the collectives."""
     group = _resolve_group(mesh, group_dim)
+    declared = video_vae_of(vae)
+    if declared is not None:  # a causal 3-D VAE decoded whole (vae.causal3d), its layers stated by its family
+        min_rows = DEFAULT_MIN_BAND_ROWS if min_band_rows is None else min_band_rows
+        z = check_video_latent(vae, declared, z).to(next(vae.parameters()).device)
+        _agree_on_shape(z, min_rows, group, mesh)
+        dtype = compute_dtype(vae, upcast)
+        sample, layout = decode_video_band(vae, declared, z, group, mesh.stats, min_rows, dtype)
+        return DecodedBand(sample, layout)
     if is_wan_vae(vae):  # Wan / Qwen-Image latents [B, C, T, h, w]: diffusers' own frame loop per band (vae.wan)
         min_rows = DEFAULT_MIN_BAND_ROWS if min_band_rows is None else min_band_rows
         z = check_wan_latent(vae, z).to(next(vae.parameters()).device)

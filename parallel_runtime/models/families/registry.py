@@ -11,13 +11,22 @@ from collections.abc import Iterable
 from ...errors import ConfigError
 from .flux.spec import FAMILY as FLUX
 from .flux2.spec import FAMILY as FLUX2
+from .hunyuan_video.spec import FAMILY as HUNYUAN_VIDEO
 from .pixart.spec import FAMILY as PIXART
 from .qwen_image.spec import FAMILY as QWEN_IMAGE
 from .sd3.spec import FAMILY as SD3
 from .spec import FamilySpec
 from .wan.spec import FAMILY as WAN
 
-FAMILIES: tuple[FamilySpec, ...] = (FLUX, FLUX2, QWEN_IMAGE, SD3, PIXART, WAN)  # the order users see them in
+FAMILIES: tuple[FamilySpec, ...] = (
+    FLUX,
+    FLUX2,
+    QWEN_IMAGE,
+    SD3,
+    PIXART,
+    WAN,
+    HUNYUAN_VIDEO,
+)  # the order users see them in
 
 
 def family_ids() -> tuple[str, ...]:

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 
     from ..base import Conditioning, ConditioningExtras, ModelAdapter
     from ..text_parts import TextComponents
+    from ..video_vae import VideoVae
 
 Shape = tuple[int, ...]
 Shapes = Mapping[str, Shape]
@@ -149,6 +150,7 @@ class FamilySpec:
     lora_markers: tuple[str, ...] = ()  # LoRA module-name fragments that suggest this family (error messages)
     text_encoder_file: Callable[[], TextEncoderFile] | None = None
     vae_file: Callable[[], VaeFileFormat] | None = None
+    video_vae: Callable[[], VideoVae] | None = None  # a causal 3-D VAE decoded whole, band-parallel (vae.causal3d)
     comfy_conditioning: ComfyConditioning | None = None
     gguf: GGUFFacts | None = None  # ComfyUI-GGUF's files of the family (None: it has none)
 

@@ -1,0 +1,91 @@
+"""What HunyuanVideo adds to the shared Conditioning: HunyuanVideo-I2V's start image (``Conditioning.extras``)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from ....errors import ConfigError
+from ...base import Conditioning, ConditioningExtras
+from ...latent_formats import LatentFormat
+
+
+@dataclasses.dataclass(frozen=True)
+class HunyuanImageInputs(ConditioningExtras):
+    """HunyuanImageToVideo's ("v1 (concat)") start image, as ComfyUI's conditioning carries it."""
+
+    concat_image: torch.Tensor | None = None  # [B, 16, T', H, W] raw start-image latent (concat_latent_image)
+    concat_mask: torch.Tensor | None = None  # [B, 1, T, H, W], 0 on the frames the start image covers
+
+
+NONE = HunyuanImageInputs()
+
+
+def image_inputs(cond: Conditioning) -> HunyuanImageInputs:
+    """The start-image inputs ``cond`` carries (all None when it carries none)."""
+    extras = cond.extras
+    if extras is None:
+        return NONE
+    if not isinstance(extras, HunyuanImageInputs):
+        raise ConfigError(
+            f"conditioning with {type(extras).__name__} given to a HunyuanVideo model",
+            "a family's extra conditioning inputs belong to that family's model",
+            "encode the prompt for this HunyuanVideo model (HunyuanImageToVideo for a start image)",
+        )
+    return extras
+
+
+def start_image_channels(
+    x: torch.Tensor, inputs: HunyuanImageInputs, in_channels: int, fmt: LatentFormat
+) -> torch.Tensor:
+    """``x`` with HunyuanVideo-I2V's extra input channels (ComfyUI ``HunyuanVideoI2V.concat_cond``): the start
+    image latent in model space, zero after its frames, then ``1 - mask`` (1 where the image is kept); zeros
+    without a start image. Unchanged for a text-to-video model."""
+    extra = in_channels - x.shape[1]
+    if extra == 0:
+        if inputs.concat_image is not None:
+            raise ConfigError(
+                "a start image (HunyuanImageToVideo) given to a HunyuanVideo text-to-video model",
+                "only HunyuanVideo-I2V (33 input channels) reads the start image's latent",
+                "load the HunyuanVideo-I2V transformer, or drop the start image",
+            )
+        return x
+    if extra != fmt.channels + 1:
+        raise ConfigError(
+            f"a HunyuanVideo transformer with {in_channels} input channels for a {x.shape[1]}-channel latent",
+            f"HunyuanVideo-I2V takes the latent, the start image's latent ({fmt.channels}) and a mask (1)",
+            "load a HunyuanVideo text-to-video or 33-channel image-to-video transformer",
+        )
+    image, mask = inputs.concat_image, inputs.concat_mask
+    if image is None:
+        image = x.new_zeros(x.shape)
+    else:
+        image = _fit(fmt.to_model(image.to(x.device, x.dtype)), x, "concat_latent_image")
+    if mask is None:
+        kept = x.new_zeros(x.shape[0], 1, *x.shape[2:])
+    else:
+        kept = 1.0 - _fit(mask.to(x.device, x.dtype)[:, :1].round(), x, "concat_mask")
+    return torch.cat([x, image, kept], dim=1)
+
+
+def _fit(t: torch.Tensor, x: torch.Tensor, what: str) -> torch.Tensor:
+    """``t`` [B', C, T', H, W] with x's batch and frames (fewer frames are padded with zeros, as ComfyUI pads)."""
+    if tuple(t.shape[-2:]) != tuple(x.shape[-2:]) or t.shape[2] > x.shape[2]:
+        raise ConfigError(
+            f"the conditioning's {what} is {tuple(t.shape[2:])} (frames, height, width) but the latent is "
+            f"{tuple(x.shape[2:])}",
+            "HunyuanVideo-I2V concatenates the start image's latent and mask to the latent, position by position",
+            "give HunyuanImageToVideo the same width, height and length as the latent you sample",
+        )
+    if t.shape[2] < x.shape[2]:
+        t = torch.nn.functional.pad(t, (0, 0, 0, 0, 0, x.shape[2] - t.shape[2]))
+    if t.shape[0] == x.shape[0]:
+        return t
+    if x.shape[0] % t.shape[0] == 0:
+        return t.repeat(x.shape[0] // t.shape[0], *([1] * (t.ndim - 1)))
+    raise ConfigError(
+        f"the conditioning's {what} has batch {t.shape[0]} but the latent has batch {x.shape[0]}",
+        "each latent needs its start image (or one shared by all)",
+        "use one start image, or as many as latents",
+    )
