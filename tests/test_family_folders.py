@@ -26,6 +26,7 @@ COMFY_MODELS = {
     "sd3": ("SD3",),
     "pixart": ("PixArtAlpha", "PixArtSigma"),
     "wan": ("WAN21_T2V", "WAN21_I2V", "WAN22_T2V"),
+    "hunyuan-video": ("HunyuanVideo", "HunyuanVideoI2V"),
 }
 
 

@@ -81,7 +81,9 @@ def test_i2v_start_image_channels_equal_the_transformers_forward():
     ref = comps.transformer(full, torch.tensor([500.0]), text, torch.ones(1, 5), pooled).sample
     _close(_forward(adapter, x, torch.tensor([500.0]), cond), ref, 1e-6)
     with pytest.raises(ConfigError, match="text-to-video"):
-        _forward(load_pipeline_components(ensure_tiny_model("tiny-hunyuan-video"), "cpu").adapter(), x, 500.0, cond, 6.0)
+        _forward(
+            load_pipeline_components(ensure_tiny_model("tiny-hunyuan-video"), "cpu").adapter(), x, 500.0, cond, 6.0
+        )
 
 
 @torch.no_grad()
@@ -129,7 +131,9 @@ def test_t2v_matches_diffusers_hunyuan_video_pipeline(t2v, true_cfg):
         output_type="latent",
     ).frames
     adapter = t2v.adapter()
-    settings = SamplingSettings(seed=0, cfg=true_cfg, sampler="euler", sigmas=pipe.scheduler.sigmas.float(), guidance=4.5)
+    settings = SamplingSettings(
+        seed=0, cfg=true_cfg, sampler="euler", sigmas=pipe.scheduler.sigmas.float(), guidance=4.5
+    )
     raw = denoise_latent(
         adapter, ParallelMesh.single(), model_sampling_for(adapter), pos, neg, torch.zeros_like(noise), settings,
         start_model_space=noise,

@@ -121,7 +121,9 @@ def test_image_to_video_equals_comfyui_hunyuan_image_to_video(files):
     comps = load_single_file_components(files["i2v"], "cpu", torch.float32)
     adapter = comps.adapter()
     positive, negative, latent, settings = i2v_inputs()
-    out = denoise_latent(adapter, ParallelMesh.single(), model_sampling_for(adapter), positive, negative, latent, settings)
+    out = denoise_latent(
+        adapter, ParallelMesh.single(), model_sampling_for(adapter), positive, negative, latent, settings
+    )
     close(out, tensor(REF["i2v"]["output"]))
 
 

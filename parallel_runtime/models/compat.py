@@ -11,7 +11,7 @@ version when one moved. diffusers is imported lazily (on call), so importing thi
 - the single-file converters of ``diffusers.loaders.single_file_utils`` (Flux, SD3 and Wan
   transformers, LDM-layout VAEs, Wan 2.1 VAEs);
 - the XLabs Flux LoRA renamer of ``diffusers.loaders.lora_conversion_utils``;
-- the Wan VAE's layer classes (the parallel video decode swaps their forward for band versions).
+- the Wan and HunyuanVideo VAEs' layer classes (the parallel video decodes swap their forward for band versions).
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ _DISPATCH = "diffusers.models.attention_dispatch"
 _SINGLE_FILE = "diffusers.loaders.single_file_utils"
 _LORA_CONVERSION = "diffusers.loaders.lora_conversion_utils"
 _WAN_VAE = "diffusers.models.autoencoders.autoencoder_kl_wan"
+_HUNYUAN_VIDEO_VAE = "diffusers.models.autoencoders.autoencoder_kl_hunyuan_video"
 
 DIFFUSERS_INTERNALS: tuple[tuple[str, str, str], ...] = (
     # (module, name, what it is used for)
@@ -56,6 +57,8 @@ DIFFUSERS_INTERNALS: tuple[tuple[str, str, str], ...] = (
     (_SINGLE_FILE, "convert_wan_vae_to_diffusers", "Wan 2.1 VAE files"),
     (_WAN_VAE, "WanCausalConv3d", "the Wan VAE's causal 3-D convs (band versions in the parallel decode)"),
     (_WAN_VAE, "WanAttentionBlock", "the Wan VAE's mid-block attention (band version in the parallel decode)"),
+    (_HUNYUAN_VIDEO_VAE, "HunyuanVideoCausalConv3d", "HunyuanVideo's VAE causal convs (band versions, vae.causal3d)"),
+    (_HUNYUAN_VIDEO_VAE, "HunyuanVideoMidBlock3D", "HunyuanVideo's VAE mid block (band version, vae.causal3d)"),
 )
 """Every diffusers name outside its public API that this module uses."""
 
@@ -139,3 +142,13 @@ def causal_vae_layer_classes() -> tuple[tuple[type, ...], tuple[type, ...]]:
     from diffusers.models.autoencoders.autoencoder_kl_wan import WanAttentionBlock, WanCausalConv3d
 
     return (WanCausalConv3d, QwenImageCausalConv3d), (WanAttentionBlock, QwenImageAttentionBlock)
+
+
+def hunyuan_video_vae_layer_classes() -> tuple[type, type]:
+    """(HunyuanVideoCausalConv3d, HunyuanVideoMidBlock3D) of diffusers' AutoencoderKLHunyuanVideo."""
+    from diffusers.models.autoencoders.autoencoder_kl_hunyuan_video import (
+        HunyuanVideoCausalConv3d,
+        HunyuanVideoMidBlock3D,
+    )
+
+    return HunyuanVideoCausalConv3d, HunyuanVideoMidBlock3D

@@ -6,7 +6,8 @@ nothing else), e.g. the project's venv:
     python tests/data/make_comfy_latent_preview_reference.py /path/to/ComfyUI --commit <ComfyUI git commit>
 
 For every latent format ComfyUI gives the models this project runs (``comfy.supported_models``: Flux, SD3,
-PixArt-alpha / sigma, Qwen-Image, Wan 2.1 / 2.2), it stores the format's numbers: scale and shift (or per-channel
+PixArt-alpha / sigma, Qwen-Image, Wan 2.1 / 2.2,
+HunyuanVideo), it stores the format's numbers: scale and shift (or per-channel
 mean and std) and the latent -> RGB preview factors and bias. ``tests/test_family_folders.py`` checks every
 family folder's ``latent.py`` against them. Nothing from parallel_runtime is imported.
 """
@@ -32,6 +33,8 @@ MODELS = (
     "WAN21_T2V",
     "WAN21_I2V",
     "WAN22_T2V",
+    "HunyuanVideo",
+    "HunyuanVideoI2V",
 )
 
 

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ....errors import ConfigError
+from ... import compat
 from ...video_vae import Attend, BandLayers, CausalConv, VideoVae
 
 COMFY_ATTENTION = "dit_parallel_comfy_attention"  # set on a VAE read from a ComfyUI file: non-causal attention
@@ -31,15 +32,9 @@ def _unsupported(where: str, what: str) -> ConfigError:
     )
 
 
-def _classes():
-    from diffusers.models.autoencoders import autoencoder_kl_hunyuan_video as module
-
-    return module.HunyuanVideoCausalConv3d, module.HunyuanVideoMidBlock3D
-
-
 def band_layers(vae: nn.Module) -> BandLayers:
     """The decoder's causal convs, GroupNorms and mid blocks; raises for a layer a band decode would get wrong."""
-    causal_class, mid_class = _classes()
+    causal_class, mid_class = compat.hunyuan_video_vae_layer_classes()
     convs, norms, attentions, inner = [], [], [], set()
     for name, module in vae.decoder.named_modules():
         where = f"decoder.{name}"
