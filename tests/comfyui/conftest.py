@@ -63,6 +63,12 @@ TINY_STAND_INS: dict[str, tuple[str, str]] = {
     "vae/wan2.2_vae.safetensors": ("tiny-wan-ti2v", "vae/diffusion_pytorch_model.safetensors"),
     "text_encoders/umt5_xxl_fp8_e4m3fn_scaled.safetensors": ("tiny-wan", "text_encoder/model.safetensors"),
     "clip_vision/clip_vision_h.safetensors": ("tiny-wan-i2v", "image_encoder/model.safetensors"),
+    "diffusion_models/hunyuan_video_t2v_720p_bf16.safetensors": (
+        "tiny-hunyuan-video",
+        "transformer/diffusion_pytorch_model.safetensors",
+    ),
+    "vae/hunyuan_video_vae_bf16.safetensors": ("tiny-hunyuan-video", "vae/diffusion_pytorch_model.safetensors"),
+    "text_encoders/llava_llama3_fp8_scaled.safetensors": ("tiny-hunyuan-video", "text_encoder/model.safetensors"),
 }
 INPUT_IMAGES = ("wan_start_image.png",)  # LoadImage's files the shipped workflows name (ComfyUI's input/)
 
