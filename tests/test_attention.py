@@ -133,7 +133,9 @@ def test_byte_counts_match_formulas(layout):
 def test_mask_and_cross_attention_rejected(layout):
     _, pool = layout
     q, k, v = _qkv(1, 4, 16, 8)
-    msgs = _run(pool, attention_jobs.run_rejected, q, k, v, attn_mask=torch.ones(16, 16, dtype=torch.bool))
+    hides = torch.ones(16, 16, dtype=torch.bool)
+    hides[3, 5] = False  # a mask that hides nothing is no mask (hiding_mask); one that hides a key is refused
+    msgs = _run(pool, attention_jobs.run_rejected, q, k, v, attn_mask=hides)
     assert all("attn_mask" in m and "fix:" in m for m in msgs), msgs
     msgs = _run(pool, attention_jobs.run_rejected, q, k, v, is_causal=True)
     assert all("is_causal" in m for m in msgs), msgs
@@ -142,6 +144,20 @@ def test_mask_and_cross_attention_rejected(layout):
 
 
 # -- in-process: single rank, kernels, merge, errors ----------------------------------------------
+def test_a_mask_that_hides_nothing_is_no_mask():
+    from parallel_runtime.attention.usp import hiding_mask
+
+    assert hiding_mask(None) is None
+    assert hiding_mask(torch.ones(2, 1, 4, 4, dtype=torch.bool)) is None
+    assert hiding_mask(torch.zeros(4, 4)) is None  # additive
+    some = torch.ones(4, 4, dtype=torch.bool)
+    some[0, 1] = False
+    assert hiding_mask(some) is some
+    bias = torch.zeros(4, 4)
+    bias[1, 2] = float("-inf")
+    assert hiding_mask(bias) is bias
+
+
 def test_single_rank_bit_identical_to_sdpa():
     attn = SequenceParallelAttention(ParallelMesh.single("cpu"))
     q, k, v = _qkv(2, 4, 13, 8, seed=1)

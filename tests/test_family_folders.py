@@ -27,6 +27,7 @@ COMFY_MODELS = {
     "pixart": ("PixArtAlpha", "PixArtSigma"),
     "wan": ("WAN21_T2V", "WAN21_I2V", "WAN22_T2V"),
     "hunyuan-video": ("HunyuanVideo", "HunyuanVideoI2V"),
+    "hunyuan-video-1.5": (),  # ComfyUI 0.3.64 has no HunyuanVideo 1.5
 }
 
 

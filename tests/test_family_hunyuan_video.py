@@ -13,7 +13,7 @@ from parallel_runtime.attention.usp import SequenceParallelAttention
 from parallel_runtime.denoise import SamplingSettings, denoise_latent, model_sampling_for
 from parallel_runtime.errors import ConfigError
 from parallel_runtime.models.base import Conditioning
-from parallel_runtime.models.families.hunyuan_video.adapter import _check_text_split
+from parallel_runtime.models.families.hunyuan_video.adapter import check_text_split, kept_text
 from parallel_runtime.models.families.hunyuan_video.conditioning import HunyuanImageInputs
 from parallel_runtime.models.families.hunyuan_video.latent import HUNYUAN_VIDEO
 from parallel_runtime.models.families.hunyuan_video.text import TEMPLATE, template_crop
@@ -190,15 +190,16 @@ def test_i2v_matches_diffusers_image_to_video_pipeline():
 
 def test_split_text_is_refused_where_it_cannot_be_exact():
     text = torch.zeros(2, 5, 8)
-    short = Conditioning(text[:, :2], torch.zeros(2, 4))
-    _check_text_split(short, 2, "sequence parallelism")  # one token per rank: fine
+    check_text_split(*kept_text(text[:, :2], None), 2, "sequence parallelism")  # one token per rank: fine
     with pytest.raises(ConfigError, match="2 text tokens split over 4"):
-        _check_text_split(short, 4, "sequence parallelism")
+        check_text_split(*kept_text(text[:, :2], None), 4, "sequence parallelism")
     mask = torch.ones(2, 5)
+    mask[:, 4:] = 0
+    assert kept_text(text, mask)[1] is None and kept_text(text, mask)[0].shape[1] == 4  # common padding: cut
     mask[1, 3:] = 0
-    ragged = Conditioning(text, torch.zeros(2, 4), mask)
-    _check_text_split(ragged, 1, "sequence parallelism")  # one rank applies the mask
+    ragged = kept_text(text, mask)
+    check_text_split(*ragged, 1, "sequence parallelism")  # one rank applies the mask
     with pytest.raises(ConfigError, match="different lengths"):
-        _check_text_split(ragged, 2, "sequence parallelism")
+        check_text_split(*ragged, 2, "sequence parallelism")
     with pytest.raises(ConfigError, match="different lengths"):
-        _check_text_split(ragged, 1, "PipeFusion", masks_allowed=False)
+        check_text_split(*ragged, 1, "PipeFusion", masks_allowed=False)

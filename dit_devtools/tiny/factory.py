@@ -26,15 +26,16 @@ TINY_VIDEO_MODELS: tuple[str, ...] = (
     "tiny-wan-ti2v",
     "tiny-hunyuan-video",
     "tiny-hunyuan-video-i2v",
+    "tiny-hunyuan-video-1.5",
 )
 CACHE_ENV = "DIT_PARALLEL_TINY_ROOT"
 
 
 def _builders() -> dict[str, Callable[[dict[str, Any]], dict[str, Any]]]:
-    from . import big, hunyuan_video, image, video
+    from . import big, hunyuan_video, hunyuan_video15, image, video
 
     builders = {**image.BUILDERS, "tiny-qwen-image": big.qwen_image, "tiny-flux2": big.flux2, **video.BUILDERS}
-    return {**builders, **hunyuan_video.BUILDERS}
+    return {**builders, **hunyuan_video.BUILDERS, **hunyuan_video15.BUILDERS}
 
 
 def _check_name(name: str) -> None:

@@ -81,8 +81,8 @@ class SequenceParallelAttention:
     """Attention over a sequence split across the mesh's sp group (Ulysses x Ring).
 
     With an sp group of one rank the call is ``F.scaled_dot_product_attention`` itself (bit-identical,
-    every argument passed through). In parallel mode the attention must be unmasked, non-causal and
-    without dropout (what DiT self/joint attention is); other calls raise ConfigError.
+    every argument passed through). In parallel mode the attention must be unmasked (or given a mask that hides
+    nothing), non-causal and without dropout (what DiT self/joint attention is); other calls raise ConfigError.
 
     The token counts of the other ranks are exchanged with a tiny all-gather (counted as "meta").
     The engine calls ``begin_forward(tag)`` before each model evaluation with a tag that is equal on
@@ -131,7 +131,7 @@ class SequenceParallelAttention:
                 scale=scale,
                 enable_gqa=enable_gqa,
             )
-        _check_parallel_call(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa)
+        _check_parallel_call(query, key, value, hiding_mask(attn_mask), dropout_p, is_causal, enable_gqa)
         if key.shape[1] != query.shape[1]:  # grouped-query attention: give every query head its K/V
             reps = query.shape[1] // key.shape[1]
             key, value = key.repeat_interleave(reps, dim=1), value.repeat_interleave(reps, dim=1)
@@ -175,6 +175,15 @@ class SequenceParallelAttention:
         """Route F.scaled_dot_product_attention calls inside this scope to this object."""
         with SdpaRedirect(self):
             yield self
+
+
+def hiding_mask(attn_mask: torch.Tensor | None) -> torch.Tensor | None:
+    """``attn_mask`` when it hides something; None for a mask that hides nothing (a boolean one all True, an
+    additive one all 0), which some processors always pass (HunyuanVideo 1.5's builds one from its text mask)."""
+    if attn_mask is None:
+        return None
+    hides = not bool(attn_mask.all()) if attn_mask.dtype == torch.bool else bool(attn_mask.any())
+    return attn_mask if hides else None
 
 
 def _check_parallel_call(

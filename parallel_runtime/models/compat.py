@@ -35,6 +35,7 @@ _SINGLE_FILE = "diffusers.loaders.single_file_utils"
 _LORA_CONVERSION = "diffusers.loaders.lora_conversion_utils"
 _WAN_VAE = "diffusers.models.autoencoders.autoencoder_kl_wan"
 _HUNYUAN_VIDEO_VAE = "diffusers.models.autoencoders.autoencoder_kl_hunyuan_video"
+_HUNYUAN_VIDEO15_VAE = "diffusers.models.autoencoders.autoencoder_kl_hunyuanvideo15"
 
 DIFFUSERS_INTERNALS: tuple[tuple[str, str, str], ...] = (
     # (module, name, what it is used for)
@@ -59,6 +60,8 @@ DIFFUSERS_INTERNALS: tuple[tuple[str, str, str], ...] = (
     (_WAN_VAE, "WanAttentionBlock", "the Wan VAE's mid-block attention (band version in the parallel decode)"),
     (_HUNYUAN_VIDEO_VAE, "HunyuanVideoCausalConv3d", "HunyuanVideo's VAE causal convs (band versions, vae.causal3d)"),
     (_HUNYUAN_VIDEO_VAE, "HunyuanVideoMidBlock3D", "HunyuanVideo's VAE mid block (band version, vae.causal3d)"),
+    (_HUNYUAN_VIDEO15_VAE, "HunyuanVideo15CausalConv3d", "HunyuanVideo 1.5's VAE causal convs (vae.causal3d)"),
+    (_HUNYUAN_VIDEO15_VAE, "HunyuanVideo15AttnBlock", "HunyuanVideo 1.5's VAE mid-block attention (vae.causal3d)"),
 )
 """Every diffusers name outside its public API that this module uses."""
 
@@ -152,3 +155,13 @@ def hunyuan_video_vae_layer_classes() -> tuple[type, type]:
     )
 
     return HunyuanVideoCausalConv3d, HunyuanVideoMidBlock3D
+
+
+def hunyuan_video15_vae_layer_classes() -> tuple[type, type]:
+    """(HunyuanVideo15CausalConv3d, HunyuanVideo15AttnBlock) of diffusers' AutoencoderKLHunyuanVideo15."""
+    from diffusers.models.autoencoders.autoencoder_kl_hunyuanvideo15 import (
+        HunyuanVideo15AttnBlock,
+        HunyuanVideo15CausalConv3d,
+    )
+
+    return HunyuanVideo15CausalConv3d, HunyuanVideo15AttnBlock

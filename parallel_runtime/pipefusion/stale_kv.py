@@ -26,7 +26,7 @@ import torch
 
 from ..attention.kernels import select_kernel, usable_backends
 from ..attention.ulysses import gather_heads, scatter_heads
-from ..attention.usp import SdpaRedirect, check_backend
+from ..attention.usp import SdpaRedirect, check_backend, hiding_mask
 from ..errors import ConfigError
 from ..models.base import Activations, ModelAdapter, intercepted
 from ..parallel.collectives import all_gather_cat
@@ -187,7 +187,7 @@ class LayerAttention:
         scale: float | None = None,
         enable_gqa: bool = False,
     ) -> torch.Tensor:
-        if attn_mask is not None or dropout_p or is_causal:
+        if hiding_mask(attn_mask) is not None or dropout_p or is_causal:
             raise ConfigError(
                 "PipeFusion attention got an attention mask, dropout or causal masking",
                 "stale-KV attention runs unmasked bidirectional self/joint attention over the whole image",

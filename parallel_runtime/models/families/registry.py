@@ -12,6 +12,7 @@ from ...errors import ConfigError
 from .flux.spec import FAMILY as FLUX
 from .flux2.spec import FAMILY as FLUX2
 from .hunyuan_video.spec import FAMILY as HUNYUAN_VIDEO
+from .hunyuan_video15.spec import FAMILY as HUNYUAN_VIDEO15
 from .pixart.spec import FAMILY as PIXART
 from .qwen_image.spec import FAMILY as QWEN_IMAGE
 from .sd3.spec import FAMILY as SD3
@@ -26,6 +27,7 @@ FAMILIES: tuple[FamilySpec, ...] = (
     PIXART,
     WAN,
     HUNYUAN_VIDEO,
+    HUNYUAN_VIDEO15,
 )  # the order users see them in
 
 

@@ -80,11 +80,13 @@ class HunyuanVideoAdapter(ModelAdapter):
 
     # -- inputs ------------------------------------------------------------------------------------
     def embed(self, x, timestep, cond, mesh, guidance=None) -> Activations:
-        _check_text_split(cond, mesh.size("sp"), "sequence parallelism")
+        text, keep = kept_text(cond.prompt_embeds, cond.attention_mask)
+        check_text_split(text, keep, mesh.size("sp"), "sequence parallelism")
         return super().embed(x, timestep, cond, mesh, guidance)
 
     def embed_rows(self, x_band, rows, full_size, timestep, cond, mesh, guidance=None) -> Activations:
-        _check_text_split(cond, mesh.size("sp"), "PipeFusion", masks_allowed=False)
+        text, keep = kept_text(cond.prompt_embeds, cond.attention_mask)
+        check_text_split(text, keep, mesh.size("sp"), "PipeFusion", masks_allowed=False)
         return super().embed_rows(x_band, rows, full_size, timestep, cond, mesh, guidance)
 
     def embed_full(
@@ -106,7 +108,7 @@ class HunyuanVideoAdapter(ModelAdapter):
             )
         x = start_image_channels(x, image_inputs(cond), t.config.in_channels, self.plan.latent_format)
         frames, rows, cols = self.grid_of(x)
-        text, keep = _kept_text(cond)
+        text, keep = kept_text(cond.prompt_embeds, cond.attention_mask)
         embedded = None if guidance is None else guidance.to(x.dtype) * GUIDANCE_SCALE
         temb, _ = t.time_text_embed(timestep, cond.pooled, embedded if self.plan.guidance_embed else None)
         txt = t.context_embedder(text, timestep, keep)
@@ -138,11 +140,10 @@ class HunyuanVideoAdapter(ModelAdapter):
         return t.proj_out(t.norm_out(acts.img, acts.temb_out))
 
 
-def _kept_text(cond: Conditioning) -> tuple[torch.Tensor, torch.Tensor | None]:
+def kept_text(embeds: torch.Tensor, mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The text tokens some prompt keeps, and the keep-mask [B, T] (None when every prompt keeps them all)."""
-    mask = cond.attention_mask
     if mask is None:
-        return cond.prompt_embeds, None
+        return embeds, None
     keep = mask.bool()
     columns = keep.any(dim=0).nonzero().flatten()
     if columns.numel() == 0:
@@ -152,14 +153,16 @@ def _kept_text(cond: Conditioning) -> tuple[torch.Tensor, torch.Tensor | None]:
             "encode a prompt (an empty prompt still keeps the template's end token)",
         )
     keep = keep[:, columns]
-    text = cond.prompt_embeds[:, columns]
+    text = embeds[:, columns]
     return text, (None if bool(keep.all()) else keep.to(text.dtype))
 
 
-def _check_text_split(cond: Conditioning, sp: int, layout: str, masks_allowed: bool = True) -> None:
-    """Refuse what the joint sequence cannot hold when split: a rank without text tokens (diffusers' blocks cut
-    the text from the end of the sequence, which an empty share breaks) or a key mask across ranks."""
-    text, keep = _kept_text(cond)
+def check_text_split(
+    text: torch.Tensor, keep: torch.Tensor | None, sp: int, layout: str, masks_allowed: bool = True
+) -> None:
+    """Refuse what the joint sequence (``kept_text``'s) cannot hold when split: a rank without text tokens
+    (diffusers' blocks cut the text from the end of the sequence, which an empty share breaks) or a key mask
+    across ranks."""
     if keep is not None and (sp > 1 or not masks_allowed):
         raise ConfigError(
             f"a batch of HunyuanVideo prompts of different lengths under {layout}",

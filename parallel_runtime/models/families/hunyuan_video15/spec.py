@@ -1,0 +1,58 @@
+"""HunyuanVideo 1.5's declaration: see ``families.spec.FamilySpec`` for what each field means."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ....parallel.layout import LayoutHints
+from ..spec import FamilySpec, TextFacts
+from . import ID, T2V
+
+
+def _adapter():
+    from .adapter import HunyuanVideo15Adapter
+
+    return HunyuanVideo15Adapter
+
+
+def _original_layout():
+    from .keys import LAYOUT
+
+    return LAYOUT
+
+
+def _text_encoding():
+    from .text import ENCODING
+
+    return ENCODING
+
+
+def _video_vae():
+    from .vae_bands import VIDEO_VAE
+
+    return VIDEO_VAE
+
+
+def geometry(latent_channels: int | None) -> tuple[int, int]:
+    """(pixels per token side, frames per latent frame): VAE 16x x patch 1, 4 frames per latent frame."""
+    return 16, 4
+
+
+FAMILY = FamilySpec(
+    id=ID,
+    label="HunyuanVideo 1.5",
+    transformer_class="HunyuanVideo15Transformer3DModel",
+    pipeline_class="HunyuanVideo15Pipeline",
+    adapter=_adapter,
+    markers=("byt5_in.", "context_embedder_2.", "cond_type_embed."),
+    detection_priority=5,  # its files hold HunyuanVideo 1.0's token-refiner names (and Flux.1's markers)
+    variants=(T2V,),
+    folder=Path(__file__).resolve().parent,
+    original_layout=_original_layout,
+    text=TextFacts(max_length=1000, comfy_nodes="Parallel Text Encode with the diffusers folder (Qwen2.5-VL + ByT5)"),
+    text_encoding=_text_encoding,
+    layout=LayoutHints(default_cfg=6.0, text_tokens=64),
+    head_dim=128,
+    geometry=geometry,
+    video_vae=_video_vae,
+)
