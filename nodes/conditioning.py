@@ -35,6 +35,9 @@ UNSUPPORTED_KEYS = {
 }
 
 
+EXTRAS_OPTION = "dit_parallel_extras"  # a family's extra inputs from Parallel Text Encode (Conditioning.extras)
+
+
 def guess_source(embed_dim: int, pooled_dim: int | None) -> str:
     """A readable name for where conditioning of this shape usually comes from."""
     if embed_dim == 768:
@@ -90,7 +93,9 @@ def _entry(entry: Any, expected: Mapping[str, int | None], family: str, role: st
             "connect the output of a text encoder node",
         )
     embeds, options = entry[0], dict(entry[1] or {})
-    extras = families.conditioning_extras(family, options, expected, where)
+    extras = options.get(EXTRAS_OPTION)  # what Parallel Text Encode made (a family's extra states)
+    if extras is None:
+        extras = families.conditioning_extras(family, options, expected, where)
     taken = families.conditioning_keys(family)  # e.g. WanImageToVideo's start image, for Wan
     for key, what in UNSUPPORTED_KEYS.items():
         if key in taken:
@@ -161,5 +166,7 @@ def from_runtime(cond: Conditioning, **extras: Any) -> list[list[Any]]:
         options["pooled_output"] = cond.pooled
     if cond.attention_mask is not None:
         options["attention_mask"] = cond.attention_mask
+    if cond.extras is not None:
+        options[EXTRAS_OPTION] = cond.extras
     options.update({k: v for k, v in extras.items() if v is not None})
     return [[cond.prompt_embeds, options]]

@@ -163,3 +163,18 @@ def test_layouts_equal_single_device(cpu_pool, case, layout):
             own = comps.vae.decode(case.expected).sample
         assert image.shape == (9, 48, 80, 3)
         torch.testing.assert_close(image, ((own + 1) / 2).clamp(0, 1)[0].movedim(0, -1), atol=2e-5, rtol=0)
+
+
+def test_glyph_text_survives_the_conditioning_of_parallel_text_encode():
+    """Parallel Text Encode's CONDITIONING carries the family's extra inputs (the glyph states) to the sampler."""
+    import importlib
+
+    from pack_import import load_pack  # tests/ helper
+
+    conditioning = importlib.import_module(f"{load_pack().__name__}.nodes.conditioning")
+    comps = load_pipeline_components(ensure_tiny_model(NAME), "cpu", torch.float32, parts=("text",))
+    cond = encode_prompts(comps, FAMILY, POSITIVE, "")[0]
+    assert cond.extras.byt5.shape[1] > 0
+    expected = {"embed_dim": 32, "pooled_dim": None, "image_dim": None}
+    (entry,) = conditioning.to_branch(conditioning.from_runtime(cond), expected, FAMILY)
+    assert entry.cond.extras is cond.extras and torch.equal(entry.cond.prompt_embeds, cond.prompt_embeds)
