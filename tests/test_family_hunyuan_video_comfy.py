@@ -180,3 +180,41 @@ def test_comfyuis_latent_format_and_sampling():
     )
     assert REF["t2v"]["model"]["comfy_model_class"] == "HunyuanVideo"
     assert REF["i2v"]["model"]["comfy_model_class"] == "HunyuanVideoI2V"
+
+
+@pytest.mark.parametrize("kind", ["plain", "scaled", "comfy_quant"])
+def test_fp8_files_stay_fp8_and_equal_their_dequantised_weights(tmp_path, kind):
+    """ComfyUI's fp8 HunyuanVideo files (e4m3fn, "fp8 scaled", comfy_quant): block Linears stay fp8 on the device
+    and compute (here in float32) as the model of the same dequantised weights."""
+    from bigmodel_files import save, to_fp8  # tests/ helpers
+
+    from parallel_runtime.attention.usp import SequenceParallelAttention
+
+    state = tiny_hunyuan_video_state_dict(TinyHunyuanVideo(), "t2v")
+    quantised = to_fp8(state, kind)
+    scales = {k[: -len(".scale_weight")]: v for k, v in quantised.items() if k.endswith(".scale_weight")}
+    scales.update({k[: -len(".weight_scale")]: v for k, v in quantised.items() if k.endswith(".weight_scale")})
+    fp8 = {k[: -len(".weight")] for k, v in quantised.items() if v.dtype == torch.float8_e4m3fn}
+
+    def dequantise(name: str, value: torch.Tensor) -> torch.Tensor:
+        layer = name.rsplit(".", 1)[0]
+        if value.dtype == torch.float8_e4m3fn:
+            return value.float() * scales.get(layer, 1.0)
+        if kind == "scaled" and layer in fp8:  # ComfyUI builds a scaled file's Linears in fp8: biases round too
+            return value.to(torch.float8_e4m3fn).float()
+        return value.float()
+
+    dequantised = {k: dequantise(k, v) for k, v in quantised.items() if k in state}
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(1, 16, 2, 4, 4, generator=g)
+    cond = Conditioning(torch.randn(1, 5, 32, generator=g), torch.randn(1, 768, generator=g))
+    mesh = ParallelMesh.single()
+    outs = []
+    for weights, name in ((quantised, "fp8"), (dequantised, "fp32")):
+        comps = load_single_file_components(save(weights, tmp_path / f"{name}.safetensors"), "cpu", torch.float32)
+        if name == "fp8":
+            assert comps.transformer.transformer_blocks[0].attn.to_q.weight.dtype == torch.float8_e4m3fn
+        with torch.no_grad():
+            attention = SequenceParallelAttention(mesh, "sdpa")
+            outs.append(comps.adapter().forward(x, 600.0, cond, mesh, attention, guidance=6.0).float())
+    torch.testing.assert_close(outs[0], outs[1], rtol=1e-5, atol=1e-5)
