@@ -31,6 +31,7 @@ FACTORS = {
 }
 KEPT = {  # names (fragments) the quantiser leaves in the conversion type, per architecture
     "flux": ("txt_in.", "img_in.", "time_in.", "vector_in.", "guidance_in.", "final_layer."),
+    "hyvid": ("txt_in.", "img_in.", "time_in.", "vector_in.", "guidance_in.", "final_layer."),
     "wan": ("modulation.", "patch_embedding.", "text_embedding.", "time_projection.", "time_embedding.", "head."),
     "qwen_image": (),
     "sd3": ("final_layer.", "context_embedder.", "t_embedder.", "y_embedder.", "x_embedder.", "pos_embed"),

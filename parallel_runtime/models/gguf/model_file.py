@@ -2,9 +2,9 @@
 transformer's tensors (``source.py`` reads them under diffusers' names).
 
 ComfyUI-GGUF's ``tools/convert.py`` stores a model's tensors under their ORIGINAL layout names (Black
-Forest Labs' for Flux.1 / FLUX.2, Stability's for SD3, Wan's own, Qwen-Image's, which are diffusers'), in
-``general.architecture`` "flux" (also FLUX.2), "sd3", "wan" or "qwen_image"; a ``model.diffusion_model.``
-prefix is dropped. Wan's 5-D ``patch_embedding.weight`` cannot pass llama.cpp's quantiser (4 dimensions at
+Forest Labs' for Flux.1 / FLUX.2, Stability's for SD3, Wan's own, Qwen-Image's, which are diffusers'), in the
+``general.architecture`` each family's ``GGUFFacts`` states; a ``model.diffusion_model.``
+prefix is dropped. A 5-D patch embedding (e.g. Wan's) cannot pass llama.cpp's quantiser (4 dimensions at
 most), so the converter leaves it out and ``tools/fix_5d_tensors.py`` appends it afterwards as a 5-D F32
 tensor; a file without it was not fixed. Files without an architecture (stable-diffusion.cpp's) are
 recognised from their tensor names, as ComfyUI-GGUF's compatibility mode does.
@@ -20,7 +20,8 @@ from ...errors import ConfigError
 from .reader import GGUFFile
 
 TRANSFORMER_PREFIX = "model.diffusion_model."
-# ComfyUI-GGUF's other image architectures (its IMG_ARCH_LIST without the ones a family here states)
+# ComfyUI-GGUF's image architectures (its IMG_ARCH_LIST) that no family here stated when this was written; one
+# that a family's GGUFFacts states is read before this list is asked
 OTHER_IMAGE_ARCHITECTURES = ("sd1", "sdxl", "aura", "hidream", "cosmos", "ltxv", "hyvid", "lumina2")
 TEXT_ARCHITECTURES = ("t5", "t5encoder", "llama", "qwen2vl", "qwen3", "qwen3vl")
 UNNAMED_ARCHITECTURES = (None, "pig", "cow")  # stable-diffusion.cpp files and old ComfyUI-GGUF ones

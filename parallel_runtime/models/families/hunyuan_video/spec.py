@@ -6,7 +6,7 @@ from pathlib import Path
 from types import MappingProxyType
 
 from ....parallel.layout import LayoutHints
-from ..spec import FamilySpec, TextFacts
+from ..spec import FamilySpec, GGUFFacts, TextFacts
 from . import I2V_CONCAT, I2V_REPLACE, ID, T2V
 from .comfy_inputs import COMFY_CONDITIONING
 from .latent import HUNYUAN_VIDEO_PREVIEW
@@ -47,6 +47,22 @@ def geometry(latent_channels: int | None) -> tuple[int, int]:
     return 16, 4
 
 
+# ComfyUI-GGUF's files (architecture "hyvid", Tencent's names): its quantiser keeps txt_in, img_in, time_in,
+# vector_in, guidance_in and final_layer; Q4_K_M upgrades the fused img / txt q-k-v (single blocks' linear1 is no
+# q-k-v by name); the 5-D patch embedding img_in.proj.weight is left out by the converter and added back after
+GGUF = GGUFFacts(
+    architecture="hyvid",
+    required=MappingProxyType(
+        {
+            "img_in.proj.weight": "run ComfyUI-GGUF's tools/fix_5d_tensors.py on the file (its converter leaves the "
+            "5-D patch embedding out; that tool adds it back), or use a published HunyuanVideo GGUF"
+        }
+    ),
+    quantiser_keeps=("x_embedder.", "context_embedder.", "time_text_embed.", "norm_out.", "proj_out."),
+    q4_k_m=MappingProxyType({r"transformer_blocks\.\d+\.attn\.(to_[qkv]|add_[qkv]_proj)\.weight": "Q5_K"}),
+)
+
+
 FAMILY = FamilySpec(
     id=ID,
     label="HunyuanVideo",
@@ -75,4 +91,5 @@ FAMILY = FamilySpec(
     vae_file=_vae_file,
     video_vae=_video_vae,
     comfy_conditioning=COMFY_CONDITIONING,
+    gguf=GGUF,
 )
