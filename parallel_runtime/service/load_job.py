@@ -34,6 +34,7 @@ class LoadedModel:
     lora: Any = None  # models.lora.patcher.LoraPatcher once a LoRA touched this model (service.lora_state)
     expert_2: tuple[ModelAdapter, float] | None = None  # second expert and its boundary sigma (Wan 2.2 A14B)
     lora_2: Any = None  # the second expert's LoraPatcher (it takes the same stack as the first)
+    devices: tuple[str, ...] = ()  # every rank's device, in rank order (where a text-encoder file may go)
 
 
 def torch_dtype(name: str) -> torch.dtype:
@@ -111,7 +112,14 @@ def load_model(
         ctx.check_cancel()
         assert comps is not None and not stopped  # a stopped rank raised JobCancelled just above
         model = LoadedModel(
-            key, comps, comps.adapter(), attention, stages, stage_weights, expert_2=comps.second_expert()
+            key,
+            comps,
+            comps.adapter(),
+            attention,
+            stages,
+            stage_weights,
+            expert_2=comps.second_expert(),
+            devices=tuple(devices),
         )
         ctx.state["model"] = model
     model.attention = attention
@@ -297,6 +305,14 @@ def text_encoder_placement(
         if device in left:
             left[device] = max(left[device] - size, 0)
     return placement
+
+
+def text_file_placement(model: LoadedModel, encoder_path: str) -> Any:
+    """Where a text-encoder FILE goes on TEXT_RANK: one device, or ({gpu: bytes}) spread by layers over the
+    pool's GPUs when it is larger than what any one has left (its file size counts, vision tower included)."""
+    size = Path(encoder_path).stat().st_size
+    devices = list(model.devices)
+    return text_encoder_placement({"file": size}, devices, free_gpu_bytes(devices))["file"]
 
 
 TEXT_RESERVE = 2 * 1024**3  # left free on a GPU for activations when text encoder layers are spread

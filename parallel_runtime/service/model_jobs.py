@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -24,7 +25,7 @@ from ..models.families.registry import FAMILIES, family
 from ..models.lora.patcher import StackEntry
 from ..runtime.cancel_points import BlockCancel
 from ..runtime.jobs import JobContext
-from .load_job import TEXT_RANK, LoadedModel, loaded_model
+from .load_job import TEXT_RANK, LoadedModel, loaded_model, text_file_placement
 from .lora_state import bring_to_stack
 
 PREVIEW_MAX_SIDE = 64
@@ -73,8 +74,9 @@ def encode_text_file(
     overrides: dict[str, Any] | None = None,
 ) -> list[Conditioning] | None:
     """Encode each prompt with a text-encoder FILE (ComfyUI's models/text_encoders, of a family that reads one:
-    Qwen-Image's Qwen2.5-VL, bf16 or fp8) on TEXT_RANK, in the model's dtype. The encoder stays loaded for the
-    next prompts."""
+    Qwen-Image's Qwen2.5-VL, bf16 or fp8) on TEXT_RANK, in the model's dtype: on one device, or spread over
+    the pool's GPUs by layers when larger than what any one has left (``load_job.text_file_placement``). The
+    encoder stays loaded for the next prompts."""
     from transformers import AutoTokenizer
 
     model = loaded_model(ctx)
@@ -94,7 +96,14 @@ def encode_text_file(
     cached = ctx.state.get("text_file")
     if cached is None or cached[0] != key:
         ctx.state.pop("text_file", None)
-        encoder = reader.load(encoder_path, ctx.device, model.adapter.dtype, overrides=overrides)
+        where = text_file_placement(model, encoder_path) if model.devices else str(ctx.device)
+        if isinstance(where, Mapping):  # larger than any one GPU's room: its layers over the GPUs
+            from ..models.layer_spread import spread_by_layers
+
+            encoder = reader.load(encoder_path, "cpu", model.adapter.dtype, overrides=overrides)
+            encoder = spread_by_layers(encoder, where)
+        else:
+            encoder = reader.load(encoder_path, where, model.adapter.dtype, overrides=overrides)
         cached = (key, encoder, AutoTokenizer.from_pretrained(tokenizer_dir, local_files_only=True))
         ctx.state["text_file"] = cached
     _, encoder, tokenizer = cached
