@@ -148,6 +148,8 @@ class FamilySpec:
     generate_cfg: float = 1.0  # ``python -m parallel_runtime generate``'s CFG scale when none is given
     node_preview: str | None = None  # the ComfyUI latent format the nodes' live previews use (None: SD15's)
     lora_markers: tuple[str, ...] = ()  # LoRA module-name fragments that suggest this family (error messages)
+    lora_aliases: Callable[[str], tuple[str, ...]] | None = None  # an original-layout module -> more LoRA module
+    # names that patch it (beyond diffusion_model.<name> and lora_unet_<name>), e.g. ComfyUI's own module names
     text_encoder_file: Callable[[], TextEncoderFile] | None = None
     vae_file: Callable[[], VaeFileFormat] | None = None
     video_vae: Callable[[], VideoVae] | None = None  # a causal 3-D VAE decoded whole, band-parallel (vae.causal3d)

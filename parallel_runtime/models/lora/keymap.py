@@ -6,7 +6,8 @@ each text encoder with the role ComfyUI gives it (clip_l, clip_g, t5xxl; each fa
 ``FamilySpec.text.lora_roles``). From it, every name a LoRA
 trainer may use for a tensor is listed:
 
-- original layout: ``diffusion_model.<name>`` and kohya's ``lora_unet_<name with _ for .>``;
+- original layout: ``diffusion_model.<name>`` and kohya's ``lora_unet_<name with _ for .>``, and the names a
+  family adds (``FamilySpec.lora_aliases``, e.g. ComfyUI's own names of its modules);
 - diffusers layout: ``transformer.<name>``, ``base_model.model.<name>``, ``unet.base_model.model.<name>``,
   OneTrainer's ``lora_transformer_<...>`` and SimpleTuner's ``lycoris_<...>``;
 - text encoders: ``text_encoders.<role>.transformer.<name>``; CLIP layers as ``lora_te_`` / ``lora_te1_``
@@ -70,11 +71,19 @@ def canonical_encoder_name(name: str, kind: str) -> str:
 
 def alias_map(keys: ModelKeys) -> dict[str, tuple[Target, Target | None]]:
     """Module name -> (weight target, bias target or None), for every name family ComfyUI accepts."""
+    from ..families.registry import find_family
+
+    spec = find_family(keys.family)
+    more = spec.lora_aliases if spec is not None else None
     out: dict[str, tuple[Target, Target | None]] = {}
     for name, shape in keys.original.items():
         if name not in keys.routing.routes:  # e.g. a tensor the diffusers model does not use
             continue
-        out.update(_aliases(name, shape, keys.original, True, ("diffusion_model.",), ("lora_unet_",), TRANSFORMER))
+        found = _aliases(name, shape, keys.original, True, ("diffusion_model.",), ("lora_unet_",), TRANSFORMER)
+        out.update(found)
+        if more is not None and name.endswith(".weight"):
+            module = name[: -len(".weight")]
+            out.update({alias: found["diffusion_model." + module] for alias in more(module)})
     prefixes = ("transformer.", "base_model.model.", "unet.base_model.model.")
     for name, shape in keys.params.items():
         out.update(_aliases(name, shape, keys.params, False, prefixes, ("lora_transformer_", "lycoris_"), TRANSFORMER))

@@ -10,6 +10,7 @@ from ..spec import FamilySpec, GGUFFacts, TextFacts
 from . import I2V_CONCAT, I2V_REPLACE, ID, T2V
 from .comfy_inputs import COMFY_CONDITIONING
 from .latent import HUNYUAN_VIDEO_PREVIEW
+from .lora_names import lora_aliases
 
 
 def _adapter():
@@ -88,6 +89,7 @@ FAMILY = FamilySpec(
     distilled_guidance=True,
     node_preview="HunyuanVideo",
     lora_markers=("img_attn_qkv", "txt_attn_qkv", "individual_token_refiner", "token_refiner"),
+    lora_aliases=lora_aliases,
     vae_file=_vae_file,
     video_vae=_video_vae,
     comfy_conditioning=COMFY_CONDITIONING,
