@@ -43,6 +43,30 @@ def check_load_request(request: LoadRequest, path: Path) -> None:
     else:
         for file in sorted(path.glob("*/*.safetensors")):
             read_header(file)
+    if request.expert_2:
+        check_second_expert(request, path)
+
+
+def check_second_expert(request: LoadRequest, path: Path) -> None:
+    """A second expert file (Wan 2.2 A14B's low-noise one) beside a high-noise single file: both Wan
+    transformers of one shape, a boundary between 0 and 1."""
+    from ..models.expert_files import check_boundary, check_expert_pair
+    from ..models.safetensors_header import read_header
+    from ..models.single_file import inspect_single_file
+
+    second = Path(request.expert_2 or "").expanduser()
+    if not path.is_file() or not second.is_file():
+        raise ConfigError(
+            f"a second expert {second} with the model {path}",
+            "two experts from files are two single transformer files (a diffusers folder brings its own two)",
+            "pick the high-noise file as the model and the low-noise file as the second expert",
+        )
+    if second.suffix.lower() != ".gguf":
+        read_header(second)
+    first_info, second_info = inspect_single_file(path, request.family), inspect_single_file(second, request.family)
+    check_expert_pair(first_info.family, first_info.config, second, second_info.family, second_info.config)
+    if request.expert_boundary is not None:
+        check_boundary(request.expert_boundary)
 
 
 def host_geometry(path: Path) -> dict[str, Any]:
@@ -75,6 +99,12 @@ def check_pipefusion_request(request: LoadRequest, config: ParallelConfig) -> No
     """Reject PipeFusion settings that cannot work with ``config`` (before any model is loaded)."""
     if config.pp <= 1:
         return
+    if request.expert_2:
+        raise ConfigError(
+            f"a second expert file with the layout {config.describe()}",
+            "PipeFusion stages load one transformer's blocks; the second expert would be left out",
+            "use Ulysses / Ring / CFG parallelism for a two-expert model",
+        )
     if request.pp_patches is not None and (
         isinstance(request.pp_patches, bool)
         or not isinstance(request.pp_patches, int)

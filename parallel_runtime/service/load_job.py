@@ -71,6 +71,8 @@ def load_model(
     vae_norm_groups: int = 32,
     storage: str = "auto",
     dequant_dtype: str = "default",
+    expert_2_path: str | None = None,
+    boundary: float | None = None,
 ) -> dict[str, Any]:
     """Load the pipeline onto this rank's device (text encoders only on TEXT_RANK). Reuses it when
     the same model and dtype are already loaded. With pp > 1 each rank loads only its PipeFusion
@@ -78,10 +80,13 @@ def load_model(
     transformer file (``path`` is a file) loads the transformer only (:mod:`parallel_runtime.models.single_file`).
     ``storage`` says how Linear weights are held (``models.weights.WEIGHT_STORAGE``: fp8 files stay fp8
     by default, computing in ``dtype``). ``dequant_dtype``: the arithmetic a GGUF file's blocks are
-    dequantised in (``models.gguf.dequant.DEQUANT_MODES``, ComfyUI-GGUF's choices)."""
+    dequantised in (``models.gguf.dequant.DEQUANT_MODES``, ComfyUI-GGUF's choices). ``expert_2_path``: Wan 2.2
+    A14B's low-noise expert file next to a high-noise ``path`` file, held with it (``models.expert_files``)."""
     pp = ctx.mesh.size("pp")
     weights = tuple(pp_stage_weights) if pp > 1 and pp_stage_weights else None
-    key = model_key(path, dtype, pp, weights, vae_path, vae_norm_groups, storage, dequant_dtype)
+    key = model_key(
+        path, dtype, pp, weights, vae_path, vae_norm_groups, storage, dequant_dtype, expert_2_path, boundary
+    )
     model = ctx.state.get("model")
     if model is None or model.key != key:
         ctx.state.pop("model", None)
@@ -93,6 +98,18 @@ def load_model(
             comps, stages, stage_weights = _load_transformer_and_vae(
                 ctx, path, dtype, pp, weights, vae_path, vae_norm_groups, storage, dequant_dtype
             )
+            if expert_2_path is not None:
+                from ..models.expert_files import attach_second_expert
+
+                if pp > 1 or not Path(path).is_file():
+                    raise ConfigError(
+                        "a second expert file with PipeFusion or a diffusers folder",
+                        "a second expert file joins a single high-noise file, loaded whole on every rank",
+                        "use Ulysses / Ring / CFG parallelism, and the high-noise expert's single file",
+                    )
+                comps = attach_second_expert(
+                    comps, expert_2_path, ctx.device, torch_dtype(dtype), boundary, storage, dequant_dtype
+                )
         except _LoadStopped:
             stopped = True
         except Exception as exc:  # noqa: BLE001 - raised below, once every rank knows

@@ -18,14 +18,20 @@ def model_key(
     vae_norm_groups: int = 32,
     storage: str = "auto",
     dequant_dtype: str = "default",
+    expert_2_path: str | None = None,
+    boundary: float | None = None,
 ) -> tuple:
     """Everything that makes one loaded model differ from another: the file, the precision, how its
     weights are stored (and a GGUF file's dequantisation arithmetic), its VAE, and (with PipeFusion
-    stages) how its blocks are split. The host keys its pools by it and a worker keeps its loaded model
-    by it, so two loads that differ in any of these never share (or replace) one another's model."""
+    stages) how its blocks are split, and a second expert's file (Wan 2.2 A14B's low-noise expert) with its
+    boundary. The host keys its pools by it and a worker keeps its loaded model by it, so two loads that
+    differ in any of these never share (or replace) one another's model."""
     weights = tuple(float(w) for w in pp_stage_weights) if pp > 1 and pp_stage_weights else None
     vae = (str(vae_path), int(vae_norm_groups)) if vae_path is not None else None
-    return (str(path), dtype, storage, dequant_dtype, vae, pp, weights)
+    key: tuple = (str(path), dtype, storage, dequant_dtype, vae, pp, weights)
+    if expert_2_path is not None:
+        key += (("expert_2", str(expert_2_path), None if boundary is None else float(boundary)),)
+    return key
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,6 +53,11 @@ class LoadRequest:
     storage: str = "auto"  # Linear weights: "auto" (fp8 files stay fp8), "compute" (all in dtype), "fp8_e4m3fn"
     dequant_dtype: str = "default"  # GGUF files: ComfyUI-GGUF's dequantisation arithmetic (models.gguf.DEQUANT_MODES)
     load_timeout_s: float = 1800.0  # a load running longer is abandoned (the workers are restarted)
+    # Wan 2.2 A14B from two single files: ``model`` is the high-noise expert, ``expert_2`` the low-noise one's
+    # file; one pool holds both and sampling switches below ``expert_boundary`` (a sigma; None: diffusers'
+    # boundary_ratio for the pair, 0.875 text-to-video, 0.9 image-to-video).
+    expert_2: str | None = None
+    expert_boundary: float | None = None
 
     def load_kwargs(self) -> dict[str, Any]:
         """Keyword arguments of the load_model job beyond (path, dtype, attention)."""
@@ -60,6 +71,10 @@ class LoadRequest:
             kwargs["storage"] = self.storage
         if self.dequant_dtype != "default":
             kwargs["dequant_dtype"] = self.dequant_dtype
+        if self.expert_2:
+            kwargs["expert_2_path"] = str(Path(self.expert_2).expanduser().resolve())
+            if self.expert_boundary is not None:
+                kwargs["boundary"] = float(self.expert_boundary)
         return kwargs
 
     def model_key(self, path: str | Path, pp: int) -> tuple:

@@ -151,6 +151,9 @@ class FamilySpec:
     lora_aliases: Callable[[str], tuple[str, ...]] | None = None  # an original-layout module -> more LoRA module
     # names that patch it (beyond diffusion_model.<name> and lora_unet_<name>), e.g. ComfyUI's own module names
     text_encoder_file: Callable[[], TextEncoderFile] | None = None
+    # two experts switched by noise level (Wan 2.2 A14B), read from two files: the default boundary sigma for
+    # a transformer config (None: the family has no such pairs)
+    expert_boundary: Callable[[Mapping[str, Any]], float] | None = None
     vae_file: Callable[[], VaeFileFormat] | None = None
     video_vae: Callable[[], VideoVae] | None = None  # a causal 3-D VAE decoded whole, band-parallel (vae.causal3d)
     comfy_conditioning: ComfyConditioning | None = None

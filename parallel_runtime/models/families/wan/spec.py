@@ -54,6 +54,11 @@ GGUF = GGUFFacts(  # ComfyUI-GGUF's files; Q4_K_M upgrades the value and feed-fo
 )
 
 
+def _expert_boundary(config) -> float:
+    """diffusers' Wan 2.2 A14B pipelines' boundary_ratio: 0.9 image-to-video (36 input channels), else 0.875."""
+    return 0.9 if config.get("in_channels") == 36 else 0.875
+
+
 FAMILY = FamilySpec(
     id=ID,
     label="Wan",
@@ -74,4 +79,5 @@ FAMILY = FamilySpec(
     vae_file=_vae_file,
     comfy_conditioning=COMFY_CONDITIONING,
     gguf=GGUF,
+    expert_boundary=_expert_boundary,
 )
