@@ -1,47 +1,40 @@
 """The ComfyUI face of dit-parallel: node classes and their display names.
 
-Importing this package is light: torch, diffusers and the worker runtime are imported when a
-node runs. Only ``bridge.py`` touches ComfyUI itself.
+Each node is declared once (``declare.NodeSpec``) and registered in the form the running ComfyUI understands
+(``public_form``: its versioned public API where that works, the classic form otherwise). Importing this
+package is light: torch, diffusers and the worker runtime are imported when a node runs. Only the bridge
+(``bridge.py`` and its hooks) touches ComfyUI itself.
 """
 
 from __future__ import annotations
 
+from .context import shared_bridge
 from .latent import ParallelEmptyLatent
 from .loader import ParallelModelLoader
 from .lora import ParallelLoraLoader
 from .model_sampling import ParallelModelSamplingAuraFlow, ParallelModelSamplingFlux, ParallelModelSamplingSD3
+from .public_form import node_classes
 from .sampler import ParallelSampler
 from .sampler_advanced import ParallelSamplerAdvanced
 from .text_encode import ParallelTextEncode
 from .unload import ParallelRuntimeUnload
 from .vae_decode import ParallelVAEDecode
 
-NODE_CLASS_MAPPINGS = {
-    "DiTParallelModelLoader": ParallelModelLoader,
-    "DiTParallelLoraLoader": ParallelLoraLoader,
-    "DiTParallelTextEncode": ParallelTextEncode,
-    "DiTParallelEmptyLatent": ParallelEmptyLatent,
-    "DiTParallelSampler": ParallelSampler,
-    "DiTParallelSamplerAdvanced": ParallelSamplerAdvanced,
-    "DiTParallelModelSamplingFlux": ParallelModelSamplingFlux,
-    "DiTParallelModelSamplingSD3": ParallelModelSamplingSD3,
-    "DiTParallelModelSamplingAuraFlow": ParallelModelSamplingAuraFlow,
-    "DiTParallelVAEDecode": ParallelVAEDecode,
-    "DiTParallelUnload": ParallelRuntimeUnload,
-}
+NODES = [
+    ParallelModelLoader,
+    ParallelLoraLoader,
+    ParallelTextEncode,
+    ParallelEmptyLatent,
+    ParallelSampler,
+    ParallelSamplerAdvanced,
+    ParallelModelSamplingFlux,
+    ParallelModelSamplingSD3,
+    ParallelModelSamplingAuraFlow,
+    ParallelVAEDecode,
+    ParallelRuntimeUnload,
+]
 
-NODE_DISPLAY_NAME_MAPPINGS = {
-    "DiTParallelModelLoader": "Parallel Model Loader",
-    "DiTParallelLoraLoader": "Parallel LoRA Loader",
-    "DiTParallelTextEncode": "Parallel Text Encode",
-    "DiTParallelEmptyLatent": "Parallel Empty Latent",
-    "DiTParallelSampler": "Parallel Sampler",
-    "DiTParallelSamplerAdvanced": "Parallel Sampler (Advanced)",
-    "DiTParallelModelSamplingFlux": "Parallel Model Sampling Flux",
-    "DiTParallelModelSamplingSD3": "Parallel Model Sampling SD3",
-    "DiTParallelModelSamplingAuraFlow": "Parallel Model Sampling AuraFlow",
-    "DiTParallelVAEDecode": "Parallel VAE Decode",
-    "DiTParallelUnload": "Parallel Runtime Unload",
-}
+NODE_CLASS_MAPPINGS, NODE_FORM = node_classes(NODES, shared_bridge())
+NODE_DISPLAY_NAME_MAPPINGS = {node.SPEC.node_id: node.SPEC.display_name for node in NODES}
 
 __all__ = ["NODE_CLASS_MAPPINGS", "NODE_DISPLAY_NAME_MAPPINGS"]

@@ -1,22 +1,26 @@
-"""The one door to ComfyUI: folders, progress bar, previews, interrupt, memory, server events.
+"""The one door to ComfyUI: folders, progress and previews, interrupt, memory, server events, the node API.
 
-This is the only module of the pack that imports ComfyUI (``comfy.*``, ``folder_paths``,
-``server``, ``latent_preview``), always lazily. Without ComfyUI every method degrades to a no-op
-(or a plain default) and logs one line per feature, so the nodes run in tests and scripts.
-Tests replace the bridge with a recording double that has the same methods (see ``Bridge``).
+This is the only place of the pack that touches ComfyUI (``comfy_api``, ``comfy.*``, ``folder_paths``,
+``server``), always lazily and through ``Hooks``: a piece an update removed or renamed costs its feature, with
+one warning, never the graph. It prefers ComfyUI's versioned public API (``comfy_api``) where that works in
+the running version. Without ComfyUI every method degrades to a no-op (or a plain default), so the nodes run
+in tests and scripts; tests replace the bridge with a recording double that has the same methods (``Bridge``).
 
-Call the methods from the node's executing thread: ComfyUI finds the running node through a
-context variable, and its progress hook raises on interrupt in the calling thread.
+Call the methods from the node's executing thread: ComfyUI finds the running node through a context
+variable, and its progress hook raises on interrupt in the calling thread.
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import logging
 import os
-import threading
-import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
+
+from .hooks import Hooks
+from .memory_hooks import MemoryHooks
 
 log = logging.getLogger("dit_parallel.bridge")
 
@@ -27,9 +31,15 @@ SHIPPED_TOKENIZERS = "comfy_text_encoders"
 """A ``folder_paths`` kind of our own: the folder where ComfyUI ships its tokenizers
 (``comfy/text_encoders``, e.g. ``qwen25_tokenizer``)."""
 
+PUBLIC_API = ("comfy_api.v0_0_2", "comfy_api.latest")  # the versioned API first: what ComfyUI keeps stable
+PROBE_ID = "DiTParallelComboProbe"  # registered for a moment, to ask ComfyUI's validator (never saved)
+DEFAULT_PREVIEW_SIZE = 512  # ComfyUI's --preview-size default
+NO_PREVIEWS = "none"  # ComfyUI's --preview-method none
+
 
 class ProgressBar(Protocol):
-    def update_absolute(self, value: int, total: int | None = None, preview: Any = None) -> None: ...
+    def update_absolute(self, value: int, total: int | None = None, preview: Any = None) -> None:
+        """Move the node's bar to ``value`` of ``total``; ``preview``: uint8 RGB [H, W, 3] (or None)."""
 
 
 class Bridge(Protocol):
@@ -38,61 +48,13 @@ class Bridge(Protocol):
     def available(self) -> bool: ...
     def folder_paths(self, kind: str) -> list[str]: ...
     def progress_bar(self, total: int) -> ProgressBar: ...
-    def preview_image(self, family: str, latent: Any) -> Any: ...
     def interrupted(self) -> bool: ...
     def raise_interrupted(self, cause: BaseException) -> None: ...
+    def is_interrupt(self, exc: BaseException) -> bool: ...
     def free_memory_for(self, devices: Sequence[str]) -> None: ...
     def send_status(self, payload: dict[str, Any]) -> None: ...
     def on_free_requested(self, callback: Callable[[], None]) -> None: ...
     def on_memory_needed(self, callback: Callable[[str], None]) -> None: ...
-
-
-FREE_FLAGS = ("unload_models", "free_memory")  # what POST /free sets on ComfyUI's prompt queue
-UNLOAD_EVERYTHING = 1e29  # ComfyUI's unload_all_models asks free_memory for 1e30 bytes
-
-
-class _FreeHook:
-    def __init__(self) -> None:
-        self.requested = threading.Event()
-        self.callbacks: list[Callable[[], None]] = []
-
-
-def _wake_until_read(queue: Any, name: str, period_s: float = 0.25, limit_s: float = 120.0) -> None:
-    """Wake ComfyUI's prompt loop until it has read flag ``name``. The loop reads the flags only
-    when its queue wait returns, and set_flag's notify is lost if it lands while the loop is
-    between reading the flags and waiting again (main.py's prompt_worker runs gc.collect() there,
-    seconds on a loaded host): the loop would then sleep until the next prompt or 1000 s."""
-    mutex, woken = getattr(queue, "mutex", None), getattr(queue, "not_empty", None)
-    if mutex is None or woken is None or not isinstance(getattr(queue, "flags", None), dict):
-        return
-
-    def nudge() -> None:
-        deadline = time.monotonic() + limit_s
-        while time.monotonic() < deadline:
-            time.sleep(period_s)
-            with mutex:
-                if not queue.flags.get(name):
-                    return  # read (get_flags resets them)
-                woken.notify()  # a wait with no prompt queued returns None: the loop reads the flags
-
-    threading.Thread(target=nudge, name="dit-parallel-free-wake", daemon=True).start()
-
-
-def _run_callbacks(callbacks: Sequence[Callable[[], None]]) -> None:
-    for cb in list(callbacks):
-        try:
-            cb()
-        except Exception:
-            log.exception("dit-parallel memory callback failed")
-
-
-def _cuda_name(device: Any) -> str:
-    index = getattr(device, "index", None)
-    if index is None:
-        import torch
-
-        index = torch.cuda.current_device()
-    return f"cuda:{index}"
 
 
 class _NullBar:
@@ -100,205 +62,236 @@ class _NullBar:
         return None
 
 
-class ComfyBridge:
-    """The real bridge. Each feature imports its ComfyUI module on first use."""
+def _picture(rgb: Any) -> Any:
+    """A uint8 RGB tensor [H, W, 3] as a PIL image (ComfyUI's previews are PIL images)."""
+    from PIL import Image
 
-    def __init__(self) -> None:
-        self._missing: set[str] = set()
-        self._previewers: dict[str, Any] = {}
+    return Image.fromarray(rgb.contiguous().numpy(), "RGB")
 
-    # -- lazy imports ------------------------------------------------------------------------------
-    def _module(self, name: str, feature: str) -> Any | None:
-        import importlib
 
-        try:
-            return importlib.import_module(name)
-        except Exception as exc:  # ComfyUI absent (tests, CLI) or a broken install
-            if feature not in self._missing:
-                self._missing.add(feature)
-                log.info("ComfyUI module %r not available (%s): %s disabled", name, type(exc).__name__, feature)
-            return None
+class _ClassicBar:
+    """ComfyUI's ``comfy.utils.ProgressBar``: its hook sends the page's ``progress`` message and preview (and,
+    in 0.3.64, feeds the same progress registry ``Execution.set_progress`` feeds), and raises on interrupt."""
+
+    def __init__(self, bar: Any, preview_size: int, previews: bool):
+        self.bar, self.preview_size, self.previews = bar, preview_size, previews
+
+    def update_absolute(self, value: int, total: int | None = None, preview: Any = None) -> None:
+        image = ("JPEG", _picture(preview), self.preview_size) if preview is not None and self.previews else None
+        self.bar.update_absolute(value, total, image)
+
+
+class _PublicBar:
+    """ComfyUI's public ``Execution.set_progress`` (comfy_api): the node's progress and its preview image."""
+
+    def __init__(self, execution: Any, total: int, previews: bool):
+        self.execution, self.total, self.previews = execution, total, previews
+
+    def update_absolute(self, value: int, total: int | None = None, preview: Any = None) -> None:
+        self.total = total or self.total
+        image = _picture(preview) if preview is not None and self.previews else None
+        self.execution.set_progress(min(value, self.total), self.total, preview_image=image)
+
+
+class ComfyBridge(MemoryHooks):
+    """The real bridge. Each feature looks its ComfyUI piece up when used (``Hooks``)."""
+
+    def __init__(self, hooks: Hooks | None = None) -> None:
+        super().__init__(hooks or Hooks())
 
     def available(self) -> bool:
-        return self._module("comfy.model_management", "ComfyUI integration") is not None
+        return self.hooks.comfy_running()
+
+    def lost(self) -> dict[str, str]:
+        """The features the running ComfyUI did not serve (what it lacks, what happens instead)."""
+        return self.hooks.lost()
+
+    # -- the node API ------------------------------------------------------------------------------
+    def public_api(self) -> Any | None:
+        """``comfy_api``'s versioned public API module (``io``, ``ComfyExtension``, ...), or None."""
+        import importlib
+
+        if not self.available():
+            return None
+        for name in PUBLIC_API:
+            try:
+                api = importlib.import_module(name)
+            except Exception:  # an older ComfyUI: no such version
+                continue
+            if all(hasattr(getattr(api, "io", None), n) for n in ("ComfyNode", "Schema", "NodeOutput", "Custom")):
+                return api
+        self.hooks.lose("ComfyUI's public node API", f"{' or '.join(PUBLIC_API)} with io.ComfyNode", "classic nodes")
+        return None
+
+    def validates_public_combos(self, io: Any) -> bool | None:
+        """Whether the running ComfyUI's prompt validation refuses an unknown value of a public-API combo, asked
+        of ComfyUI itself: ``execution.validate_inputs`` on a one-node prompt, with a probe node registered for
+        the question. None when it cannot be asked (a ComfyUI whose validator this code does not know)."""
+        validate = self.hooks.find("execution", "validate_inputs", "choosing the node form", "the public form")
+        mappings = self.hooks.find("nodes", "NODE_CLASS_MAPPINGS", "choosing the node form", "the public form", False)
+        if not isinstance(mappings, dict) or not asyncio.iscoroutinefunction(validate):
+            return None
+
+        class Probe(io.ComfyNode):
+            @classmethod
+            def define_schema(cls) -> Any:
+                return io.Schema(node_id=PROBE_ID, inputs=[io.Combo.Input("choice", options=["a", "b"])], outputs=[])
+
+            @classmethod
+            def execute(cls, choice: str) -> Any:
+                return io.NodeOutput()
+
+        mappings[PROBE_ID] = Probe
+        try:
+            prompt = {"1": {"class_type": PROBE_ID, "inputs": {"choice": "not-a-choice"}}}
+            with concurrent.futures.ThreadPoolExecutor(1) as pool:  # ComfyUI imports packs inside its running loop
+                answer = pool.submit(asyncio.run, validate("dit-parallel-probe", prompt, "1", {})).result(timeout=30)
+            return not answer[0]
+        except Exception as exc:
+            log.info("dit-parallel: could not ask ComfyUI's validator about public-API combos: %s", exc)
+            return None
+        finally:
+            mappings.pop(PROBE_ID, None)
 
     # -- model folders -----------------------------------------------------------------------------
     def folder_paths(self, kind: str) -> list[str]:
         """ComfyUI's search folders for ``kind`` ("diffusers", "diffusion_models"; SHIPPED_TOKENIZERS:
         ComfyUI's tokenizer folder); without ComfyUI: $DIT_PARALLEL_MODELS/<kind> when that variable is set."""
         if kind == SHIPPED_TOKENIZERS:
-            comfy = self._module("comfy", "ComfyUI's own tokenizers")
+            comfy = self.hooks.module("comfy", "ComfyUI's own tokenizers", "text-encoder files need a tokenizer folder")
             roots = [os.path.join(p, "text_encoders") for p in getattr(comfy, "__path__", [])]
             return [p for p in roots if os.path.isdir(p)]
-        fp = self._module("folder_paths", "model folder lookup")
-        if fp is not None:
-            try:
-                return [p for p in fp.get_folder_paths(kind) if os.path.isdir(p)]
-            except Exception as exc:
-                log.warning("folder_paths.get_folder_paths(%r) failed: %s", kind, exc)
-                return []
+        if self.available():
+            lookup = self.hooks.find(
+                "folder_paths",
+                "get_folder_paths",
+                "model folder lookup",
+                "models are read from $DIT_PARALLEL_MODELS/<kind> only",
+            )
+            if lookup is not None:
+                try:
+                    return [p for p in lookup(kind) if os.path.isdir(p)]
+                except Exception as exc:
+                    log.warning("folder_paths.get_folder_paths(%r) failed: %s", kind, exc)
+                    return []
         root = os.environ.get("DIT_PARALLEL_MODELS")
         return [os.path.join(root, kind)] if root and os.path.isdir(os.path.join(root, kind)) else []
 
     # -- progress and previews ---------------------------------------------------------------------
     def progress_bar(self, total: int) -> ProgressBar:
-        utils = self._module("comfy.utils", "progress bar")
-        return utils.ProgressBar(total) if utils is not None else _NullBar()
+        """The node's progress bar: ComfyUI's ProgressBar, which in this version reaches every listener (the
+        page, API clients, the progress registry); where it is gone, the public ``Execution.set_progress``."""
+        if not self.available():
+            return _NullBar()
+        previews = self._previews_on()
+        bar = self.hooks.find(
+            "comfy.utils", "ProgressBar", "the classic progress bar", "progress goes through comfy_api's set_progress"
+        )
+        if bar is not None:
+            return _ClassicBar(bar(total), self._preview_size(), previews)
+        execution = self._public_execution()
+        if execution is not None:
+            return _PublicBar(execution, total, previews)
+        self.hooks.lose("progress and previews", "a progress API", "the node shows no progress bar or preview")
+        return _NullBar()
 
-    def preview_image(self, family: str, latent: Any) -> Any:
-        """ComfyUI's preview tuple for a raw VAE latent [B,C,H,W] (None when previews are off)."""
-        previewer = self._previewer(family)
-        if previewer is None:
+    def _public_execution(self) -> Any | None:
+        api = self.public_api()
+        sync = getattr(api, "ComfyAPISync", None)
+        if sync is None:
             return None
         try:
-            return previewer.decode_latent_to_preview_image("JPEG", self._format(family).process_in(latent.float()))
+            execution = sync().execution
         except Exception as exc:
-            log.warning("latent preview failed: %s", exc)
+            self.hooks.lose("public progress", f"comfy_api's Execution ({exc})", "no progress bar or preview")
             return None
+        return execution if callable(getattr(execution, "set_progress", None)) else None
 
-    def _format(self, family: str) -> Any:
-        formats = self._module("comfy.latent_formats", "latent previews")
-        from parallel_runtime.service.families import preview_format
+    def _previews_on(self) -> bool:
+        method = self.hooks.find(
+            "comfy.cli_args", "args.preview_method", "the preview switch", "previews are always on", call=False
+        )
+        return str(getattr(method, "value", method)) != NO_PREVIEWS
 
-        return getattr(formats, preview_format(family) or "SD15")()  # a comfy.latent_formats class
-
-    def _previewer(self, family: str) -> Any | None:
-        if family not in self._previewers:
-            lp = self._module("latent_preview", "latent previews")
-            previewer = None
-            if lp is not None:
-                try:
-                    previewer = lp.get_previewer("cpu", self._format(family))
-                except Exception as exc:
-                    log.warning("no latent previewer for %s: %s", family, exc)
-            self._previewers[family] = previewer
-        return self._previewers[family]
+    def _preview_size(self) -> int:
+        size = self.hooks.find(
+            "comfy.cli_args",
+            "args.preview_size",
+            "the preview size",
+            f"previews at most {DEFAULT_PREVIEW_SIZE} px",
+            call=False,
+        )
+        return int(size) if isinstance(size, int) and size > 0 else DEFAULT_PREVIEW_SIZE
 
     # -- interrupt -----------------------------------------------------------------------------------
     def interrupted(self) -> bool:
-        """Whether the user pressed Cancel (reads ComfyUI's flag without clearing it)."""
-        mm = self._module("comfy.model_management", "cancel")
-        return bool(mm is not None and mm.processing_interrupted())
+        """Whether the user pressed Cancel (reads ComfyUI's flag without clearing it: ComfyUI clears it when
+        the next prompt starts)."""
+        if not self.available():
+            return False
+        flag = self.hooks.find(
+            "comfy.model_management",
+            "processing_interrupted",
+            "Cancel during a job",
+            "Cancel stops the graph at the next node, not the running job",
+        )
+        return bool(flag is not None and flag())
+
+    def _interrupt_class(self) -> type | None:
+        if not self.available():
+            return None
+        cls = self.hooks.find(
+            "comfy.model_management",
+            "InterruptProcessingException",
+            "reporting Cancel",
+            "a cancelled job ends as an error instead of 'interrupted'",
+        )
+        return cls if isinstance(cls, type) and issubclass(cls, BaseException) else None
+
+    def is_interrupt(self, exc: BaseException) -> bool:
+        """Whether ``exc`` is ComfyUI's interrupt (its progress hook raises it on Cancel)."""
+        cls = self._interrupt_class()
+        return cls is not None and isinstance(exc, cls)
 
     def raise_interrupted(self, cause: BaseException) -> None:
-        """End the node the way ComfyUI expects after a cancel (its InterruptProcessingException,
-        which also clears the flag); without ComfyUI re-raise ``cause``."""
-        mm = self._module("comfy.model_management", "cancel")
-        if mm is not None:
-            if isinstance(cause, mm.InterruptProcessingException):
-                raise cause
-            mm.throw_exception_if_processing_interrupted()
-            raise mm.InterruptProcessingException() from cause
-        raise cause
-
-    # -- memory --------------------------------------------------------------------------------------
-    def free_memory_for(self, devices: Sequence[str]) -> None:
-        """Unload ComfyUI's own models from the GPUs the workers are about to use."""
-        cuda = [d for d in devices if d.startswith("cuda")]
-        if not cuda:
-            return
-        mm = self._module("comfy.model_management", "freeing ComfyUI's GPU memory")
-        if mm is None:
-            return
-        import torch
-
-        for name in dict.fromkeys(cuda):
-            try:
-                mm.free_memory(1e30, torch.device(name))
-            except Exception as exc:
-                log.warning("could not free ComfyUI models on %s: %s", name, exc)
-        mm.soft_empty_cache()
-
-    def on_free_requested(self, callback: Callable[[], None]) -> None:
-        """Run ``callback`` when the user frees memory in ComfyUI: "Unload models" / "Free model and
-        node cache" (POST /free with ``unload_models`` or ``free_memory``). ComfyUI's prompt loop reads
-        those flags and then calls ``comfy.model_management.unload_all_models``; so the flags are noted
-        as they are set and the callback runs in that call, in ComfyUI's prompt thread. ComfyUI also
-        calls ``unload_all_models`` after every prompt under --disable-smart-memory and after an
-        out-of-memory error in any node: the workers stay warm then."""
-        mm = self._module("comfy.model_management", "freeing workers with ComfyUI's Free memory")
-        server = self._module("server", "freeing workers with ComfyUI's Free memory")
-        queue = getattr(getattr(getattr(server, "PromptServer", None), "instance", None), "prompt_queue", None)
-        if mm is None or queue is None:
-            return
-        hook = getattr(queue, "_dit_parallel_free", None)
-        if hook is None:
-            hook = _FreeHook()
-            original_set_flag, original_unload = queue.set_flag, mm.unload_all_models
-
-            def set_flag(name: str, data: Any) -> Any:
-                free = name in FREE_FLAGS and bool(data)
-                if free:
-                    hook.requested.set()
-                result = original_set_flag(name, data)
-                if free:
-                    _wake_until_read(queue, name)
-                return result
-
-            def unload_all_models(*args: Any, **kwargs: Any) -> Any:
-                result = original_unload(*args, **kwargs)
-                if hook.requested.is_set():
-                    hook.requested.clear()
-                    _run_callbacks(hook.callbacks)
-                return result
-
-            queue.set_flag = set_flag
-            mm.unload_all_models = unload_all_models
-            queue._dit_parallel_free = hook
-        hook.callbacks.append(callback)
-
-    def on_memory_needed(self, callback: Callable[[str], None]) -> None:
-        """Run ``callback(device)`` (e.g. "cuda:1") when ComfyUI tries to free memory for its own
-        models on a GPU and, after unloading what it could, still has less free than it needs: the
-        workers' memory there is in the way. ("Unload everything" requests, such as the one made
-        before our workers start, do not count.)"""
-        mm = self._module("comfy.model_management", "freeing workers when ComfyUI needs their GPU")
-        if mm is None:
-            return
-        callbacks = getattr(mm.free_memory, "_dit_parallel_callbacks", None)
-        if callbacks is None:
-            original = mm.free_memory
-            callbacks = []
-
-            def free_memory(memory_required: float, device: Any, *args: Any, **kwargs: Any) -> Any:
-                result = original(memory_required, device, *args, **kwargs)
-                if getattr(device, "type", None) == "cuda" and memory_required < UNLOAD_EVERYTHING:
-                    try:
-                        short = mm.get_free_memory(device) < memory_required
-                    except Exception as exc:
-                        log.warning("could not read free memory on %s: %s", device, exc)
-                        short = False
-                    if short:
-                        name = _cuda_name(device)
-                        _run_callbacks([lambda cb=cb: cb(name) for cb in callbacks])
-                return result
-
-            free_memory._dit_parallel_callbacks = callbacks  # type: ignore[attr-defined]
-            mm.free_memory = free_memory
-        callbacks.append(callback)
+        """End the node the way ComfyUI expects after a cancel (its InterruptProcessingException); without
+        ComfyUI re-raise ``cause``."""
+        cls = self._interrupt_class()
+        if cls is None:
+            raise cause
+        if isinstance(cause, cls):
+            raise cause
+        raise cls() from cause
 
     # -- server events -------------------------------------------------------------------------------
+    def _server(self, feature: str, instead: str) -> Any | None:
+        return self.hooks.find("server", "PromptServer.instance", feature, instead, call=False)
+
     def send_status(self, payload: dict[str, Any]) -> None:
-        server = self._module("server", "status panel events")
-        instance = getattr(getattr(server, "PromptServer", None), "instance", None)
-        if instance is not None:
-            instance.send_sync(STATUS_EVENT, payload)
+        if not self.available():
+            return
+        instance = self._server("the status panel's updates", "the DiT Parallel panel shows no live state")
+        send = getattr(instance, "send_sync", None)
+        if callable(send):
+            send(STATUS_EVENT, payload)
 
     def add_routes(self, snapshot: Callable[[], dict[str, Any]], unload: Callable[[], None]) -> None:
         """GET /dit_parallel/status (the panel's first view) and POST /dit_parallel/unload."""
-        server = self._module("server", "status panel routes")
-        instance = getattr(getattr(server, "PromptServer", None), "instance", None)
-        if instance is None:
+        if not self.available():
+            return
+        instance = self._server("the status panel's routes", "the DiT Parallel panel cannot load or unload")
+        routes = getattr(instance, "routes", None)
+        if routes is None:
             return
         from aiohttp import web
 
-        @instance.routes.get("/dit_parallel/status")
+        @routes.get("/dit_parallel/status")
         async def _status(request: Any) -> Any:
-            return web.json_response(snapshot())
+            return web.json_response({**snapshot(), "lost": self.lost()})
 
-        @instance.routes.post("/dit_parallel/unload")
+        @routes.post("/dit_parallel/unload")
         async def _unload(request: Any) -> Any:
             import asyncio
 
             await asyncio.get_running_loop().run_in_executor(None, unload)  # closing waits for workers
-            return web.json_response(snapshot())
+            return web.json_response({**snapshot(), "lost": self.lost()})

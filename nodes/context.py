@@ -2,8 +2,9 @@
 
 ComfyUI creates node objects itself (``NodeClass()``, no arguments) and keeps worker pools alive
 between prompts only if every node finds the same registry, so one process-wide context is
-unavoidable. It lives here and nowhere else: created on first use by ``shared_context()``; it is
-the pack's only module-level mutable state. Tests (and scripts) build their own ``NodeContext``
+unavoidable; so is one bridge (a piece of ComfyUI it lacks is reported once). They live here and
+nowhere else: created on first use by ``shared_context()`` / ``shared_bridge()``; they are the
+pack's only module-level mutable state. Tests (and scripts) build their own ``NodeContext``
 and pass it to the node constructors instead.
 """
 
@@ -18,7 +19,7 @@ from .bridge import Bridge, ComfyBridge
 from .status import StatusBoard
 
 if TYPE_CHECKING:
-    from parallel_runtime.runtime.pools import PoolRegistry
+    from parallel_runtime.service.api import PoolRegistry
 
 log = logging.getLogger("dit_parallel.nodes")
 
@@ -34,10 +35,10 @@ class NodeContext:
     @classmethod
     def create(cls, registry: PoolRegistry | None = None, bridge: Bridge | None = None) -> NodeContext:
         if registry is None:
-            from parallel_runtime.runtime.pools import PoolRegistry
+            from parallel_runtime.service.api import PoolRegistry
 
             registry = PoolRegistry(max_pools=2)
-        bridge = bridge or ComfyBridge()
+        bridge = bridge or shared_bridge()
         return cls(registry, bridge, StatusBoard(bridge))
 
     def unload_all(self) -> None:
@@ -70,7 +71,18 @@ class ContextNode:
 
 
 _SHARED: NodeContext | None = None
+_BRIDGE: ComfyBridge | None = None
 _SHARED_LOCK = threading.Lock()
+
+
+def shared_bridge() -> ComfyBridge:
+    """The process-wide bridge to ComfyUI (created on first call): a piece of ComfyUI it cannot find is
+    reported once per process, however many nodes ask."""
+    global _BRIDGE
+    with _SHARED_LOCK:
+        if _BRIDGE is None:
+            _BRIDGE = ComfyBridge()
+        return _BRIDGE
 
 
 def shared_context() -> NodeContext:
@@ -78,9 +90,10 @@ def shared_context() -> NodeContext:
     they are freed when the user frees memory in ComfyUI, or on a GPU where ComfyUI needs the
     memory they hold for its own models."""
     global _SHARED
+    bridge = shared_bridge()
     with _SHARED_LOCK:
         if _SHARED is None:
-            ctx = NodeContext.create()
+            ctx = NodeContext.create(bridge=bridge)
             ctx.bridge.on_free_requested(ctx.unload_all)
             ctx.bridge.on_memory_needed(ctx.unload_device)
             _SHARED = ctx
@@ -90,4 +103,4 @@ def shared_context() -> NodeContext:
 def install_web_routes() -> None:
     """Register the panel's HTTP routes with ComfyUI's server (a no-op without ComfyUI). Called
     once from the pack's ``__init__``: ComfyUI adds routes only before its server starts."""
-    ComfyBridge().add_routes(lambda: shared_context().status.snapshot(), lambda: shared_context().unload_all())
+    shared_bridge().add_routes(lambda: shared_context().status.snapshot(), lambda: shared_context().unload_all())

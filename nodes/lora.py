@@ -7,10 +7,11 @@ import dataclasses
 import logging
 from typing import TYPE_CHECKING, Any
 
-from .bridge import ComfyBridge
-from .context import ContextNode
+from parallel_runtime.service import choices as limits
+
+from .context import shared_bridge
+from .declare import Choice, DeclaredNode, Float, Input, NodeSpec, Output, Socket
 from .handles import PARALLEL_MODEL, ParallelModelHandle
-from .loader import CATEGORY
 from .model_files import lora_choices, resolve_lora
 
 if TYPE_CHECKING:
@@ -18,7 +19,6 @@ if TYPE_CHECKING:
     from parallel_runtime.service.lora import LoraSpec
 
 log = logging.getLogger("dit_parallel.nodes")
-STRENGTH_LIMIT = 100.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,46 +34,48 @@ class LoraModifier:
         return f"LoRA {self.spec.describe()}"
 
 
-def _strength(tooltip: str) -> tuple[str, dict[str, Any]]:
-    limit = STRENGTH_LIMIT
-    return ("FLOAT", {"default": 1.0, "min": -limit, "max": limit, "step": 0.01, "tooltip": tooltip})
+def _strength(name: str, tooltip: str) -> Input:
+    limit = limits.LORA_STRENGTH_LIMIT
+    return Float(name, tooltip, 1.0, -limit, limit, step=0.01)
 
 
-class ParallelLoraLoader(ContextNode):
+class ParallelLoraLoader(DeclaredNode):
     """Applies a LoRA file to a parallel model's weights on every worker."""
 
-    DESCRIPTION = (
-        "Like LoraLoaderModelOnly for a parallel model: every worker patches the weights it holds. Chain several to "
-        "stack LoRAs. Changing the LoRA or a strength patches the loaded weights again; the model is not reloaded. "
-        "Reads kohya, ComfyUI, diffusers/PEFT, AI-Toolkit, OneTrainer and XLabs files, LoKr, LoHa, DoRA and full diffs."
+    SPEC = NodeSpec(
+        node_id="DiTParallelLoraLoader",
+        display_name="Parallel LoRA Loader",
+        description=(
+            "Like LoraLoaderModelOnly for a parallel model: every worker patches the weights it holds. Chain several "
+            "to stack LoRAs. Changing the LoRA or a strength patches the loaded weights again; the model is not "
+            "reloaded. Reads kohya, ComfyUI, diffusers/PEFT, AI-Toolkit, OneTrainer and XLabs files, LoKr, LoHa, "
+            "DoRA and full diffs."
+        ),
+        inputs=(
+            Socket("parallel_model", PARALLEL_MODEL, "From Parallel Model Loader (or another LoRA loader)."),
+            Choice("lora_name", "A LoRA file from models/loras.", lambda: lora_choices(shared_bridge())),
+            _strength("strength_model", "How strongly the LoRA changes the diffusion model (may be negative)."),
+            _strength(
+                "strength_clip",
+                "How strongly it changes the text encoders, when Parallel Text Encode runs them on the workers "
+                "(a single transformer file has none: apply the LoRA to ComfyUI's CLIP with its LoraLoader).",
+            ),
+        ),
+        outputs=(
+            Output(
+                PARALLEL_MODEL, "The same model with this LoRA added to its stack (same workers).", "parallel_model"
+            ),
+        ),
+        function="load_lora",
     )
-    CATEGORY = CATEGORY
-    RETURN_TYPES = (PARALLEL_MODEL,)
-    RETURN_NAMES = ("parallel_model",)
-    OUTPUT_TOOLTIPS = ("The same model with this LoRA added to its stack (same workers).",)
-    FUNCTION = "load_lora"
 
     @classmethod
-    def INPUT_TYPES(cls) -> dict[str, Any]:
-        return {
-            "required": {
-                "parallel_model": (PARALLEL_MODEL, {"tooltip": "From Parallel Model Loader (or another LoRA loader)."}),
-                "lora_name": (lora_choices(ComfyBridge()), {"tooltip": "A LoRA file from models/loras."}),
-                "strength_model": _strength("How strongly the LoRA changes the diffusion model (may be negative)."),
-                "strength_clip": _strength(
-                    "How strongly it changes the text encoders, when Parallel Text Encode runs them on the workers "
-                    "(a single transformer file has none: apply the LoRA to ComfyUI's CLIP with its LoraLoader)."
-                ),
-            }
-        }
-
-    @classmethod
-    def IS_CHANGED(cls, lora_name: str, **kwargs: Any) -> str:
+    def IS_CHANGED(cls, lora_name: str, **kwargs: Any) -> str:  # noqa: N802
         """Run again when the file changes on disk (its checks then see the new file)."""
         import os
 
         try:
-            path = resolve_lora(lora_name, ComfyBridge())
+            path = resolve_lora(lora_name, shared_bridge())
             stat = os.stat(path)
             return f"{path}:{stat.st_size}:{stat.st_mtime_ns}"
         except Exception:  # a missing file is reported by the node itself
@@ -82,13 +84,10 @@ class ParallelLoraLoader(ContextNode):
     def load_lora(
         self, parallel_model: ParallelModelHandle, lora_name: str, strength_model: float, strength_clip: float
     ) -> dict[str, Any]:
-        from parallel_runtime.service.lora import LoraSpec
+        from parallel_runtime.service.comfy_graph import lora
 
-        if strength_model == 0 and strength_clip == 0:
-            return {"ui": {"text": [f"{lora_name}: strength 0, not applied"]}, "result": (parallel_model,)}
-        spec = LoraSpec.of(resolve_lora(lora_name, self.context.bridge), strength_model, strength_clip)
-        model = parallel_model.model()  # the warm pool; its key table comes with the loaded model
-        resolution = model.lora_checks.check(spec, model.lora_keys)  # the API's own check (with_loras)
-        text = f"{spec.describe()}: {resolution.summary()}"
+        path = resolve_lora(lora_name, self.context.bridge)
+        spec, text = lora(parallel_model.model(), path, strength_model, strength_clip)
         log.info("dit-parallel LoRA: %s", text)
-        return {"ui": {"text": [text]}, "result": (parallel_model.derive(LoraModifier(spec)),)}
+        result = parallel_model if spec is None else parallel_model.derive(LoraModifier(spec))
+        return {"ui": {"text": [text]}, "result": (result,)}

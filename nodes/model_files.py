@@ -20,7 +20,7 @@ import os
 from pathlib import Path
 
 from parallel_runtime.errors import ConfigError
-from parallel_runtime.models.builtin import BUILTIN_MODELS
+from parallel_runtime.service.choices import BUILTIN_MODELS
 
 from .bridge import SHIPPED_TOKENIZERS, Bridge
 

@@ -11,13 +11,14 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
+from parallel_runtime.service import choices as limits
+
+from .declare import DeclaredNode, Float, Input, Int, NodeSpec, Output, Socket
 from .handles import PARALLEL_MODEL, ParallelModelHandle
-from .latent import MAX_RESOLUTION
-from .loader import CATEGORY
 
 if TYPE_CHECKING:
-    from parallel_runtime.models.sampling_spec import ModelSamplingSpec
     from parallel_runtime.service.api import ParallelModel
+    from parallel_runtime.service.comfy_graph import ModelSamplingSpec
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,89 +34,96 @@ class ModelSamplingModifier:
         return self.spec.describe()
 
 
-def _shift(default: float, tooltip: str) -> tuple[str, dict[str, Any]]:
-    return ("FLOAT", {"default": default, "min": 0.0, "max": 100.0, "step": 0.01, "tooltip": tooltip})
+def _shift(name: str, default: float, tooltip: str) -> Input:
+    return Float(name, tooltip, default, 0.0, limits.MAX_SHIFT, step=0.01)
 
 
 def _patched(handle: ParallelModelHandle, spec: ModelSamplingSpec) -> dict[str, Any]:
     return {"ui": {"text": [spec.describe()]}, "result": (handle.derive(ModelSamplingModifier(spec)),)}
 
 
-class ParallelModelSamplingFlux:
+MODEL_INPUT = Socket("parallel_model", PARALLEL_MODEL, "From Parallel Model Loader.")
+MODEL_OUTPUT = Output(PARALLEL_MODEL, "The same parallel model (same workers) with this model sampling.")
+SHIFT_TOOLTIP = "Higher shifts spend more steps at high noise."
+
+
+class ParallelModelSamplingFlux(DeclaredNode):
     """ModelSamplingFlux for a PARALLEL_MODEL: a Flux shift from the image size."""
 
-    DESCRIPTION = (
-        "Like ModelSamplingFlux: samples the parallel model with the Flux shift of width x height "
-        "(base_shift at 256 tokens, max_shift at 4096, linear between). Without it the sampler uses the "
-        "model file's default, as KSampler does (Flux dev: 1.15)."
+    SPEC = NodeSpec(
+        node_id="DiTParallelModelSamplingFlux",
+        display_name="Parallel Model Sampling Flux",
+        description=(
+            "Like ModelSamplingFlux: samples the parallel model with the Flux shift of width x height "
+            "(base_shift at 256 tokens, max_shift at 4096, linear between). Without it the sampler uses the "
+            "model file's default, as KSampler does (Flux dev: 1.15)."
+        ),
+        inputs=(
+            MODEL_INPUT,
+            _shift("max_shift", 1.15, "Shift at 4096 tokens (1024x1024)."),
+            _shift("base_shift", 0.5, "Shift at 256 tokens (256x256)."),
+            Int(
+                "width",
+                "Image width in pixels the shift is computed for.",
+                1024,
+                limits.MIN_SIDE,
+                limits.MAX_SIDE,
+                step=limits.SIZE_STEP,
+            ),
+            Int(
+                "height",
+                "Image height in pixels the shift is computed for.",
+                1024,
+                limits.MIN_SIDE,
+                limits.MAX_SIDE,
+                step=limits.SIZE_STEP,
+            ),
+        ),
+        outputs=(MODEL_OUTPUT,),
+        function="patch",
     )
-    CATEGORY = CATEGORY
-    RETURN_TYPES = (PARALLEL_MODEL,)
-    OUTPUT_TOOLTIPS = ("The same parallel model (same workers) with this model sampling.",)
-    FUNCTION = "patch"
-
-    @classmethod
-    def INPUT_TYPES(cls) -> dict[str, Any]:
-        size = {"default": 1024, "min": 16, "max": MAX_RESOLUTION, "step": 8}
-        return {
-            "required": {
-                "parallel_model": (PARALLEL_MODEL, {"tooltip": "From Parallel Model Loader."}),
-                "max_shift": _shift(1.15, "Shift at 4096 tokens (1024x1024)."),
-                "base_shift": _shift(0.5, "Shift at 256 tokens (256x256)."),
-                "width": ("INT", {**size, "tooltip": "Image width in pixels the shift is computed for."}),
-                "height": ("INT", {**size, "tooltip": "Image height in pixels the shift is computed for."}),
-            }
-        }
 
     def patch(
         self, parallel_model: ParallelModelHandle, max_shift: float, base_shift: float, width: int, height: int
     ) -> dict[str, Any]:
-        from parallel_runtime.denoise.model_sampling import model_sampling_flux_node
+        from parallel_runtime.service.comfy_graph import flux_sampling
 
-        return _patched(parallel_model, model_sampling_flux_node(max_shift, base_shift, width, height))
+        return _patched(parallel_model, flux_sampling(max_shift, base_shift, width, height))
 
 
-class ParallelModelSamplingSD3:
+class ParallelModelSamplingSD3(DeclaredNode):
     """ModelSamplingSD3 for a PARALLEL_MODEL: discrete flow with a shift (timesteps = sigma x 1000)."""
 
-    DESCRIPTION = (
-        "Like ModelSamplingSD3: samples the parallel model with a discrete-flow shift (SD3's file default is 3.0)."
+    SPEC = NodeSpec(
+        node_id="DiTParallelModelSamplingSD3",
+        display_name="Parallel Model Sampling SD3",
+        description=(
+            "Like ModelSamplingSD3: samples the parallel model with a discrete-flow shift (SD3's file default is 3.0)."
+        ),
+        inputs=(MODEL_INPUT, _shift("shift", 3.0, SHIFT_TOOLTIP)),
+        outputs=(MODEL_OUTPUT,),
+        function="patch",
     )
-    CATEGORY = CATEGORY
-    RETURN_TYPES = (PARALLEL_MODEL,)
-    OUTPUT_TOOLTIPS = ("The same parallel model (same workers) with this model sampling.",)
-    FUNCTION = "patch"
-
-    @classmethod
-    def INPUT_TYPES(cls) -> dict[str, Any]:
-        return {
-            "required": {
-                "parallel_model": (PARALLEL_MODEL, {"tooltip": "From Parallel Model Loader."}),
-                "shift": _shift(3.0, "Higher shifts spend more steps at high noise."),
-            }
-        }
 
     def patch(self, parallel_model: ParallelModelHandle, shift: float) -> dict[str, Any]:
-        from parallel_runtime.denoise.model_sampling import model_sampling_sd3_node
+        from parallel_runtime.service.comfy_graph import sd3_sampling
 
-        return _patched(parallel_model, model_sampling_sd3_node(shift))
+        return _patched(parallel_model, sd3_sampling(shift))
 
 
-class ParallelModelSamplingAuraFlow(ParallelModelSamplingSD3):
+class ParallelModelSamplingAuraFlow(DeclaredNode):
     """ModelSamplingAuraFlow for a PARALLEL_MODEL: discrete flow with a shift, timesteps = sigma."""
 
-    DESCRIPTION = "Like ModelSamplingAuraFlow: discrete-flow shift with multiplier 1 (timesteps = sigma)."
-
-    @classmethod
-    def INPUT_TYPES(cls) -> dict[str, Any]:
-        return {
-            "required": {
-                "parallel_model": (PARALLEL_MODEL, {"tooltip": "From Parallel Model Loader."}),
-                "shift": _shift(1.73, "Higher shifts spend more steps at high noise."),
-            }
-        }
+    SPEC = NodeSpec(
+        node_id="DiTParallelModelSamplingAuraFlow",
+        display_name="Parallel Model Sampling AuraFlow",
+        description="Like ModelSamplingAuraFlow: discrete-flow shift with multiplier 1 (timesteps = sigma).",
+        inputs=(MODEL_INPUT, _shift("shift", 1.73, SHIFT_TOOLTIP)),
+        outputs=(MODEL_OUTPUT,),
+        function="patch",
+    )
 
     def patch(self, parallel_model: ParallelModelHandle, shift: float) -> dict[str, Any]:
-        from parallel_runtime.denoise.model_sampling import model_sampling_auraflow_node
+        from parallel_runtime.service.comfy_graph import auraflow_sampling
 
-        return _patched(parallel_model, model_sampling_auraflow_node(shift))
+        return _patched(parallel_model, auraflow_sampling(shift))

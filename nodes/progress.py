@@ -25,18 +25,18 @@ class JobMonitor:
     """Turns runtime events into ComfyUI progress/previews and status-panel events.
 
     ComfyUI's progress bar moves once per step, when the slowest of the ``ranks`` workers has
-    finished it (one "progress" message per step); the newest preview rides along with that
-    update (the preview rank sends a step's preview just before its progress). Every rank's own
-    progress and memory go to the status panel."""
+    finished it (one "progress" message per step); the newest preview (a uint8 RGB picture the
+    preview rank made) rides along with that update (the preview rank sends a step's preview just
+    before its progress). Every rank's own progress and memory go to the status panel."""
 
-    def __init__(self, bridge: Bridge, status: StatusBoard, pool: str, family: str, total: int, ranks: int = 1):
-        self.bridge, self.status, self.pool, self.family = bridge, status, pool, family
+    def __init__(self, bridge: Bridge, status: StatusBoard, pool: str, total: int, ranks: int = 1):
+        self.bridge, self.status, self.pool = bridge, status, pool
         self.total = max(int(total), 1)
         self.bar = bridge.progress_bar(self.total)
         self.rank_step: dict[int, int] = dict.fromkeys(range(max(int(ranks), 1)), 0)
         self.shown = 0
         self.previews = 0
-        self._pending_preview: Any = None  # the newest preview latent not shown yet
+        self._pending_preview: Any = None  # the newest preview picture not shown yet
 
     def handle(self, rank: int, kind: str, payload: Any) -> None:
         payload = payload if isinstance(payload, dict) else {}
@@ -46,8 +46,8 @@ class JobMonitor:
                 self.total = int(payload.get("total") or self.total)
                 self.rank_step[rank] = max(self.rank_step.get(rank, 0), int(payload["step"]))
                 self._advance()
-        elif kind == "preview" and payload.get("latent") is not None:
-            self._pending_preview = payload["latent"]
+        elif kind == "preview" and payload.get("image") is not None:
+            self._pending_preview = payload["image"]
         elif kind == "memory":
             self.status.memory(self.pool, rank, payload)
 
@@ -56,10 +56,8 @@ class JobMonitor:
         if done <= self.shown:
             return
         self.shown = done
-        image = None
-        if self._pending_preview is not None:
-            image = self.bridge.preview_image(self.family, self._pending_preview)
-            self._pending_preview = None
+        image, self._pending_preview = self._pending_preview, None
+        if image is not None:
             self.previews += 1
         self.bar.update_absolute(done, self.total, image)
 

@@ -9,73 +9,49 @@ from __future__ import annotations
 
 from typing import Any
 
-from .context import ContextNode
-from .handles import PARALLEL_MODEL, ParallelModelHandle
-from .loader import CATEGORY
-from .sampler import SEED_MAX, run_sampler, sampler_names
+from parallel_runtime.service import choices as limits
 
-ENABLE_DISABLE = ("enable", "disable")
-DISABLE_ENABLE = ("disable", "enable")
+from .declare import Choice, DeclaredNode, Int, NodeSpec, Output, Socket
+from .handles import ParallelModelHandle
+from .sampler import MODEL_INPUT, cfg_input, run_sampler, sampler_names, scheduler_names, seed_input
+
+ENABLE_DISABLE = list(limits.ENABLE_DISABLE)
+DISABLE_ENABLE = ENABLE_DISABLE[::-1]
 
 
-class ParallelSamplerAdvanced(ContextNode):
+class ParallelSamplerAdvanced(DeclaredNode):
     """KSamplerAdvanced on the worker pool: a window of the schedule, with or without added noise."""
 
-    DESCRIPTION = (
-        "Like KSamplerAdvanced, but the model runs split across the worker pool: runs steps start_at_step.."
-        "end_at_step of a steps-long schedule, so two models can share one schedule (Wan 2.2 A14B: high-noise "
-        "then low-noise expert)."
+    SPEC = NodeSpec(
+        node_id="DiTParallelSamplerAdvanced",
+        display_name="Parallel Sampler (Advanced)",
+        description=(
+            "Like KSamplerAdvanced, but the model runs split across the worker pool: runs steps start_at_step.."
+            "end_at_step of a steps-long schedule, so two models can share one schedule (Wan 2.2 A14B: high-noise "
+            "then low-noise expert)."
+        ),
+        inputs=(
+            MODEL_INPUT,
+            Choice("add_noise", "disable for a pass that continues a latent with leftover noise.", ENABLE_DISABLE),
+            seed_input("noise_seed"),
+            Int("steps", "Steps of the whole schedule.", 20, 1, limits.MAX_STEPS),
+            cfg_input(8.0, "Classifier-free guidance scale."),
+            Choice("sampler_name", "ComfyUI sampler.", sampler_names),
+            Choice("scheduler", "ComfyUI scheduler.", scheduler_names),
+            Socket("positive", "CONDITIONING", "What the video/image should show."),
+            Socket("negative", "CONDITIONING", "What to steer away from (used when cfg > 1)."),
+            Socket("latent_image", "LATENT", "The latent to start from."),
+            Int("start_at_step", "First step this pass runs.", 0, 0, limits.MAX_STEPS),
+            Int("end_at_step", "The pass stops at this step.", limits.MAX_STEPS, 0, limits.MAX_STEPS),
+            Choice(
+                "return_with_leftover_noise",
+                "enable when another pass continues this latent (it keeps its remaining noise).",
+                DISABLE_ENABLE,
+            ),
+        ),
+        outputs=(Output("LATENT", "The latent after this window of steps (raw VAE latent, ComfyUI's convention)."),),
+        function="sample",
     )
-    CATEGORY = CATEGORY
-    RETURN_TYPES = ("LATENT",)
-    OUTPUT_TOOLTIPS = ("The latent after this window of steps (raw VAE latent, ComfyUI's convention).",)
-    FUNCTION = "sample"
-
-    @classmethod
-    def INPUT_TYPES(cls) -> dict[str, Any]:
-        samplers, schedulers = sampler_names()
-        return {
-            "required": {
-                "parallel_model": (PARALLEL_MODEL, {"tooltip": "From Parallel Model Loader."}),
-                "add_noise": (
-                    list(ENABLE_DISABLE),
-                    {"tooltip": "disable for a pass that continues a latent with leftover noise."},
-                ),
-                "noise_seed": (
-                    "INT",
-                    {"default": 0, "min": 0, "max": SEED_MAX, "control_after_generate": True, "tooltip": "Noise seed."},
-                ),
-                "steps": ("INT", {"default": 20, "min": 1, "max": 10000, "tooltip": "Steps of the whole schedule."}),
-                "cfg": (
-                    "FLOAT",
-                    {
-                        "default": 8.0,
-                        "min": 0.0,
-                        "max": 100.0,
-                        "step": 0.1,
-                        "round": 0.01,
-                        "tooltip": "Classifier-free guidance scale.",
-                    },
-                ),
-                "sampler_name": (samplers, {"tooltip": "ComfyUI sampler."}),
-                "scheduler": (schedulers, {"tooltip": "ComfyUI scheduler."}),
-                "positive": ("CONDITIONING", {"tooltip": "What the video/image should show."}),
-                "negative": ("CONDITIONING", {"tooltip": "What to steer away from (used when cfg > 1)."}),
-                "latent_image": ("LATENT", {"tooltip": "The latent to start from."}),
-                "start_at_step": (
-                    "INT",
-                    {"default": 0, "min": 0, "max": 10000, "tooltip": "First step this pass runs."},
-                ),
-                "end_at_step": (
-                    "INT",
-                    {"default": 10000, "min": 0, "max": 10000, "tooltip": "The pass stops at this step."},
-                ),
-                "return_with_leftover_noise": (
-                    list(DISABLE_ENABLE),
-                    {"tooltip": "enable when another pass continues this latent (it keeps its remaining noise)."},
-                ),
-            }
-        }
 
     def sample(
         self,
@@ -93,21 +69,18 @@ class ParallelSamplerAdvanced(ContextNode):
         end_at_step: int,
         return_with_leftover_noise: str,
     ) -> dict[str, Any]:
-        advanced = {
-            "add_noise": add_noise != "disable",
-            "start_at_step": int(start_at_step),
-            "end_at_step": int(end_at_step),
-            "return_with_leftover_noise": return_with_leftover_noise == "enable",
-        }
+        from parallel_runtime.service.comfy_graph import schedule_window
+
+        advanced = schedule_window(add_noise, start_at_step, end_at_step, return_with_leftover_noise)
         return run_sampler(
             self.context,
             parallel_model,
-            positive,
-            negative,
             latent_image,
-            seed=int(noise_seed),
-            steps=int(steps),
-            cfg=float(cfg),
+            positive=positive,
+            negative=negative,
+            seed=noise_seed,
+            steps=steps,
+            cfg=cfg,
             sampler_name=sampler_name,
             scheduler=scheduler,
             advanced=advanced,

@@ -30,7 +30,7 @@ class RecordingBridge:
         self.cancel_after = cancel_after
         self.folders = folders or {}
         self.progress: list[tuple[int, int | None, Any]] = []
-        self.previews: list[tuple[str, tuple[int, ...]]] = []
+        self.previews: list[torch.Tensor] = []  # the RGB pictures the nodes showed (uint8 [H, W, 3])
         self.status: list[dict] = []
         self.freed: list[list[str]] = []
         self.threads: set[str] = set()
@@ -49,12 +49,10 @@ class RecordingBridge:
             def update_absolute(self, value, total=None, preview=None):
                 bridge.threads.add(threading.current_thread().name)
                 bridge.progress.append((value, total, preview))
+                if preview is not None:
+                    bridge.previews.append(preview)
 
         return Bar()
-
-    def preview_image(self, family: str, latent: Any) -> Any:
-        self.previews.append((family, tuple(latent.shape)))
-        return ("JPEG", f"preview-{len(self.previews)}", 512)
 
     def interrupted(self) -> bool:
         self.interrupt_checks += 1
@@ -62,6 +60,9 @@ class RecordingBridge:
 
     def raise_interrupted(self, cause: BaseException) -> None:
         raise Interrupted("cancelled by the user") from cause
+
+    def is_interrupt(self, exc: BaseException) -> bool:
+        return isinstance(exc, Interrupted)
 
     def free_memory_for(self, devices) -> None:
         self.freed.append(list(devices))
@@ -134,7 +135,8 @@ class FakeModel:
         for step in range(1, steps + 1):
             if should_cancel is not None and should_cancel():
                 raise JobCancelled("job 'sample' was cancelled")
-            on_event(0, "preview", {"step": step, "latent": latent[:1, :, :4, :4]})  # before progress, as workers do
+            picture = torch.full((4, 4, 3), step, dtype=torch.uint8)
+            on_event(0, "preview", {"step": step, "image": picture})  # before progress, as workers do
             for rank in (0, 1):
                 on_event(rank, "progress", {"step": step, "total": steps, "patch": 0, "patches": 2})
             threading.Event().wait(0.01)

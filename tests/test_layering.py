@@ -7,6 +7,8 @@ errors < parallel < runtime < attention < models < sampling < denoise < pipefusi
 The engine never imports the checkout's ``dit_devtools`` (nor the tests) by name: only through
 ``parallel_runtime.checkout``, which says what to do when an installed package has no checkout beside it.
 No import circles in the engine or the dev tools.
+The node layer (``nodes/``) is a thin face over the service: of the engine it imports only ``service`` and the
+shared ``errors`` (issue 23), and it names no private module or name there either.
 Imports inside functions count too (a lazy import is still a dependency).
 """
 
@@ -53,6 +55,8 @@ def _wing_of(module: str) -> str | None:
 
 
 SOURCES = sorted(PACKAGE.rglob("*.py"))
+NODE_SOURCES = sorted((ROOT / "nodes").rglob("*.py"))
+NODES_MAY_IMPORT = ("service", "errors")  # the engine wings (and shared modules) the node layer reaches
 
 
 def test_every_module_belongs_to_a_wing_or_is_shared():
@@ -81,6 +85,42 @@ def test_imports_go_down_the_layers_and_skip_private_names(path):
         if private and own not in ENTRY:
             problems.append(f"{where}: {', '.join(private)} is private to the {wing} wing")
     assert not problems, "\n".join(problems)
+
+
+def _node_problems(label: str, imports: list[tuple[str, str | None, int]]) -> list[str]:
+    problems = []
+    for target, name, line in imports:
+        if target == "parallel_runtime" and name is not None:  # from parallel_runtime import <wing>
+            target, name = f"parallel_runtime.{name}", None
+        if target.split(".")[0] != "parallel_runtime":
+            continue
+        where = f"{label}:{line} imports {target}{'.' + name if name else ''}"
+        wing = _wing_of(target)
+        if wing not in NODES_MAY_IMPORT:
+            problems.append(f"{where}: the nodes reach the engine only through {NODES_MAY_IMPORT}")
+        private = [p for p in (*target.split(".")[2:], name or "") if p.startswith("_") and not p.startswith("__")]
+        if private:
+            problems.append(f"{where}: {', '.join(private)} is private to the {wing} wing")
+    return problems
+
+
+@pytest.mark.parametrize("path", NODE_SOURCES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_nodes_import_only_the_service_and_errors(path):
+    problems = _node_problems(str(path.relative_to(ROOT)), _imports(path))
+    assert not problems, "\n".join(problems)
+
+
+def test_the_node_check_finds_an_engine_import():
+    """The check above is not vacuous: a node reaching a wing below the service directly is caught."""
+    imports = [
+        ("parallel_runtime.parallel.config", "validate_layout", 1),  # what nodes/loader.py imported
+        ("parallel_runtime", "runtime", 2),
+        ("parallel_runtime.service.api", "LoadRequest", 3),
+        ("parallel_runtime.service._x", "y", 4),
+        ("parallel_runtime.errors", "ConfigError", 5),
+    ]
+    problems = _node_problems("probe.py", imports)
+    assert len(problems) == 3 and "parallel_runtime.parallel.config" in problems[0] and "_x" in problems[2]
 
 
 def test_sampling_is_pure_math():

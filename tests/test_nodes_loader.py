@@ -11,11 +11,12 @@ from node_helpers import LOAD, RecordingBridge  # tests/ helpers
 from pack_import import load_pack
 
 from parallel_runtime.errors import ConfigError
+from parallel_runtime.service.load_plan import manual_layout
 
 load_pack()
 from dit_parallel_pack.nodes.context import NodeContext  # noqa: E402
 from dit_parallel_pack.nodes.latent import ParallelEmptyLatent  # noqa: E402
-from dit_parallel_pack.nodes.loader import ParallelModelLoader, manual_layout  # noqa: E402
+from dit_parallel_pack.nodes.loader import ParallelModelLoader  # noqa: E402
 from dit_parallel_pack.nodes.sampler import ParallelSampler  # noqa: E402
 
 
@@ -31,7 +32,7 @@ def test_validate_inputs():
     assert manual_layout(["cpu", "cpu"], **layout).ulysses == 2
     with pytest.raises(ConfigError, match="needs 4 ranks but 2 device"):
         manual_layout(["cpu", "cpu"], **{**layout, "ring": 2})
-    with pytest.raises(ConfigError, match="cfg_parallel is 3"):
+    with pytest.raises(ConfigError, match="cfg_parallel=3 is out of range"):
         manual_layout(["cpu", "cpu"], **{**layout, "cfg": 3})
     with pytest.raises(ConfigError, match="pp_patches 1 is fewer than the 2 PipeFusion stages"):
         manual_layout(["cpu", "cpu"], **{**layout, "ulysses": 1, "pipefusion": 2, "pp_patches": 1})
@@ -40,7 +41,11 @@ def test_validate_inputs():
     assert e(1000, 768) is True  # a multiple of 8, as ComfyUI's EmptyLatentImage
     assert "width 1001 is not a multiple of 8" in e(1001, 768)
     s = ParallelSampler.VALIDATE_INPUTS
-    assert s(20, 1.0) is True and "leaves no step" in s(20, 0.01)
+    assert s(20, 1.0) is True
+    assert s(20, 0.01) is True  # KSampler runs 20 steps of a 2000-step schedule
+    assert "steps=10001 is out of range" in s(10001, 1.0) and "denoise=1.5" in s(20, 1.5)
+    assert s(10000, 0.01) is True  # ComfyUI's extreme passes
+    assert "schedule of 1e+08 sigmas" in s(10000, 0.0001)
 
 
 def test_loader_errors_before_starting_workers(tmp_path):
@@ -52,7 +57,7 @@ def test_loader_errors_before_starting_workers(tmp_path):
         loader.load(model="FLUX.1-dev", **args)
     assert str(tmp_path) in str(err.value)
     (tmp_path / "broken").mkdir()
-    with pytest.raises(ConfigError, match="transformer/config.json"):
+    with pytest.raises(ConfigError, match="broken has no model_index.json"):
         loader.load(model="broken", **args)
     f = tmp_path / "sd3.safetensors"
     _write_safetensors(f, ["joint_blocks.0.x_block.attn.qkv.weight"])

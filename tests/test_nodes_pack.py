@@ -63,8 +63,8 @@ def test_bridge_without_comfyui_is_a_no_op():
     bridge = ComfyBridge()
     assert bridge.available() is False
     assert bridge.interrupted() is False
-    bridge.progress_bar(10).update_absolute(3, 10, None)
-    assert bridge.preview_image("flux", torch.zeros(1, 16, 4, 4)) is None
+    bridge.progress_bar(10).update_absolute(3, 10, torch.zeros(4, 4, 3, dtype=torch.uint8))
+    assert bridge.public_api() is None and bridge.lost() == {}  # nothing is "lost" without ComfyUI
     bridge.send_status({"type": "reset"})
     bridge.free_memory_for(["cuda:0"])
     bridge.on_free_requested(lambda: None)

@@ -40,7 +40,7 @@ def test_sampler_progress_previews_and_status(fake_ctx):
     assert call["batch_index"] == [3]
     values = [v for v, _, _ in bridge.progress]
     assert values == [1, 2, 3, 4]  # one update per step (when both ranks reported it), in order
-    assert len(bridge.previews) == 4 and bridge.previews[0] == ("flux", (1, 16, 4, 4))
+    assert [int(p[0, 0, 0]) for p in bridge.previews] == [1, 2, 3, 4]  # each step's picture, in order
     assert all(p is not None for _, _, p in bridge.progress)  # each step's update carries its preview
     assert bridge.threads == {threading.current_thread().name}  # ComfyUI is called from the node's thread
     kinds = [e["type"] for e in bridge.status]
@@ -80,8 +80,9 @@ def test_text_encode_and_decode_with_stand_in(fake_ctx):
     assert cond[0][0].shape == (1, 5, 32) and cond[0][1]["pooled_output"].shape == (1, 32)
     (image,) = ParallelVAEDecode(fake_ctx).decode(handle, {"samples": torch.zeros(2, 16, 4, 6)})
     assert image.shape == (2, 32, 48, 3) and image.min() >= 0.0 and image.max() <= 1.0
-    with pytest.raises(ConfigError, match="has 4 channels but this flux VAE expects 16"):
-        ParallelVAEDecode(fake_ctx).decode(handle, {"samples": torch.zeros(1, 4, 4, 4)})
+    with pytest.raises(ConfigError, match="samples is not a LATENT"):  # the service's check (and its channel
+        ParallelVAEDecode(fake_ctx).decode(handle, torch.zeros(1, 16, 4, 4))  # check: tests/test_input_checks.py)
+    assert [e["state"] for e in fake_ctx.bridge.status if e["type"] == "job"][-1] == "error"
 
 
 def test_unload_node(fake_ctx):

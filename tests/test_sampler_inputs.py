@@ -14,12 +14,12 @@ from pack_import import load_pack  # tests/ helper
 from parallel_runtime.errors import ConfigError
 from parallel_runtime.parallel.config import ParallelConfig
 from parallel_runtime.sampling import SAMPLER_NAMES, SCHEDULER_NAMES
+from parallel_runtime.service.comfy_sampler import sampler_from_input
 from parallel_runtime.service.sampling_checks import check_sampler_for_layout, check_sampling_args
 
 load_pack()
 from dit_parallel_pack.nodes.sampler import ParallelSampler  # noqa: E402
 from dit_parallel_pack.nodes.sampler_advanced import ParallelSamplerAdvanced  # noqa: E402
-from dit_parallel_pack.nodes.sampler_input import sampler_from_input  # noqa: E402
 
 REF = json.loads((Path(__file__).parent / "data" / "comfy_sampling_reference.json").read_text())
 

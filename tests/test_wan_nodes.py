@@ -22,14 +22,16 @@ from pack_import import load_pack  # tests/ helper
 from parallel_runtime.errors import ConfigError
 
 load_pack()
-from dit_parallel_pack.nodes.conditioning import to_branch  # noqa: E402
 from dit_parallel_pack.nodes.context import NodeContext  # noqa: E402
 from dit_parallel_pack.nodes.latent import ParallelEmptyLatent  # noqa: E402
 from dit_parallel_pack.nodes.loader import ParallelModelLoader  # noqa: E402
-from dit_parallel_pack.nodes.sampler import ParallelSampler, prepare_latent  # noqa: E402
+from dit_parallel_pack.nodes.sampler import ParallelSampler  # noqa: E402
 from dit_parallel_pack.nodes.sampler_advanced import ParallelSamplerAdvanced  # noqa: E402
 from dit_parallel_pack.nodes.vae_decode import ParallelVAEDecode  # noqa: E402
 from node_helpers import FakeModel, RecordingBridge, fake_handle  # noqa: E402
+
+from parallel_runtime.service.comfy_conditioning import to_branch  # noqa: E402
+from parallel_runtime.service.input_checks import model_latent  # noqa: E402
 
 DATA = Path(__file__).parent / "data"
 sys.path.insert(0, str(DATA))
@@ -92,21 +94,19 @@ def test_empty_latent_makes_video_latents_as_comfyuis_nodes():
     assert latent["samples"].shape == (2, 16, 3, 6, 8)  # EmptyHunyuanLatentVideo(64, 48, 9, 2)
     (latent,) = ParallelEmptyLatent().generate(fake_handle(ctx, FakeVideoModel(48, 16)), 64, 64, 1, length=9)
     assert latent["samples"].shape == (1, 48, 3, 4, 4)  # Wan22ImageToVideoLatent(64, 64, 9, 1)
-    with pytest.raises(ConfigError, match="tokens are 32x32 pixels"):
-        ParallelEmptyLatent().generate(fake_handle(ctx, FakeVideoModel(48, 16)), 48, 48, 1, length=9)
+    model = FakeVideoModel(48, 16)
+    ParallelEmptyLatent().generate(fake_handle(ctx, model), 48, 48, 1, length=9)
+    assert model.checked_sizes == (3, 3)  # the model's own size check ran (whole tokens, padding: the service's)
     with pytest.raises(ConfigError, match="length 9 for the flux image model"):
         ParallelEmptyLatent().generate(fake_handle(ctx), 64, 64, 1, length=9)
 
 
-def test_prepare_latent_for_video_models():
-    geometry = dict(latent_dims=3, spatial_factor=8, patch_pixels=16)
-    empty = {"samples": torch.zeros(1, 16, 3, 6, 8)}
-    assert prepare_latent(empty, 48, "wan", **geometry).shape == (1, 48, 3, 6, 8)  # as fix_empty_latent_channels
-    assert prepare_latent({"samples": torch.ones(1, 16, 6, 8)}, 16, "wan", **geometry).shape == (1, 16, 1, 6, 8)
+def test_model_latent_for_video_models():
+    empty = torch.zeros(1, 16, 3, 6, 8)
+    assert model_latent(empty, "wan", 48, 3).shape == (1, 48, 3, 6, 8)  # as fix_empty_latent_channels
+    assert model_latent(torch.ones(1, 16, 6, 8), "wan", 16, 3).shape == (1, 16, 1, 6, 8)
     with pytest.raises(ConfigError, match="takes latents \\[batch, channels, height, width\\]"):
-        prepare_latent(empty, 16, "flux")
-    with pytest.raises(ConfigError, match="multiples of 32"):
-        prepare_latent({"samples": torch.ones(1, 48, 3, 3, 4)}, 48, "wan", 3, 16, 32)
+        model_latent(empty, "flux", 16, 2)
 
 
 def test_wan_image_to_video_conditioning():

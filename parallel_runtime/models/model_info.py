@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ..errors import ConfigError
 from ..parallel.layout import ModelInfo
-from .families.registry import family, family_of_class_name, labels
+from .families.registry import confirm_family, family, family_of_class_name, labels
 from .files import detect_family, read_safetensors_header
 
 DTYPE_BYTES: Mapping[str, int] = {"fp32": 4, "bf16": 2, "fp16": 2}
@@ -47,7 +47,7 @@ def model_info_from_path(
             f"unknown dtype {dtype!r}", "weights are held in one float type", f"use one of {list(DTYPE_BYTES)}"
         )
     if path.is_dir():
-        return _with_budget(_from_diffusers_folder(path, run_bytes), path, run_bytes, storage)
+        return _with_budget(_from_diffusers_folder(path, family, run_bytes), path, run_bytes, storage)
     if path.is_file() and path.suffix.lower() == ".gguf":
         from .gguf.model_file import check_gguf_request
 
@@ -80,7 +80,7 @@ def family_model_info(
     )
 
 
-def _from_diffusers_folder(path: Path, run_bytes: int) -> ModelInfo:
+def _from_diffusers_folder(path: Path, family_id: str | None, run_bytes: int) -> ModelInfo:
     cfg_file = path / "transformer" / "config.json"
     if not cfg_file.is_file():
         raise ConfigError(
@@ -97,6 +97,7 @@ def _from_diffusers_folder(path: Path, run_bytes: int) -> ModelInfo:
             f"only {labels('and')} transformers have parallel adapters",
             f"use a diffusers folder of one of those families ({labels()})",
         )
+    confirm_family(path.name, spec.id, family_id)
     heads = int(config["num_attention_heads"])
     layers = int(config.get("num_layers", 0)) + int(config.get("num_single_layers", 0))
     hidden = heads * int(config["attention_head_dim"])
@@ -186,12 +187,7 @@ def _from_single_file(path: Path, family_id: str | None, run_bytes: int) -> Mode
             "its tensor names match none of the supported families (is it a full checkpoint, a LoRA or a VAE?)",
             "use a transformer-only file (models/diffusion_models) of a supported family, or a diffusers folder",
         )
-    if family_id is not None and family_id != found:
-        raise ConfigError(
-            f"{path.name} is a {found} transformer but family {family_id!r} was chosen",
-            "the family decides which adapter splits the model; a wrong one cannot load the weights",
-            f"set family to {found!r} (or 'auto')",
-        )
+    confirm_family(path.name, found, family_id)
     layers = _count_blocks(keys, _BLOCK_PREFIXES)
     spec = family(found)
     hidden = _hidden_size(header, spec.head_dim)

@@ -30,8 +30,8 @@ import torch
 from torch import nn
 
 from ..errors import ConfigError
+from .families.registry import confirm_family, family_of_variant, labels, variants
 from .families.registry import family as family_spec
-from .families.registry import family_of_variant, labels, variants
 from .files import detect_family, read_safetensors_header
 from .loading import PipelineComponents
 from .original_layout import Shapes, StateDict, anchor_key, config_from_weights, detect_variant, to_diffusers
@@ -155,12 +155,7 @@ def inspect_single_file(
             "its tensor names match none of the supported families (is it a VAE, a text encoder or a LoRA?)",
             "use a transformer file (models/diffusion_models) of a supported family, or a diffusers folder",
         )
-    if family is not None and family != found:
-        raise ConfigError(
-            f"{p.name} is a {found} transformer but family {family!r} was chosen",
-            "the family decides the config and the conversion; a wrong one cannot load the weights",
-            f"set family to {found!r} (or 'auto')",
-        )
+    confirm_family(p.name, found, family)
     if anchor_key(found) not in shapes:
         raise ConfigError(
             f"{p.name} holds a {found} transformer under diffusers' tensor names, not its original layout",

@@ -7,7 +7,7 @@ from ..exports import lazy_exports
 __all__, __getattr__ = lazy_exports(
     __name__,
     {
-        "config": ("MESH_DIMS", "ParallelConfig", "parse_devices", "validate_layout"),
+        "config": ("MESH_DIMS", "ParallelConfig", "check_visible", "parse_devices", "validate_layout"),
         "mesh": ("CommStats", "ParallelMesh"),
         "stages": ("StagePlan", "plan_stages"),
         "collectives": (

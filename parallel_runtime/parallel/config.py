@@ -121,7 +121,8 @@ def parse_devices(spec: str | Sequence[str]) -> list[str]:
 
 
 def validate_layout(devices: Sequence[str], config: ParallelConfig, visible_cuda: int | None = None) -> None:
-    """Check that the degrees fit the devices. Raises ConfigError before any process starts."""
+    """Check that the degrees fit the devices and every GPU listed is visible. Raises ConfigError before
+    any process starts."""
     if config.world_size != len(devices):
         raise ConfigError(
             f"layout {config.describe()} needs {config.world_size} ranks but {len(devices)} device(s) were given "
@@ -129,18 +130,24 @@ def validate_layout(devices: Sequence[str], config: ParallelConfig, visible_cuda
             "the product cfg x pp x ring x ulysses must equal the number of worker processes (one per device)",
             f"give {config.world_size} devices, or change the degrees so that their product is {len(devices)}",
         )
-    cuda = [d for d in devices if d.startswith("cuda")]
-    if cuda:
-        if visible_cuda is None:
-            import torch
+    check_visible(devices, visible_cuda)
 
-            visible_cuda = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        bad = [d for d in cuda if int(d.split(":")[1]) >= visible_cuda]
-        if bad:
-            raise ConfigError(
-                f"device(s) {', '.join(bad)} requested but only {visible_cuda} CUDA GPU(s) are visible",
-                "a worker can only use a GPU that this process can see (CUDA_VISIBLE_DEVICES applies)",
-                f"list GPUs between cuda:0 and cuda:{max(visible_cuda - 1, 0)} or use CPU ranks ('cpu:N')"
-                if visible_cuda
-                else "no GPU is visible: use CPU ranks such as 'cpu:2'",
-            )
+
+def check_visible(devices: Sequence[str], visible_cuda: int | None = None) -> None:
+    """Every GPU in ``devices`` is one this process can see (``visible_cuda``: the count; None: ask torch)."""
+    cuda = [d for d in devices if d.startswith("cuda")]
+    if not cuda:
+        return
+    if visible_cuda is None:
+        import torch
+
+        visible_cuda = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    bad = [d for d in cuda if int(d.split(":")[1]) >= visible_cuda]
+    if bad:
+        raise ConfigError(
+            f"device(s) {', '.join(bad)} requested but only {visible_cuda} CUDA GPU(s) are visible",
+            "a worker can only use a GPU that this process can see (CUDA_VISIBLE_DEVICES applies)",
+            f"list GPUs between cuda:0 and cuda:{max(visible_cuda - 1, 0)} or use CPU ranks ('cpu:N')"
+            if visible_cuda
+            else "no GPU is visible: use CPU ranks such as 'cpu:2'",
+        )

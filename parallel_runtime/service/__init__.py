@@ -10,6 +10,7 @@ __all__, __getattr__ = lazy_exports(
         "api": (
             "LoadRequest",
             "ParallelModel",
+            "PoolRegistry",
             "check_pipefusion_request",
             "load_parallel_model",
             "resolve_model_path",

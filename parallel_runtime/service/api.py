@@ -307,29 +307,25 @@ class ParallelModel:
         f = self.spatial_factor
         if latent is None:
             shape = (batch_size, self.latent_channels, height // f, width // f)  # made once the job is checked
-        elif latent.ndim != 2 + self.latent_dims:
-            kind = (
-                "video [batch, channels, frames, height, width]"
-                if self.latent_dims == 3
-                else "image [batch, channels, height, width]"
+        else:
+            latent = input_checks.model_latent(
+                latent, self.family, self.latent_channels, self.latent_dims, self.latent_frame_axis
             )
-            raise ConfigError(
-                f"a {latent.ndim}-D latent given to the {self.family} model",
-                f"this model denoises {kind} latents",
-                "make the latent for this model (its empty latent node, or its VAE)",
-            )
-        elif latent.shape[1] != self.latent_channels and not bool(torch.count_nonzero(latent)):
-            latent = torch.zeros(latent.shape[0], self.latent_channels, *latent.shape[2:])  # KSampler widens it too
-        elif latent.shape[1] != self.latent_channels:
-            raise ConfigError(
-                f"the LATENT is shaped {list(latent.shape)} but {self.family} works on [batch, "
-                f"{self.latent_channels}, {'frames, ' if self.latent_dims == 3 else ''}height, width]",
-                "each model family has its own VAE latent space",
-                f"make the latent with this model's size (an empty latent for {self.family}) or its VAE",
-            )
-        if latent is not None:
             shape = tuple(latent.shape)
-            input_checks.latent_sizes(latent)
+        if noise_mask is not None and self.latent_dims != 3:
+            raise ConfigError(
+                "the latent carries a noise mask (inpainting)",
+                "the parallel sampler applies a noise mask only for video models (Wan22ImageToVideoLatent)",
+                "remove Set Latent Noise Mask / VAE Encode (for Inpainting), or use ComfyUI's KSampler for inpainting",
+            )
+        if noise_mask is not None and (
+            not isinstance(noise_mask, torch.Tensor) or noise_mask.shape[-2:] != shape[-2:]
+        ):
+            raise ConfigError(
+                f"the noise mask has shape {tuple(getattr(noise_mask, 'shape', ()))}, the latent {shape}",
+                "the parallel sampler takes a noise mask at the latent's own size (as Wan22ImageToVideoLatent makes it)",
+                "make the latent and its mask with the same node",
+            )
         positive_branch, negative_branch = as_branch(positive), as_branch(negative)
         if sigmas is None and denoise <= 0.0:  # KSampler: no sigmas, the input latent comes back
             return torch.zeros(shape) if latent is None else latent.float().clone()
@@ -388,7 +384,9 @@ class ParallelModel:
     def decode(self, latent: torch.Tensor) -> torch.Tensor:
         """Raw VAE latent [B,C,H,W] -> IMAGE [B,H,W,3] in 0..1 (exact parallel decode); a video latent
         [B,C,T,H,W] -> its frames [B*(4*T-3),H,W,3] (Wan), what ComfyUI's video save nodes take."""
-        latent = input_checks.decode_latent(latent, self.latent_channels)
+        latent = input_checks.decode_latent(
+            latent, self.latent_channels, self.family, self.latent_dims, self.latent_frame_axis
+        )
         return self._run(decode, latent.float().contiguous())
 
     def unload(self) -> None:
@@ -487,10 +485,4 @@ def load_parallel_model(
     pool = acquire()
     generation = pool.ensure_started()
     info = _load_into(pool, path, request, generation, should_cancel)
-    if request.family and request.family != info["family"]:
-        raise ConfigError(
-            f"{path} holds a {info['family']} model, not {request.family}",
-            "the family chosen on the loader must match the weights",
-            f"choose family '{info['family']}' or 'auto'",
-        )
     return ParallelModel(request, path, pool, info, why, generation, acquire)

@@ -37,12 +37,6 @@ def takes_guidance(family_id: str) -> bool:
     return spec is not None and spec.distilled_guidance
 
 
-def preview_format(family_id: str) -> str | None:
-    """The ComfyUI latent format (``comfy.latent_formats`` class) the nodes' live previews use (None: not stated)."""
-    spec = find_family(family_id)
-    return spec.node_preview if spec is not None else None
-
-
 def conditioning_keys(family_id: str) -> tuple[str, ...]:
     """ComfyUI CONDITIONING options beyond text the family takes (e.g. WanImageToVideo's start image)."""
     spec = find_family(family_id)

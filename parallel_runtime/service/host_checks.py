@@ -43,6 +43,7 @@ def check_load_request(request: LoadRequest, path: Path) -> None:
     else:
         for file in sorted(path.glob("*/*.safetensors")):
             read_header(file)
+        _check_folder_family(path, request.family)
     if request.expert_2:
         check_second_expert(request, path)
 
@@ -67,6 +68,20 @@ def check_second_expert(request: LoadRequest, path: Path) -> None:
     check_expert_pair(first_info.family, first_info.config, second, second_info.family, second_info.config)
     if request.expert_boundary is not None:
         check_boundary(request.expert_boundary)
+
+
+def _check_folder_family(path: Path, chosen: str | None) -> None:
+    """The family chosen by hand against the one a diffusers folder's transformer config names."""
+    import json
+
+    from ..models.families.registry import confirm_family, family_of_class_name
+
+    config = path / "transformer" / "config.json"
+    if chosen is None or not config.is_file():
+        return
+    spec = family_of_class_name(str(json.loads(config.read_text(encoding="utf-8")).get("_class_name", "")))
+    if spec is not None:
+        confirm_family(path.name, spec.id, chosen)
 
 
 def host_geometry(path: Path) -> dict[str, Any]:

@@ -1,8 +1,7 @@
 """Host-side checks of a request's values before any worker or GPU work: types, upper bounds on the
 work asked for, and finite numbers. Each failure is a ConfigError saying what, why and how to fix.
 
-The bounds are ComfyUI's own input limits (KSampler: steps <= 10,000, seed < 2**64; latents: side
-<= 16,384 px, batch <= 4,096), so any graph ComfyUI accepts passes. What the sampling settings mean
+The bounds are ComfyUI's own input limits, written once in ``choices``, so any graph ComfyUI accepts passes. What the sampling settings mean
 (sampler and scheduler names, defaults) is checked in api.py.
 """
 
@@ -17,13 +16,7 @@ import torch
 from ..denoise.entries import CondEntry
 from ..errors import ConfigError
 from ..models.base import Conditioning
-
-MAX_STEPS = 10_000
-MAX_SIDE = 16_384
-MAX_BATCH = 4_096
-MAX_SCHEDULE = 1_000_000  # steps / denoise: ComfyUI's extreme is 10,000 steps at denoise 0.01
-MAX_SIGMAS = MAX_STEPS + 1
-SEED_LIMIT = 2**64
+from .choices import MAX_BATCH, MAX_SCHEDULE, MAX_SIDE, MAX_SIGMAS, MAX_STEPS, MIN_SIDE, SEED_LIMIT, SIZE_STEP
 
 
 def whole_number(name: str, value: object, low: int, high: int, why: str) -> int:
@@ -53,6 +46,53 @@ def finite_number(name: str, value: object, why: str) -> float:
             f"pass a finite {name}",
         )
     return number
+
+
+def choice(name: str, value: object, options: Sequence[object]) -> None:
+    """``value`` is one of ``options`` (what a node's list offers; an API caller may pass anything)."""
+    if value not in options:
+        shown = ", ".join(repr(o) for o in options)
+        raise ConfigError(
+            f"{name} {value!r} is not one of the choices", f"{name} is one of: {shown}", f"pick one of {shown}"
+        )
+
+
+def schedule(steps: object, denoise: object) -> tuple[int, float]:
+    """KSampler's steps and denoise: 1..MAX_STEPS steps, denoise in [0, 1], and a schedule KSampler can build
+    (it makes ``steps / denoise`` sigmas and runs the last ``steps``)."""
+    count = whole_number("steps", steps, 1, MAX_STEPS, f"a schedule has 1 to {MAX_STEPS} steps (ComfyUI's limit)")
+    fraction = finite_number("denoise", denoise, "denoise is the fraction of the schedule to run")
+    if not 0.0 <= fraction <= 1.0:
+        raise ConfigError(
+            f"denoise={fraction}",
+            "denoise is the fraction of the schedule to run, in [0, 1] (0 returns the latent unchanged)",
+            "use e.g. 1.0 for text to image or 0.6 for image to image",
+        )
+    if fraction > 0.0 and count / fraction > MAX_SCHEDULE:
+        raise ConfigError(
+            f"steps={count} with denoise={fraction} asks for a schedule of {count / fraction:.3g} sigmas",
+            f"KSampler builds steps/denoise sigmas and runs the last `steps`; more than {MAX_SCHEDULE:,} is "
+            "not a meaningful schedule and would exhaust memory",
+            f"use denoise >= {count / MAX_SCHEDULE:.2g} (ComfyUI's denoise steps by 0.01)",
+        )
+    return count, fraction
+
+
+def image_size(width: object, height: object, step: int = SIZE_STEP) -> tuple[int, int]:
+    """An image's width and height in pixels: whole multiples of ``step`` (the VAE's factor) from
+    ``MIN_SIDE`` to ``MAX_SIDE``, as ComfyUI's empty-latent nodes make them."""
+    sides = []
+    for name, value in (("width", width), ("height", height)):
+        side = whole_number(name, value, MIN_SIDE, MAX_SIDE, f"image sides go from {MIN_SIDE} to {MAX_SIDE} px")
+        if side % step:
+            lower = max(MIN_SIDE, side // step * step)
+            raise ConfigError(
+                f"{name} {side} is not a multiple of {step}",
+                f"the VAE shrinks the image {step}x, so each side is a whole number of latent pixels",
+                f"use {name} {lower} or {lower + step}",
+            )
+        sides.append(side)
+    return sides[0], sides[1]
 
 
 def positive_seconds(name: str, value: object) -> float:
@@ -134,20 +174,10 @@ def sampling_values(
             "batch_size", batch_size, 1, MAX_BATCH, f"a batch holds 1 to {MAX_BATCH} images (ComfyUI's limit)"
         ),
         "seed": whole_number("seed", seed, 0, SEED_LIMIT - 1, "the noise generator takes a seed in [0, 2**64)"),
-        "steps": whole_number("steps", steps, 1, MAX_STEPS, f"a schedule has 1 to {MAX_STEPS} steps (ComfyUI's limit)"),
         "cfg": finite_number("cfg", cfg, "cfg scales the difference between the positive and negative predictions"),
-        "denoise": finite_number("denoise", denoise, "denoise is the fraction of the schedule to run"),
         "guidance": None if guidance is None else finite_number("guidance", guidance, "Flux's embedded guidance"),
     }
-    denoise_value = out["denoise"]
-    if 0.0 < denoise_value <= 1.0 and out["steps"] / denoise_value > MAX_SCHEDULE:
-        raise ConfigError(
-            f"steps={out['steps']} with denoise={denoise_value} asks for a schedule of "
-            f"{out['steps'] / denoise_value:.3g} sigmas",
-            f"KSampler builds steps/denoise sigmas and runs the last `steps`; more than {MAX_SCHEDULE:,} is "
-            "not a meaningful schedule and would exhaust memory",
-            f"use denoise >= {out['steps'] / MAX_SCHEDULE:.2g} (ComfyUI's denoise steps by 0.01)",
-        )
+    out["steps"], out["denoise"] = schedule(steps, denoise)
     if sigmas is not None:
         sigma_tensor = torch.as_tensor(sigmas)
         if sigma_tensor.numel() > MAX_SIGMAS:
@@ -191,6 +221,50 @@ def prompts(values: object) -> list[str]:
     return list(items)
 
 
+def model_latent(latent: object, family: str, channels: int, dims: int, frame_axis: bool = False) -> torch.Tensor:
+    """A LATENT's samples in the model's layout (see ``latent_layout``) with its channel count: as ComfyUI's
+    KSampler does (``fix_empty_latent_channels``), an all-zero latent with another channel count
+    (EmptyLatentImage's 4, a video's 16) becomes zeros with the model's."""
+    latent = latent_layout(latent, family, dims, frame_axis)
+    if latent.shape[1] != channels:
+        if bool(torch.count_nonzero(latent)):
+            raise ConfigError(
+                f"the latent has {latent.shape[1]} channels but this {family} model works with {channels}",
+                "a latent is only meaningful to the VAE (and model) that made it",
+                f"encode the image with this model's VAE, or make an empty latent for it ({channels} channels)",
+            )
+        latent = torch.zeros(latent.shape[0], channels, *latent.shape[2:])
+    return latent
+
+
+def latent_layout(latent: object, family: str, dims: int, frame_axis: bool = False) -> torch.Tensor:
+    """A LATENT's samples as the model takes them: [B, C, H, W] for an image model, [B, C, T, H, W] for a
+    video model, every size at least 1. As ComfyUI does: an image family whose LATENT carries a frame axis of
+    1 (``frame_axis``, Qwen-Image's [B, C, 1, H, W]) loses it; an image latent given to a video model is one
+    frame."""
+    if not isinstance(latent, torch.Tensor):
+        raise ConfigError(
+            f"the latent is a {type(latent).__name__}, not a tensor",
+            "a LATENT holds its samples as a tensor",
+            "connect Parallel Empty Latent, EmptySD3LatentImage, VAEEncode or another LATENT output",
+        )
+    if frame_axis and dims == 2 and latent.ndim == 5 and latent.shape[2] == 1:
+        latent = latent[:, :, 0]
+    if dims == 3 and latent.ndim == 4:
+        latent = latent.unsqueeze(2)
+    if latent.ndim != 2 + dims:
+        shape = "[batch, channels, frames, height, width]" if dims == 3 else "[batch, channels, height, width]"
+        raise ConfigError(
+            f"the latent has shape {tuple(latent.shape)}",
+            f"this {family} model takes latents {shape}",
+            "use a video latent (EmptyHunyuanLatentVideo, WanImageToVideo, Parallel Empty Latent with length)"
+            if dims == 3
+            else "use an image latent (video latents are 5-D)",
+        )
+    latent_sizes(latent)
+    return latent
+
+
 def latent_sizes(latent: torch.Tensor) -> None:
     """A LATENT with every size at least 1 (a batch of 0, e.g. LatentFromBatch past the end, holds nothing)."""
     if min(latent.shape, default=0) < 1:
@@ -201,8 +275,13 @@ def latent_sizes(latent: torch.Tensor) -> None:
         )
 
 
-def decode_latent(latent: object, channels: int) -> torch.Tensor:
-    """A raw VAE latent [B, C, H, W] (video: [B, C, T, H, W]) with this model's channel count, finite."""
+def decode_latent(
+    latent: object, channels: int, family: str = "this", dims: int | None = None, frame_axis: bool = False
+) -> torch.Tensor:
+    """A raw VAE latent [B, C, H, W] (video: [B, C, T, H, W]) with this model's channel count, finite. With
+    ``dims`` (the model's latent dimensions), in the model's layout first (see ``latent_layout``)."""
+    if dims is not None and isinstance(latent, torch.Tensor):
+        latent = latent_layout(latent, family, dims, frame_axis)
     if not isinstance(latent, torch.Tensor) or latent.dim() not in (4, 5) or min(latent.shape, default=0) < 1:
         shape = tuple(latent.shape) if isinstance(latent, torch.Tensor) else type(latent).__name__
         raise ConfigError(

@@ -20,6 +20,7 @@ from ..models.lora.files import LoraFileId, lora_file_id, read_lora
 from ..models.lora.keymap import ModelKeys
 from ..models.lora.patcher import StackEntry
 from ..models.lora.resolve import Resolution, check_resolution, resolve
+from .choices import LORA_STRENGTH_LIMIT
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,7 +62,7 @@ def inspect_lora(spec: LoraSpec, keys: ModelKeys) -> Resolution:
     return resolution
 
 
-STRENGTH_LIMIT = 100.0  # ComfyUI's LoraLoader takes strengths in [-100, 100]
+STRENGTH_LIMIT = LORA_STRENGTH_LIMIT  # ComfyUI's LoraLoader takes strengths in [-100, 100]
 
 
 def check_strengths(spec: LoraSpec) -> None:

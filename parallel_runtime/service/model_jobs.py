@@ -13,7 +13,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from ..denoise.entries import Branch
 from ..denoise.loop import denoise_latent
@@ -23,12 +22,12 @@ from ..errors import ConfigError, NonFiniteValues
 from ..models.base import Conditioning, ModelAdapter
 from ..models.families.registry import FAMILIES, family
 from ..models.lora.patcher import StackEntry
+from ..models.preview import preview_factors, preview_image
 from ..runtime.cancel_points import BlockCancel
 from ..runtime.jobs import JobContext
 from .load_job import TEXT_RANK, LoadedModel, loaded_model, text_file_placement
 from .lora_state import bring_to_stack
 
-PREVIEW_MAX_SIDE = 64
 MEMORY_EVERY_S = 1.0
 
 
@@ -152,7 +151,7 @@ def generate(
             if not first_bad and not torch.isfinite(denoised).all():
                 first_bad.append(f"denoising step {step + 1}/{total}")  # raised after the pipeline ends
             if preview:
-                ctx.emit("preview", {"step": step + 1, "total": total, "latent": _preview(adapter, denoised)})
+                ctx.emit("preview", {"step": step + 1, "total": total, "image": _preview(adapter, denoised)})
 
         def on_patch(done: int, total: int, patch: int | None, patches: int) -> None:
             event = {"step": done, "total": total, "patches": patches}
@@ -190,7 +189,7 @@ def generate(
         if not torch.isfinite(denoised).all():  # every rank holds the same prediction: all raise here
             raise NonFiniteValues(f"denoising step {step + 1}/{total}")
         if ctx.rank == 0 and preview:
-            ctx.emit("preview", {"step": step + 1, "total": total, "latent": _preview(adapter, denoised)})
+            ctx.emit("preview", {"step": step + 1, "total": total, "image": _preview(adapter, denoised)})
         memory.maybe(step + 1 == total)  # before the progress: the panel shows both from the first step
         ctx.emit("progress", {"step": step + 1, "total": total})
 
@@ -241,15 +240,10 @@ def on_device(branch: Branch | Conditioning | None, device: torch.device) -> Bra
 
 
 def _preview(adapter: ModelAdapter, denoised: torch.Tensor) -> torch.Tensor:
-    """A small raw latent of the current x0 prediction (for live previews)."""
-    raw = adapter.plan.latent_format.to_raw(denoised[:1].float())
-    if raw.ndim == 5:  # a video: its first frame (the one ComfyUI's previews show too)
-        raw = raw[:, :, 0]
-    h, w = raw.shape[-2:]
-    scale = PREVIEW_MAX_SIDE / max(h, w)
-    if scale < 1:
-        raw = F.interpolate(raw, size=(max(1, round(h * scale)), max(1, round(w * scale))), mode="area")
-    return raw.to(torch.float16).cpu()
+    """The current x0 prediction as a small uint8 RGB picture [H, W, 3] (a video: a sheet of its frames), from
+    the family's preview factors for this model's latent format (``models.preview``)."""
+    plan = adapter.plan
+    return preview_image(denoised, preview_factors(plan.family, plan.latent_format))
 
 
 def decode(ctx: JobContext, latent: torch.Tensor) -> torch.Tensor | None:

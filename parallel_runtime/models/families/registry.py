@@ -53,6 +53,18 @@ def family(family_id: str) -> FamilySpec:
     )
 
 
+def confirm_family(what: str, found: str, chosen: str | None) -> None:
+    """Refuse a family chosen by hand (the loader's ``family``) that is not the one ``what`` (a file or folder
+    name) holds; ``chosen`` None means detect."""
+    if chosen is not None and chosen != found:
+        raise ConfigError(
+            f"{what} is a {found} transformer but family {chosen!r} was chosen",
+            "the family decides the config, the conversion and the adapter that splits the model; a wrong one "
+            "cannot load the weights",
+            f"set family to {found!r} (or 'auto')",
+        )
+
+
 def find_family(family_id: str | None) -> FamilySpec | None:
     """The family called ``family_id``, or None."""
     return next((spec for spec in FAMILIES if spec.id == family_id), None)

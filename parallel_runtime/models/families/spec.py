@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from torch import nn
 
     from ..base import Conditioning, ConditioningExtras, ModelAdapter
+    from ..latent_formats import LatentFormat
     from ..text_parts import TextComponents
     from ..video_vae import VideoVae
 
@@ -36,7 +37,8 @@ RGB = tuple[float, float, float]
 @dataclasses.dataclass(frozen=True)
 class LatentPreview:
     """ComfyUI's latent -> RGB preview factors of one latent format (``comfy.latent_formats.<comfy_class>``):
-    a preview pixel is ``bias + sum_c latent[c] * rgb_factors[c]``, on the raw VAE latent."""
+    a preview pixel is ``bias + sum_c latent[c] * rgb_factors[c]``, on the latent in model space (what the
+    sampler holds: the format's ``to_model`` of the raw VAE latent, ComfyUI's ``process_in``)."""
 
     comfy_class: str
     rgb_factors: tuple[RGB, ...]  # one (r, g, b) row per latent channel
@@ -146,7 +148,7 @@ class FamilySpec:
     geometry: Callable[[int | None], tuple[int, int]] = default_geometry  # (latent channels) -> token px, frames
     distilled_guidance: bool = False  # takes an embedded guidance value (FluxGuidance) instead of true CFG only
     generate_cfg: float = 1.0  # ``python -m parallel_runtime generate``'s CFG scale when none is given
-    node_preview: str | None = None  # the ComfyUI latent format the nodes' live previews use (None: SD15's)
+    pick_preview: Callable[[LatentFormat], LatentPreview | None] | None = None  # among ``previews`` (None: by channels)
     lora_markers: tuple[str, ...] = ()  # LoRA module-name fragments that suggest this family (error messages)
     lora_aliases: Callable[[str], tuple[str, ...]] | None = None  # an original-layout module -> more LoRA module
     # names that patch it (beyond diffusion_model.<name> and lora_unet_<name>), e.g. ComfyUI's own module names
@@ -158,6 +160,13 @@ class FamilySpec:
     video_vae: Callable[[], VideoVae] | None = None  # a causal 3-D VAE decoded whole, band-parallel (vae.causal3d)
     comfy_conditioning: ComfyConditioning | None = None
     gguf: GGUFFacts | None = None  # ComfyUI-GGUF's files of the family (None: it has none)
+
+    def preview_for(self, latent_format: LatentFormat) -> LatentPreview | None:
+        """The preview factors of a model of this family whose latents have ``latent_format`` (None: the family
+        states none for it)."""
+        if self.pick_preview is not None:
+            return self.pick_preview(latent_format)
+        return next((p for p in self.previews if p.channels == latent_format.channels), None)
 
     def config_folder(self, variant: str) -> Path:
         """Where the shipped configs of ``variant`` (one of :attr:`variants`) are."""

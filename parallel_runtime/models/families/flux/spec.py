@@ -60,7 +60,6 @@ FAMILY = FamilySpec(
     previews=(FLUX_PREVIEW,),
     distilled_guidance=True,
     generate_cfg=1.0,
-    node_preview="Flux",
     lora_markers=("double_blocks", "single_blocks", "single_transformer_blocks"),
     comfy_conditioning=COMFY_CONDITIONING,
     gguf=GGUF,

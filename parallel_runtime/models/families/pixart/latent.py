@@ -28,3 +28,9 @@ SDXL_PREVIEW = LatentPreview(
     ),
     (0.1084, -0.0175, -0.0011),
 )  # fmt: skip
+
+
+def preview_for(latent_format: LatentFormat) -> LatentPreview:
+    """PixArt-alpha's latents (SD1.5's VAE, scale 0.18215) preview with SD1.5's factors, Sigma's (SDXL's VAE)
+    with SDXL's, as ComfyUI gives each its format."""
+    return SD15_PREVIEW if latent_format.scale == ALPHA_SCALE else SDXL_PREVIEW

@@ -8,7 +8,7 @@ from types import MappingProxyType
 from ....parallel.layout import LayoutHints
 from ..spec import FamilySpec, TextFacts
 from . import ID, SIGMA_1024
-from .latent import SD15_PREVIEW, SDXL_PREVIEW
+from .latent import SD15_PREVIEW, SDXL_PREVIEW, preview_for
 
 
 def _adapter():
@@ -49,6 +49,6 @@ FAMILY = FamilySpec(
     head_dim=72,
     previews=(SD15_PREVIEW, SDXL_PREVIEW),  # alpha, Sigma
     generate_cfg=4.5,
-    node_preview="SD15",
+    pick_preview=preview_for,
     lora_markers=("cross_attn",),
 )

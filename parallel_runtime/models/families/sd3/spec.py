@@ -58,7 +58,6 @@ FAMILY = FamilySpec(
     head_dim=64,
     previews=(SD3_PREVIEW,),
     generate_cfg=5.0,
-    node_preview="SD3",
     lora_markers=("joint_blocks", "context_block"),
     gguf=GGUF,
 )

@@ -1,4 +1,4 @@
-"""ComfyUI CONDITIONING <-> the runtime's conditioning branches, with shape checks against the model.
+"""ComfyUI's CONDITIONING <-> the runtime's conditioning branches, with shape checks against the model.
 
 ComfyUI's CONDITIONING is a list of entries ``[embeddings [B,T,D], {"pooled_output": [B,Dp],
 "guidance": float, ...}]``. Every entry becomes a ``CondEntry`` with what KSampler honours of its
@@ -13,12 +13,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from parallel_runtime.errors import ConfigError
-from parallel_runtime.service import families
+from ..errors import ConfigError
+from . import families
 
 if TYPE_CHECKING:
-    from parallel_runtime.denoise.entries import CondEntry
-    from parallel_runtime.models.base import Conditioning
+    from ..denoise.entries import CondEntry
+    from ..models.base import Conditioning
 
 UNSUPPORTED_KEYS = {
     "area": "an area (Conditioning Set Area)",
@@ -81,8 +81,8 @@ def to_branch(
 def _entry(entry: Any, expected: Mapping[str, int | None], family: str, role: str, index: int, count: int):
     import torch
 
-    from parallel_runtime.denoise.entries import CondEntry
-    from parallel_runtime.models.base import Conditioning
+    from ..denoise.entries import CondEntry
+    from ..models.base import Conditioning
 
     label = _model_label(family)
     where = role if count == 1 else f"{role} entry {index + 1} of {count}"

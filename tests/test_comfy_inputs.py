@@ -1,18 +1,15 @@
-"""The sampler nodes' inputs: ComfyUI CONDITIONING to runtime entries and back (with clear errors for
-conditioning of another model), and the LATENT checks."""
+"""ComfyUI's data as the service reads it for the sampler nodes: CONDITIONING to runtime entries and back (with
+clear errors for conditioning of another model), and a LATENT's samples in the model's layout."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 from node_helpers import flux_cond  # tests/ helpers
-from pack_import import load_pack
 
 from parallel_runtime.errors import ConfigError
-
-load_pack()
-from dit_parallel_pack.nodes.conditioning import from_runtime, to_branch  # noqa: E402
-from dit_parallel_pack.nodes.sampler import prepare_latent  # noqa: E402
+from parallel_runtime.service.comfy_conditioning import from_runtime, to_branch
+from parallel_runtime.service.input_checks import model_latent
 
 
 def test_conditioning_round_trip_and_entry_options():
@@ -48,11 +45,15 @@ def test_conditioning_errors_say_what_why_fix(conditioning, match):
     assert "why:" in str(err.value) and "fix:" in str(err.value)
 
 
-def test_prepare_latent_checks():
-    zeros4 = {"samples": torch.zeros(1, 4, 8, 8)}
-    assert prepare_latent(zeros4, 16, "flux").shape == (1, 16, 8, 8)  # empty latent of another family: fixed
+def test_model_latent_checks():
+    zeros4 = torch.zeros(1, 4, 8, 8)
+    assert model_latent(zeros4, "flux", 16, 2).shape == (1, 16, 8, 8)  # empty latent of another family: fixed
     with pytest.raises(ConfigError, match="has 4 channels but this flux model works with 16"):
-        prepare_latent({"samples": torch.ones(1, 4, 8, 8)}, 16, "flux")
-    assert prepare_latent({"samples": torch.ones(1, 16, 9, 7)}, 16, "flux").shape == (1, 16, 9, 7)  # model pads
-    with pytest.raises(ConfigError, match="noise mask"):
-        prepare_latent({"samples": torch.zeros(1, 16, 8, 8), "noise_mask": torch.ones(1, 8, 8)}, 16, "flux")
+        model_latent(torch.ones(1, 4, 8, 8), "flux", 16, 2)
+    assert model_latent(torch.ones(1, 16, 9, 7), "flux", 16, 2).shape == (1, 16, 9, 7)  # the model pads
+    with pytest.raises(ConfigError, match=r"has shape \(1, 16, 3, 8, 8\)"):
+        model_latent(torch.ones(1, 16, 3, 8, 8), "flux", 16, 2)
+    assert model_latent(torch.ones(1, 16, 1, 8, 8), "qwen-image", 16, 2, frame_axis=True).shape == (1, 16, 8, 8)
+    assert model_latent(torch.ones(1, 16, 8, 8), "wan", 16, 3).shape == (1, 16, 1, 8, 8)  # an image: one frame
+    with pytest.raises(ConfigError, match=r"shape \[1, 0, 8, 8\]"):
+        model_latent(torch.ones(1, 0, 8, 8), "flux", 16, 2)

@@ -14,7 +14,7 @@ import inspect
 import math
 from typing import Any
 
-from parallel_runtime.errors import ConfigError
+from ..errors import ConfigError
 
 _NAMED_FUNCTIONS = {
     "dpm_fast_function": "dpm_fast",
@@ -27,7 +27,7 @@ _UNREADABLE = object()
 
 
 def _name_of(function: Any, inpaint_options: dict) -> str:
-    from parallel_runtime.sampling import SAMPLER_NAMES
+    from ..sampling import SAMPLER_NAMES
 
     raw = getattr(function, "__name__", "")
     name = _NAMED_FUNCTIONS.get(raw, raw.removeprefix("sample_"))
@@ -58,7 +58,7 @@ def _same(a: Any, b: Any) -> bool:
 
 def sampler_from_input(sampler: Any) -> tuple[str, dict[str, float]]:
     """(sampler name, {eta / s_noise: value}) of a ComfyUI SAMPLER, or a clear error."""
-    from parallel_runtime.sampling import sampler_spec
+    from ..sampling import sampler_spec
 
     function = getattr(sampler, "sampler_function", None)
     if function is None:

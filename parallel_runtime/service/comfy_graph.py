@@ -1,0 +1,244 @@
+"""The service's face for a ComfyUI graph: one function per node, taking ComfyUI's data as the node receives it
+(CONDITIONING lists, LATENT dicts, a SAMPLER, widget values) and handing back ComfyUI's data.
+
+Every check and limit is the service's own (``input_checks``, ``sampling_checks``, ``load_plan``): the nodes
+declare their inputs from the limits named here and their VALIDATE_INPUTS call the same checks. Nothing here
+imports ComfyUI; ComfyUI's formats are plain lists, dicts and tensors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from ..errors import ConfigError
+from . import input_checks
+from .choices import ENABLE_DISABLE, MAX_BATCH, MAX_FRAMES, MAX_SHIFT, MAX_STEPS
+from .comfy_conditioning import from_runtime, to_branch
+from .families import takes_guidance
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..models.sampling_spec import ModelSamplingSpec
+    from .api import ParallelModel
+    from .lora import LoraSpec
+
+EventFn = Callable[[int, str, Any], None]
+
+
+def sampler_choices() -> tuple[list[str], list[str]]:
+    """ComfyUI 0.3.64's sampler and scheduler names, in its order, as lists (ComfyUI validates a combo's value
+    only when its options are a list)."""
+    from ..sampling import SAMPLER_NAMES, SCHEDULER_NAMES
+
+    return list(SAMPLER_NAMES), list(SCHEDULER_NAMES)
+
+
+def _latent_parts(latent: object) -> tuple[torch.Tensor, torch.Tensor | None, list[int] | None]:
+    """(samples, noise mask, batch index) of a ComfyUI LATENT, each on the CPU (the model checks them)."""
+    import torch
+
+    if not isinstance(latent, Mapping) or not isinstance(latent.get("samples"), torch.Tensor):
+        raise ConfigError(
+            "latent_image is not a LATENT",
+            "a LATENT is a dict with a 'samples' tensor",
+            "connect Parallel Empty Latent, EmptySD3LatentImage, VAEEncode or another LATENT output",
+        )
+    mask = latent.get("noise_mask")
+    if mask is not None and not isinstance(mask, torch.Tensor):
+        raise ConfigError(
+            f"the LATENT's noise_mask is a {type(mask).__name__}",
+            "a noise mask is a tensor of the latent's size (0 keeps the input, 1 denoises)",
+            "make the latent and its mask with ComfyUI's nodes (Set Latent Noise Mask, Wan22ImageToVideoLatent)",
+        )
+    index = latent.get("batch_index")
+    return (
+        latent["samples"].float().cpu(),
+        None if mask is None else mask.float().cpu(),
+        None if index is None else [int(i) for i in index],
+    )
+
+
+def sample(
+    model: ParallelModel,
+    positive: Any,
+    negative: Any,
+    latent: Mapping[str, Any],
+    *,
+    seed: int,
+    steps: int,
+    cfg: float,
+    sampler_name: str,
+    scheduler: str,
+    denoise: float = 1.0,
+    sigmas: torch.Tensor | None = None,
+    guidance: float | None = None,
+    sampler: Any = None,
+    advanced: dict[str, Any] | None = None,
+    on_event: EventFn | None = None,
+    should_cancel: Callable[[], bool] | None = None,
+) -> dict[str, Any]:
+    """KSampler (``advanced``: KSamplerAdvanced's add_noise / start_at_step / end_at_step /
+    return_with_leftover_noise) on the model's workers: ComfyUI's CONDITIONING and LATENT in, the LATENT out
+    in ComfyUI's layout for the family, with the input's other entries (batch_index, a noise mask) kept as
+    KSampler keeps them. ``sampler``: a ComfyUI SAMPLER, replacing ``sampler_name`` (with its eta / s_noise);
+    ``guidance``: Flux guidance of entries without their own (ignored by families without guidance)."""
+    from .comfy_sampler import sampler_from_input
+
+    samples, mask, batch_index = _latent_parts(latent)
+    options: dict[str, float] = {}
+    if sampler is not None:
+        sampler_name, options = sampler_from_input(sampler)
+    expected, family = model.expected_conditioning(), model.family
+    pos = to_branch(positive, expected, family, "positive")
+    neg = to_branch(negative, expected, family, "negative") if negative is not None else None
+    h, w = samples.shape[-2:]
+    f = model.spatial_factor
+    kwargs: dict[str, Any] = dict(
+        width=w * f,
+        height=h * f,
+        batch_size=samples.shape[0],
+        seed=seed,
+        steps=steps,
+        cfg=cfg,
+        sampler_name=sampler_name,
+        scheduler=scheduler,
+        denoise=denoise,
+        sigmas=sigmas,
+        guidance=float(guidance) if takes_guidance(family) and guidance is not None else None,
+        batch_index=batch_index,
+        on_event=on_event,
+        should_cancel=should_cancel,
+        **options,
+    )
+    if mask is not None:
+        kwargs["noise_mask"] = mask
+    if advanced is not None:
+        kwargs["advanced"] = advanced
+    out = model.sample(pos, neg, samples, **kwargs)
+    result = dict(latent)  # KSampler's copy: batch_index and a noise mask stay with the latent
+    result["samples"] = out.unsqueeze(2) if getattr(model, "latent_frame_axis", False) else out
+    return result
+
+
+def schedule_window(add_noise: str, start_at_step: int, end_at_step: int, leftover_noise: str) -> dict[str, Any]:
+    """KSamplerAdvanced's words and steps as ``ParallelModel.sample``'s ``advanced``: which window of the
+    schedule runs, with or without added noise, returning its leftover noise or not."""
+    input_checks.choice("add_noise", add_noise, ENABLE_DISABLE)
+    input_checks.choice("return_with_leftover_noise", leftover_noise, ENABLE_DISABLE)
+    why = "the window's steps are steps of the whole schedule"
+    return {
+        "add_noise": add_noise == "enable",
+        "start_at_step": input_checks.whole_number("start_at_step", start_at_step, 0, MAX_STEPS, why),
+        "end_at_step": input_checks.whole_number("end_at_step", end_at_step, 0, MAX_STEPS, why),
+        "return_with_leftover_noise": leftover_noise == "enable",
+    }
+
+
+def sampling_text(model: ParallelModel) -> str:
+    """What the sampler node shows: the model sampling in force and where it comes from."""
+    spec = getattr(model, "model_sampling", None)
+    if spec is None:
+        return "model sampling: the model's default"
+    text = f"model sampling: {spec.describe()}"
+    if spec.source == "the model file's default" and spec.kind in ("flux_flow", "discrete_flow"):
+        text += "; a Parallel Model Sampling node before the sampler changes it"
+    return text
+
+
+def empty_latent(model: ParallelModel, width: int, height: int, batch_size: int, length: int = 1) -> dict[str, Any]:
+    """Zeros [batch, channels, height/f, width/f] for an image model (Qwen-Image: [B, C, 1, H, W], as ComfyUI
+    keeps its LATENT); [batch, channels, (length-1)/4+1, height/f, width/f] for a video model (as
+    EmptyHunyuanLatentVideo / Wan22ImageToVideoLatent make them). Sizes are checked against the model."""
+    import torch
+
+    width, height = input_checks.image_size(width, height)
+    batch = input_checks.whole_number("batch_size", batch_size, 1, MAX_BATCH, "a batch holds one latent per image")
+    frames = input_checks.whole_number("length", length, 1, MAX_FRAMES, "length counts video frames")
+    channels, f = model.latent_channels, model.spatial_factor
+    if width % f or height % f:
+        raise ConfigError(
+            f"{width}x{height} px is not a multiple of {f} px for {model.family}",
+            f"this model's VAE shrinks the image {f}x, so each side is a whole number of latent pixels",
+            f"use {max(f, width // f * f)}x{max(f, height // f * f)}",
+        )
+    model.check_latent_size(height // f, width // f)
+    if model.latent_dims == 3:
+        latent_frames = (frames - 1) // model.temporal_factor + 1
+        return {"samples": torch.zeros(batch, channels, latent_frames, height // f, width // f)}
+    if frames != 1:
+        raise ConfigError(
+            f"length {frames} for the {model.family} image model",
+            "length counts video frames; an image model makes one image per batch item",
+            "set length to 1 (or load a video model such as Wan)",
+        )
+    samples = torch.zeros(batch, channels, height // f, width // f)
+    if getattr(model, "latent_frame_axis", False):
+        samples = samples.unsqueeze(2)
+    return {"samples": samples}
+
+
+def encode(model: ParallelModel, text: str, text_encoder: tuple[str, str] | None = None) -> list[list[Any]]:
+    """ComfyUI CONDITIONING of ``text`` with the model's own text encoders, or with ``text_encoder`` (a
+    text-encoder file and its tokenizer folder)."""
+    cond = model.encode_text(text) if text_encoder is None else model.encode_text(text, text_encoder)
+    return from_runtime(cond)
+
+
+def decode(model: ParallelModel, samples: object) -> torch.Tensor:
+    """ComfyUI IMAGE [B, H, W, 3] in 0..1 of a LATENT (a video's frames one after another)."""
+    latent = samples.get("samples") if isinstance(samples, Mapping) else None
+    if latent is None:
+        raise ConfigError(
+            f"samples is not a LATENT ({type(samples).__name__})",
+            "a LATENT is a dict with a 'samples' tensor",
+            "connect a LATENT output of this model (Parallel Sampler, VAE Encode, ...)",
+        )
+    return model.decode(latent).float().clamp(0.0, 1.0)
+
+
+def lora(model: ParallelModel, path: str, strength_model: float, strength_clip: float) -> tuple[LoraSpec | None, str]:
+    """The LoRA ``path`` at these strengths, checked against the loaded model by the API's own check
+    (``ParallelModel.lora_checks``, as ``with_loras`` runs it: finite strengths within ComfyUI's range, a file
+    that patches this model); None when both strengths are 0 (ComfyUI's loader then returns the model
+    untouched). Also the text the node shows."""
+    from pathlib import Path
+
+    from .lora import LoraSpec
+
+    spec = LoraSpec.of(path, strength_model, strength_clip)
+    resolution = model.lora_checks.check(spec, model.lora_keys)
+    if resolution is None:
+        return None, f"{Path(path).name}: strength 0, not applied"
+    return spec, f"{spec.describe()}: {resolution.summary()}"
+
+
+def _shift(name: str, value: object) -> float:
+    shift = input_checks.finite_number(name, value, "a shift moves the schedule's steps toward high noise")
+    if not 0.0 <= shift <= MAX_SHIFT:
+        raise ConfigError(f"{name}={shift}", f"a shift is from 0 to {MAX_SHIFT:g}", f"use a {name} in that range")
+    return shift
+
+
+def flux_sampling(max_shift: float, base_shift: float, width: int, height: int) -> ModelSamplingSpec:
+    """ComfyUI's ModelSamplingFlux: the Flux shift of ``width`` x ``height`` pixels (``base_shift`` at 256
+    tokens, ``max_shift`` at 4096, linear between)."""
+    from ..denoise.model_sampling import model_sampling_flux_node
+
+    width, height = input_checks.image_size(width, height)
+    return model_sampling_flux_node(_shift("max_shift", max_shift), _shift("base_shift", base_shift), width, height)
+
+
+def sd3_sampling(shift: float) -> ModelSamplingSpec:
+    """ComfyUI's ModelSamplingSD3: discrete flow with ``shift`` (timesteps = sigma x 1000)."""
+    from ..denoise.model_sampling import model_sampling_sd3_node
+
+    return model_sampling_sd3_node(_shift("shift", shift))
+
+
+def auraflow_sampling(shift: float) -> ModelSamplingSpec:
+    """ComfyUI's ModelSamplingAuraFlow: discrete flow with ``shift`` (timesteps = sigma)."""
+    from ..denoise.model_sampling import model_sampling_auraflow_node
+
+    return model_sampling_auraflow_node(_shift("shift", shift))
