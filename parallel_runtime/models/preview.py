@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from .families.registry import find_family
 
 if TYPE_CHECKING:
+    from .base import ModelPlan
     from .families.spec import LatentPreview
     from .latent_formats import LatentFormat
 
@@ -30,6 +31,11 @@ def preview_factors(family_id: str, latent_format: LatentFormat) -> LatentPrevie
     """The factors the family states for latents of ``latent_format`` (None: none; previews are false colour)."""
     spec = find_family(family_id)
     return None if spec is None else spec.preview_for(latent_format)
+
+
+def plan_preview(plan: ModelPlan, x0: torch.Tensor) -> torch.Tensor:
+    """The preview a model of ``plan`` (its family, its latent format) shows of its x0 prediction ``x0``."""
+    return preview_image(x0, preview_factors(plan.family, plan.latent_format))
 
 
 def frame_picks(frames: int, most: int = MAX_FRAMES) -> list[int]:
@@ -73,8 +79,9 @@ def _factor_colours(frames: torch.Tensor, factors: LatentPreview) -> torch.Tenso
 
 
 def _component_colours(frames: torch.Tensor) -> torch.Tensor:
-    """[C, T, H, W] -> [T, H, W, 3]: the latent's three principal components over every shown pixel, each
-    scaled to -1..1 and signed so its largest channel loading is positive (the same basis for every frame)."""
+    """[C, T, H, W] -> [T, H, W, 3]: the latent's three principal components over every shown pixel, signed so
+    each one's largest channel loading is positive, all scaled by one factor that brings the first to -1..1 (a
+    weak component stays faint instead of blowing its noise up); the same basis for every frame."""
     channels = frames.shape[0]
     flat = frames.reshape(channels, -1)
     centred = flat - flat.mean(dim=1, keepdim=True)
@@ -82,7 +89,7 @@ def _component_colours(frames: torch.Tensor) -> torch.Tensor:
     signs = torch.sign(basis.gather(0, basis.abs().argmax(dim=0, keepdim=True)))
     basis = basis * torch.where(signs == 0, torch.ones_like(signs), signs)
     components = basis.T @ centred  # [<=3, N]
-    peak = components.abs().amax(dim=1, keepdim=True).clamp_min(1e-12)
+    peak = components[:1].abs().amax().clamp_min(1e-12)
     components = components / peak
     if components.shape[0] < 3:
         components = torch.cat([components, components.new_zeros(3 - components.shape[0], components.shape[1])])

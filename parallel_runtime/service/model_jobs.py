@@ -19,10 +19,10 @@ from ..denoise.loop import denoise_latent
 from ..denoise.model_sampling import model_sampling_for
 from ..denoise.settings import SamplingSettings
 from ..errors import ConfigError, NonFiniteValues
-from ..models.base import Conditioning, ModelAdapter
+from ..models.base import Conditioning
 from ..models.families.registry import FAMILIES, family
 from ..models.lora.patcher import StackEntry
-from ..models.preview import preview_factors, preview_image
+from ..models.preview import plan_preview
 from ..runtime.cancel_points import BlockCancel
 from ..runtime.jobs import JobContext
 from .load_job import TEXT_RANK, LoadedModel, loaded_model, text_file_placement
@@ -151,7 +151,7 @@ def generate(
             if not first_bad and not torch.isfinite(denoised).all():
                 first_bad.append(f"denoising step {step + 1}/{total}")  # raised after the pipeline ends
             if preview:
-                ctx.emit("preview", {"step": step + 1, "total": total, "image": _preview(adapter, denoised)})
+                ctx.emit("preview", {"step": step + 1, "total": total, "image": plan_preview(adapter.plan, denoised)})
 
         def on_patch(done: int, total: int, patch: int | None, patches: int) -> None:
             event = {"step": done, "total": total, "patches": patches}
@@ -189,7 +189,7 @@ def generate(
         if not torch.isfinite(denoised).all():  # every rank holds the same prediction: all raise here
             raise NonFiniteValues(f"denoising step {step + 1}/{total}")
         if ctx.rank == 0 and preview:
-            ctx.emit("preview", {"step": step + 1, "total": total, "image": _preview(adapter, denoised)})
+            ctx.emit("preview", {"step": step + 1, "total": total, "image": plan_preview(adapter.plan, denoised)})
         memory.maybe(step + 1 == total)  # before the progress: the panel shows both from the first step
         ctx.emit("progress", {"step": step + 1, "total": total})
 
@@ -237,13 +237,6 @@ def on_device(branch: Branch | Conditioning | None, device: torch.device) -> Bra
     if branch is None or isinstance(branch, Conditioning):
         return None if branch is None else branch.to(device)
     return tuple(dataclasses.replace(e, cond=e.cond.to(device)) for e in branch)
-
-
-def _preview(adapter: ModelAdapter, denoised: torch.Tensor) -> torch.Tensor:
-    """The current x0 prediction as a small uint8 RGB picture [H, W, 3] (a video: a sheet of its frames), from
-    the family's preview factors for this model's latent format (``models.preview``)."""
-    plan = adapter.plan
-    return preview_image(denoised, preview_factors(plan.family, plan.latent_format))
 
 
 def decode(ctx: JobContext, latent: torch.Tensor) -> torch.Tensor | None:
