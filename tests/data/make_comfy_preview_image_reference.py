@@ -48,10 +48,9 @@ def main() -> None:
     from comfy_setup import prepare_comfy, tensor_json
 
     prepare_comfy(args.comfy_dir)
-    import numpy as np
-
     import comfy.latent_formats as lf
     import latent_preview
+    import numpy as np
 
     cases = {}
     for name in FORMATS:
