@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextvars
 import logging
 import os
 from collections.abc import Callable, Sequence
@@ -91,6 +92,20 @@ class _PublicBar:
         self.total = total or self.total
         image = _picture(preview) if preview is not None and self.previews else None
         self.execution.set_progress(min(value, self.total), self.total, preview_image=image)
+
+
+class _AwaitedExecution:
+    """An async ``Execution`` called from the node's (synchronous) thread: each call runs on a loop of its own in
+    a helper thread, with this thread's context variables (as comfy_api's own sync wrapper does)."""
+
+    def __init__(self, execution: Any):
+        self.execution = execution
+
+    def set_progress(self, value: float, max_value: float, preview_image: Any = None) -> None:
+        context = contextvars.copy_context()
+        call = self.execution.set_progress(value, max_value, preview_image=preview_image)
+        with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="dit-parallel-progress") as pool:
+            pool.submit(context.run, asyncio.run, call).result(timeout=60)
 
 
 class ComfyBridge(MemoryHooks):
@@ -196,16 +211,22 @@ class ComfyBridge(MemoryHooks):
         return _NullBar()
 
     def _public_execution(self) -> Any | None:
+        """comfy_api's ``Execution`` as its documented synchronous form (``ComfyAPISync().execution``); where that
+        is broken (ComfyUI 0.3.64 builds the stub without ``execution``), the async ``ComfyAPI.Execution``
+        awaited on a loop of its own, in this thread's context (ComfyUI finds the node through it)."""
         api = self.public_api()
         sync = getattr(api, "ComfyAPISync", None)
-        if sync is None:
-            return None
         try:
-            execution = sync().execution
-        except Exception as exc:
-            self.hooks.lose("public progress", f"comfy_api's Execution ({exc})", "no progress bar or preview")
-            return None
-        return execution if callable(getattr(execution, "set_progress", None)) else None
+            execution = sync().execution if sync is not None else None
+        except Exception:
+            execution = None
+        if callable(getattr(execution, "set_progress", None)):
+            return execution
+        inner = getattr(getattr(api, "ComfyAPI", None), "Execution", None)
+        if inner is not None and asyncio.iscoroutinefunction(getattr(inner, "set_progress", None)):
+            return _AwaitedExecution(inner())
+        self.hooks.lose("public progress", "comfy_api's Execution.set_progress", "no progress bar or preview")
+        return None
 
     def _previews_on(self) -> bool:
         method = self.hooks.find(

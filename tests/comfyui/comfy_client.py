@@ -16,6 +16,7 @@ from typing import Any
 import websocket  # websocket-client
 
 PREVIEW_IMAGE = 1  # ComfyUI's BinaryEventTypes.PREVIEW_IMAGE (format word + JPEG/PNG bytes)
+PREVIEW_WITH_METADATA = 4  # ... PREVIEW_IMAGE_WITH_METADATA (metadata length, metadata JSON, JPEG/PNG bytes)
 END_EVENTS = ("execution_success", "execution_error", "execution_interrupted")
 
 
@@ -52,6 +53,7 @@ class Run:
     prompt_id: str
     messages: list[dict[str, Any]] = field(default_factory=list)  # text messages of this prompt, in order
     previews: list[bytes] = field(default_factory=list)  # preview images (JPEG/PNG bytes)
+    preview_nodes: list[str | None] = field(default_factory=list)  # each preview's node (None: not said)
 
     @property
     def outcome(self) -> str | None:
@@ -65,6 +67,11 @@ class Run:
         """The progress values the server sent for ``node``, in order."""
         return [int(d["value"]) for d in self.of_type("progress") if str(d.get("node")) == node]
 
+    def progress_states(self, node: str) -> list[tuple[float, float, str]]:
+        """(value, max, state) of ``node`` in each ``progress_state`` message (the progress registry's view)."""
+        states = [d["nodes"].get(node) for d in self.of_type("progress_state")]
+        return [(float(s["value"]), float(s["max"]), s["state"]) for s in states if s]
+
     def error(self) -> dict[str, Any]:
         errors = self.of_type("execution_error")
         assert errors, f"no execution_error; the run ended with {self.outcome}: {self.messages[-5:]}"
@@ -74,12 +81,16 @@ class Run:
 class ComfyClient:
     """One websocket session (client id) with a server."""
 
-    def __init__(self, url: str, timeout: float = 30.0):
+    def __init__(self, url: str, timeout: float = 30.0, features: dict[str, Any] | None = None):
+        """``features``: the feature flags to announce, as the page does (it announces
+        ``supports_preview_metadata``); None announces nothing, as a plain API client."""
         self.url = url.rstrip("/")
         self.client_id = uuid.uuid4().hex
         ws_url = self.url.replace("http://", "ws://") + f"/ws?clientId={self.client_id}"
         self.ws = websocket.create_connection(ws_url, timeout=timeout)
         self.other: list[dict[str, Any]] = []  # messages of no prompt (status, dit_parallel.status, ...)
+        if features is not None:
+            self.ws.send(json.dumps({"type": "feature_flags", "data": features}))
 
     def close(self) -> None:
         self.ws.close()
@@ -137,6 +148,13 @@ class ComfyClient:
                 (kind,) = struct.unpack(">I", payload[:4])
                 if current and kind == PREVIEW_IMAGE:
                     run.previews.append(payload[8:])
+                    run.preview_nodes.append(None)
+                elif kind == PREVIEW_WITH_METADATA:
+                    (size,) = struct.unpack(">I", payload[4:8])
+                    meta = json.loads(payload[8 : 8 + size])
+                    if meta.get("prompt_id") == prompt_id:
+                        run.previews.append(payload[8 + size :])
+                        run.preview_nodes.append(str(meta.get("node_id")))
                 continue
             if opcode != websocket.ABNF.OPCODE_TEXT:
                 continue

@@ -4,10 +4,12 @@ from ComfyUI's own code. Usage: ``python comfy_oracle.py REQUEST.json OUT.json``
 REQUEST: {"snapshot", "base" (the --base-directory, whose custom_nodes holds the cloned pack),
 "workflows": {name: UI-format workflow}, "visible_gpus": N}. OUT: {"object_info" (the node
 definitions, built as the server's /object_info builds them), "samplers", "schedulers"
-(comfy.samplers.KSampler), "loaded_pack" (whether dit-parallel imported), "results": {name:
-{"prompt" (API format), "valid", "error", "node_errors", "conversion_error"}}, "choice_probes":
-{"Node.input": {"valid", "errors"}}: each choice input of our nodes in a valid workflow, validated
-once with an unknown value}.
+(comfy.samplers.KSampler), "loaded_pack" (whether dit-parallel imported), "public_nodes" (our node
+types registered as comfy_api io.ComfyNode classes), "results": {name: {"prompt" (API format), "valid",
+"error", "node_errors", "conversion_error"}}, "choice_probes": {"Node.input": {"valid", "errors"}}: each
+choice input of our nodes in a valid workflow, validated once with an unknown value}, "choice_probe":
+{"valid", "errors"} when the request has a "choice_probe" {"workflow", "class_type", "input"}: that
+workflow validated with that input set to a value that is none of its choices}.
 
 Validation is ``execution.validate_prompt`` itself: ComfyUI's type, link, combo and range checks
 and our VALIDATE_INPUTS. Our loader checks that the requested GPUs exist; the shipped workflows are
@@ -119,7 +121,24 @@ def main() -> None:
         )
         if valid:
             choice_probes.update(_probe_choices(nodes, execution, name, prompt, choice_probes))
+    probe = request.get("choice_probe")
+    choice_probe = None
+    if probe and results.get(probe["workflow"], {}).get("valid"):
+        bad = json.loads(json.dumps(results[probe["workflow"]]["prompt"]))
+        (node_id,) = [k for k, v in bad.items() if v["class_type"] == probe["class_type"]]
+        bad[node_id]["inputs"][probe["input"]] = UNKNOWN_CHOICE
+        valid, _, _, node_errors = asyncio.run(execution.validate_prompt("probe", bad, None))
+        errors = [e.get("type") for e in node_errors.get(node_id, {}).get("errors", [])]
+        choice_probe = {"valid": bool(valid), "errors": errors}
+    from comfy_api.latest import io
+
     out = {
+        "public_nodes": sorted(
+            n
+            for n, c in nodes.NODE_CLASS_MAPPINGS.items()
+            if n.startswith("DiTParallel") and issubclass(c, io.ComfyNode)
+        ),
+        "choice_probe": choice_probe,
         "object_info": object_info,
         "samplers": list(comfy.samplers.KSampler.SAMPLERS),
         "schedulers": list(comfy.samplers.KSampler.SCHEDULERS),

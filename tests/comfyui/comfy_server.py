@@ -106,6 +106,7 @@ class ComfyServer:
     base: Path
     env: dict[str, str]
     extra_args: tuple[str, ...] = ()
+    launcher: Path | None = None  # a script that runs main.py (its path is the launcher's first argument)
     port: int = 0
     proc: subprocess.Popen | None = None
     log_path: Path | None = None
@@ -118,6 +119,7 @@ class ComfyServer:
     def command(self) -> list[str]:
         return [
             str(self.python),
+            *([str(self.launcher)] if self.launcher is not None else []),
             str(self.snapshot / "main.py"),
             "--cpu",
             "--listen",

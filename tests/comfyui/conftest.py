@@ -27,6 +27,7 @@ HERE = Path(__file__).resolve().parent
 WORKFLOWS = sorted((REPO / "workflows").glob("*.json"))
 ARTIFACTS_ENV = "DIT_PARALLEL_ARTIFACTS"
 VISIBLE_GPUS_FOR_VALIDATION = 8  # the shipped workflows are for GPU machines (see comfy_oracle.py)
+NODE_FORM_ENV = "DIT_PARALLEL_NODE_FORM"  # public / classic: the form the pack registers its nodes in
 
 # The model files the shipped workflows name, stood in by the tiny random models:
 # path under models/ -> (tiny model, path inside it; "" for the whole diffusers folder)
@@ -204,22 +205,24 @@ def object_info(comfy_server) -> dict[str, Any]:
         return client.get("/object_info", timeout=120)
 
 
-@pytest.fixture(scope="session")
-def comfy_oracle(comfy_python, comfy_snapshot, comfy_base, comfy_env, tmp_path_factory) -> dict[str, Any]:
+SMOKE_PROBE = {"workflow": "tiny_flux_cpu_smoke.json", "class_type": "DiTParallelModelLoader", "input": "family"}
+
+
+def run_oracle(comfy_python, comfy_snapshot, comfy_base, env: dict[str, str], work: Path) -> dict[str, Any]:
     """ComfyUI's own answers, computed in its venv with the pack loaded (see comfy_oracle.py)."""
-    work = tmp_path_factory.mktemp("comfyui-oracle")
     request = {
         "snapshot": str(comfy_snapshot),
         "base": str(comfy_base),
         "pack_folder": PACK_FOLDER,
         "visible_gpus": VISIBLE_GPUS_FOR_VALIDATION,
         "workflows": {p.name: json.loads(p.read_text(encoding="utf-8")) for p in WORKFLOWS},
+        "choice_probe": SMOKE_PROBE,
     }
     (work / "request.json").write_text(json.dumps(request))
     proc = subprocess.run(
         [str(comfy_python), str(HERE / "comfy_oracle.py"), str(work / "request.json"), str(work / "out.json")],
         cwd=work,
-        env=comfy_env,
+        env=env,
         capture_output=True,
         text=True,
         timeout=600,
@@ -232,5 +235,47 @@ def comfy_oracle(comfy_python, comfy_snapshot, comfy_base, comfy_env, tmp_path_f
     return out
 
 
+@pytest.fixture(scope="session")
+def comfy_oracle(comfy_python, comfy_snapshot, comfy_base, comfy_env, tmp_path_factory) -> dict[str, Any]:
+    """ComfyUI's own answers with the pack in the form it chooses itself."""
+    work = tmp_path_factory.mktemp("comfyui-oracle")
+    return run_oracle(comfy_python, comfy_snapshot, comfy_base, comfy_env, work)
+
+
+@pytest.fixture(scope="session")
+def comfy_public_oracle(comfy_python, comfy_snapshot, comfy_base, comfy_env, tmp_path_factory) -> dict[str, Any]:
+    """ComfyUI's own answers with the pack's nodes in ComfyUI's public API form (io.ComfyNode), forced."""
+    work = tmp_path_factory.mktemp("comfyui-public-oracle")
+    env = {**comfy_env, NODE_FORM_ENV: "public"}
+    return run_oracle(comfy_python, comfy_snapshot, comfy_base, env, work)
+
+
 def pytest_report_header(config) -> list[str]:
     return [f"ComfyUI snapshot: {snapshot_dir()} (python {sys.version.split()[0]} runs the tests)"]
+
+
+@pytest.fixture(scope="module")
+def comfy_server_without_hooks(comfy_python, comfy_snapshot, comfy_base, comfy_env, tmp_path_factory):
+    """A second server, run by without_hooks.py (the internals the pack reaches renamed away, as a later ComfyUI
+    might have them) with the pack's nodes in the public API form; the same pack clone and models as
+    ``comfy_base``, in a base directory of its own (database, user, output)."""
+    base = tmp_path_factory.mktemp("comfyui-base-without-hooks")
+    for shared in ("custom_nodes", "models", "input"):
+        (base / shared).symlink_to(comfy_base / shared, target_is_directory=True)
+    settings = base / "user" / "default" / "comfy.settings.json"
+    settings.parent.mkdir(parents=True)
+    settings.write_text(json.dumps({"Comfy.TutorialCompleted": True}))
+    env = {**comfy_env, NODE_FORM_ENV: "public"}
+    server = ComfyServer(  # (ComfyUI's API nodes import the renamed ProgressBar: they are not part of this test)
+        comfy_python, comfy_snapshot, base, env, extra_args=("--disable-api-nodes",), launcher=HERE / "without_hooks.py"
+    )
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()
+        (artifacts_dir() / "comfyui-server-without-hooks.log").write_text(server.log_text())
+        alive, segments = server.leftovers()
+        server.kill_leftovers()
+    assert not alive, f"worker processes left after ComfyUI stopped: {alive}"
+    assert not segments, f"/dev/shm segments left after ComfyUI stopped: {segments}"

@@ -192,6 +192,15 @@ def test_workers_stay_warm_across_prompts_and_leave_when_the_user_frees_memory(c
     assert not any(pid_alive(p) for p in fresh.values())
 
 
+def test_the_pack_finds_every_piece_of_comfyui_it_uses(comfy, comfy_server, object_info):
+    """On the ComfyUI it is tested with, no feature is lost (tests/comfyui/test_comfyui_without_hooks.py: a
+    ComfyUI without them); the progress bar moves once a step and the previews arrive (classic bar)."""
+    run = comfy.run(smoke_prompt(object_info, steps=2), timeout=600)
+    assert run.outcome == "execution_success", run.messages[-5:]
+    assert comfy.get("/dit_parallel/status")["lost"] == {}
+    assert "which this ComfyUI lacks" not in comfy_server.log_text()
+
+
 def test_a_device_problem_is_reported_once(comfy_server, object_info):
     prompt = smoke_prompt(object_info)
     loader = node_of(prompt, "DiTParallelModelLoader")
