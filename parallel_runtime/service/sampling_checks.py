@@ -17,6 +17,7 @@ from ..parallel.config import ParallelConfig
 from ..pipefusion.branches import single_entry
 from ..pipefusion.schedule import require_per_patch
 from ..sampling import SAMPLER_NAMES, SCHEDULER_NAMES, sampler_spec, uses_uncond
+from .input_checks import schedule
 
 
 def check_sampling_args(
@@ -43,14 +44,7 @@ def check_sampling_args(
             "and this name is none of them (a typo, or a scheduler another custom node adds)",
             f"use one of {', '.join(SCHEDULER_NAMES)}",
         )
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise ConfigError(f"steps={steps!r}", "at least one sampling step is needed", "set steps to 1 or more")
-    if isinstance(denoise, bool) or not isinstance(denoise, (int, float)) or not 0.0 <= denoise <= 1.0:
-        raise ConfigError(
-            f"denoise={denoise!r}",
-            "denoise is the fraction of the schedule to run, in [0, 1] (0 returns the latent unchanged)",
-            "use e.g. 1.0 for text to image or 0.6 for image to image",
-        )
+    steps, denoise = schedule(steps, denoise)
     spec = sampler_spec(sampler)
     scheduled = 0 if denoise <= 0 else (steps if denoise > 0.9999 else int(steps / denoise)) + spec.drops_penultimate
     if scheduler == "kl_optimal" and scheduled == 1:
