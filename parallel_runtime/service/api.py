@@ -318,9 +318,7 @@ class ParallelModel:
                 "the parallel sampler applies a noise mask only for video models (Wan22ImageToVideoLatent)",
                 "remove Set Latent Noise Mask / VAE Encode (for Inpainting), or use ComfyUI's KSampler for inpainting",
             )
-        if noise_mask is not None and (
-            not isinstance(noise_mask, torch.Tensor) or noise_mask.shape[-2:] != shape[-2:]
-        ):
+        if noise_mask is not None and (not isinstance(noise_mask, torch.Tensor) or noise_mask.shape[-2:] != shape[-2:]):
             raise ConfigError(
                 f"the noise mask has shape {tuple(getattr(noise_mask, 'shape', ()))}, the latent {shape}",
                 "the parallel sampler takes a noise mask at the latent's own size (as Wan22ImageToVideoLatent makes it)",
