@@ -19,10 +19,11 @@ from parallel_runtime.models.model_info import model_info_from_path
 from parallel_runtime.parallel.config import ParallelConfig
 from parallel_runtime.parallel.layout import LayoutRequest, activation_bytes, plan_layout
 from parallel_runtime.parallel.machine import MachineInfo
+from parallel_runtime.service.choices import DEQUANT_DTYPES
 
 load_pack()
 from dit_parallel_pack.nodes.context import NodeContext  # noqa: E402
-from dit_parallel_pack.nodes.loader import DEQUANT_DTYPES, ParallelModelLoader  # noqa: E402
+from dit_parallel_pack.nodes.loader import ParallelModelLoader  # noqa: E402
 from dit_parallel_pack.nodes.model_files import model_choices, resolve_model  # noqa: E402
 
 DATA = Path(__file__).parent / "data"
