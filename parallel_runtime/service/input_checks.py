@@ -280,8 +280,8 @@ def decode_latent(
 ) -> torch.Tensor:
     """A raw VAE latent [B, C, H, W] (video: [B, C, T, H, W]) with this model's channel count, finite. With
     ``dims`` (the model's latent dimensions), in the model's layout first (see ``latent_layout``)."""
-    if dims is not None and isinstance(latent, torch.Tensor):
-        latent = latent_layout(latent, family, dims, frame_axis)
+    if dims is not None and isinstance(latent, torch.Tensor) and min(latent.shape, default=0) >= 1:
+        latent = latent_layout(latent, family, dims, frame_axis)  # (an empty one is named below)
     if not isinstance(latent, torch.Tensor) or latent.dim() not in (4, 5) or min(latent.shape, default=0) < 1:
         shape = tuple(latent.shape) if isinstance(latent, torch.Tensor) else type(latent).__name__
         raise ConfigError(
