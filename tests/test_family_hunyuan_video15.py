@@ -167,11 +167,8 @@ def test_layouts_equal_single_device(cpu_pool, case, layout):
 
 def test_glyph_text_survives_the_conditioning_of_parallel_text_encode():
     """Parallel Text Encode's CONDITIONING carries the family's extra inputs (the glyph states) to the sampler."""
-    import importlib
+    from parallel_runtime.service import comfy_conditioning as conditioning  # what the nodes hand CONDITIONING to
 
-    from pack_import import load_pack  # tests/ helper
-
-    conditioning = importlib.import_module(f"{load_pack().__name__}.nodes.conditioning")
     comps = load_pipeline_components(ensure_tiny_model(NAME), "cpu", torch.float32, parts=("text",))
     cond = encode_prompts(comps, FAMILY, POSITIVE, "")[0]
     assert cond.extras.byt5.shape[1] > 0

@@ -34,7 +34,8 @@ def test_tiny_hunyuan_video_workflow_runs(pool_registry):
 
 
 def test_hunyuan_image_to_video_conditioning():
-    conditioning = importlib.import_module(f"{load_pack().__name__}.nodes.conditioning")
+    from parallel_runtime.service import comfy_conditioning as conditioning  # what the nodes hand CONDITIONING to
+
     embeds, pooled = torch.randn(1, 6, 32), torch.randn(1, 32)
     image, mask = torch.randn(1, 16, 1, 4, 4), torch.ones(1, 1, 3, 4, 4)
     options = {"pooled_output": pooled, "concat_latent_image": image, "concat_mask": mask, "guidance": 4.0}
