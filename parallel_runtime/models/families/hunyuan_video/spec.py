@@ -87,7 +87,6 @@ FAMILY = FamilySpec(
     previews=(HUNYUAN_VIDEO_PREVIEW,),
     geometry=geometry,
     distilled_guidance=True,
-    node_preview="HunyuanVideo",
     lora_markers=("img_attn_qkv", "txt_attn_qkv", "individual_token_refiner", "token_refiner"),
     lora_aliases=lora_aliases,
     vae_file=_vae_file,
