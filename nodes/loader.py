@@ -10,9 +10,11 @@ from parallel_runtime.service import choices as limits
 from parallel_runtime.service.families import family_choices
 
 from .context import shared_bridge
-from .declare import Choice, DeclaredNode, Input, Int, NodeSpec, Output
+from .declare import Choice, DeclaredNode, Float, Input, Int, NodeSpec, Output
 from .handles import PARALLEL_MODEL, ParallelModelHandle
-from .model_files import VAE_FROM_MODEL, model_choices, resolve_model, resolve_vae, vae_choices
+from .model_files import VAE_FROM_MODEL, model_choices, resolve_model, resolve_vae, single_files, vae_choices
+
+NO_SECOND_EXPERT = "(none: one transformer)"
 
 log = logging.getLogger("dit_parallel.nodes")
 
@@ -97,6 +99,25 @@ class ParallelModelLoader(DeclaredNode):
                 default="default",
                 optional=True,
             ),
+            Choice(
+                "low_noise_model",
+                "Wan 2.2 A14B from two files: pick the high-noise file as model and the low-noise file here. Both "
+                "stay loaded in one worker pool and one Parallel Sampler switches expert at expert_boundary, as "
+                "ComfyUI's two KSamplerAdvanced passes do; not with PipeFusion.",
+                lambda: [NO_SECOND_EXPERT, *single_files(shared_bridge())],
+                default=NO_SECOND_EXPERT,
+                optional=True,
+            ),
+            Float(
+                "expert_boundary",
+                "With a low_noise_model: the sigma below which it denoises. 0 = the model's (0.875 text-to-video, "
+                "0.9 image-to-video, as diffusers' Wan 2.2 pipelines).",
+                0.0,
+                0.0,
+                0.999,
+                step=0.001,
+                optional=True,
+            ),
         ),
         outputs=(
             Output(
@@ -138,6 +159,8 @@ class ParallelModelLoader(DeclaredNode):
         vae: str = VAE_FROM_MODEL,
         weights: str = "as file",
         dequant_dtype: str = "default",
+        low_noise_model: str = NO_SECOND_EXPERT,
+        expert_boundary: float = 0.0,
     ) -> dict[str, Any]:
         from parallel_runtime.service import load_plan as plan
 
@@ -158,6 +181,8 @@ class ParallelModelLoader(DeclaredNode):
             vae=resolve_vae(vae, ctx.bridge),
             weights=weights,
             dequant_dtype=dequant_dtype,
+            expert_2=None if low_noise_model == NO_SECOND_EXPERT else resolve_model(low_noise_model, ctx.bridge),
+            expert_boundary=expert_boundary,
         )
         planned = plan.plan_load(choices, ctx.bridge.free_memory_for)
         handle = ParallelModelHandle(

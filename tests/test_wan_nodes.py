@@ -189,9 +189,9 @@ def comfy_ctx(pool_registry, comfy_models):
     return NodeContext.create(registry=pool_registry, bridge=comfy_models)
 
 
-def load(ctx, salt: str, layout: str, steps: int, vae: str | None = None):
+def load(ctx, salt: str, layout: str, steps: int, vae: str | None = None, **kwargs):
     degrees = {**LOAD, **LAYOUTS[layout], "pp_warmup": steps}  # PipeFusion exact: every step synchronous
-    kwargs = {"vae": vae} if vae else {}
+    kwargs = {"vae": vae, **kwargs} if vae else kwargs
     result = ParallelModelLoader(ctx).load(
         model=f"wan_{salt}.safetensors",
         family="wan",
@@ -234,6 +234,28 @@ def test_wan22_two_pass_graph_equals_comfyui_ksampler_advanced(comfy_ctx, layout
             handle, p["add_noise"], *common, p["start_at_step"], p["end_at_step"], p["return_with_leftover_noise"]
         )["result"]
         close(latent["samples"], tensor(expected))
+
+
+def test_wan22_two_files_on_one_loader_equal_the_two_pass_graph(comfy_ctx):
+    """One Parallel Model Loader with the low-noise file as low_noise_model (boundary between the 2nd and 3rd
+    sigma of the 4-step schedule: 0.96 and 0.889 at shift 8) and ONE Parallel Sampler equal ComfyUI's two
+    KSamplerAdvanced passes; three prompts on one warm pool, no reload. PipeFusion is refused on the node."""
+    case = REF["two_pass"]
+    low = f"wan_{case['low']['salt']}.safetensors"
+    handle = load(comfy_ctx, case["high"]["salt"], "ulysses2", case["steps"], low_noise_model=low, expert_boundary=0.92)
+    model = handle.model()
+    pool, generation = model.pool, model._loaded.generation
+    pos, neg = comfy_cond(case)
+    latent = {"samples": tensor(case["latent"])}
+    for seed in (case["seed"], 3, case["seed"]):
+        args = (seed, case["steps"], case["cfg"], case["sampler"], case["scheduler"], 1.0)
+        (out,) = ParallelSampler(comfy_ctx).sample(handle, pos, neg, latent, *args)["result"]
+        if seed == case["seed"]:
+            close(out["samples"], tensor(case["output"]))
+    again = handle.model()
+    assert again.pool is pool and not pool.closed and again._loaded.generation == generation
+    with pytest.raises(ConfigError, match="second expert file with the layout"):
+        load(comfy_ctx, case["high"]["salt"], "pp2", case["steps"], low_noise_model=low).model()
 
 
 @pytest.mark.parametrize("layout", ["ulysses2", "ring2", "cfg2", "pp2"])

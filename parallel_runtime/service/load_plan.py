@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 
 from ..errors import ConfigError
 from ..parallel.config import ParallelConfig, check_visible, parse_devices, validate_layout
+from ..parallel.layout import ModelInfo
 from . import input_checks
 from .choices import (
     ATTENTION,
@@ -50,6 +51,8 @@ class LoadChoices:
     vae: str | None = None
     weights: str = "as file"
     dequant_dtype: str = "default"  # GGUF files: ComfyUI-GGUF's dequantisation arithmetic
+    expert_2: str | None = None  # Wan 2.2 A14B's low-noise expert file, held with ``model`` (the high-noise one)
+    expert_boundary: float = 0.0  # the sigma where it takes over; 0: the family's default
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,6 +132,17 @@ def _check_choices(choices: LoadChoices) -> str:
     return WEIGHTS[choices.weights]
 
 
+def both_experts(info: ModelInfo) -> ModelInfo:
+    """The planner's facts of a model held twice (two experts of one shape)."""
+    return dataclasses.replace(
+        info,
+        weight_bytes=2 * info.weight_bytes,
+        block_bytes=tuple(2 * b for b in info.block_bytes),
+        embed_bytes=2 * info.embed_bytes,
+        final_bytes=2 * info.final_bytes,
+    )
+
+
 def plan_load(choices: LoadChoices, make_room: Callable[[Sequence[str]], None]) -> LoadPlan:
     """The load ``choices`` ask for. A manual layout is checked against the devices; the automatic one is
     planned from the machine (``make_room(devices)`` is called first: ComfyUI's own models leave the GPUs
@@ -146,6 +160,8 @@ def plan_load(choices: LoadChoices, make_room: Callable[[Sequence[str]], None]) 
         inspect_vae_file(choices.vae)  # a wrong file fails here, before any memory is freed or worker started
     chosen = None if choices.family == AUTO else choices.family
     info = model_info_from_path(resolve_model_path(choices.model), chosen, choices.dtype, storage)
+    if choices.expert_2 is not None:
+        info = both_experts(info)  # every rank holds both experts
     devices = check_devices(choices.devices)
     patches, stage_weights = (choices.pp_patches or None), None
     manual = choices.layout == "manual"
@@ -175,5 +191,7 @@ def plan_load(choices: LoadChoices, make_room: Callable[[Sequence[str]], None]) 
         vae=choices.vae,
         storage=storage,
         dequant_dtype=choices.dequant_dtype,
+        expert_2=choices.expert_2,
+        expert_boundary=choices.expert_boundary if choices.expert_2 is not None and choices.expert_boundary else None,
     )
     return LoadPlan(request, info.family, tuple(devices), config.describe(), reason, room_made=not manual)
