@@ -55,3 +55,27 @@ def test_generate_bad_layout_is_a_clear_error_before_start(tmp_path):
     proc = _run("generate", "--devices", "cpu:2", "--ulysses", "4", "--out", str(tmp_path / "x.png"))
     assert proc.returncode == 2
     assert "needs 4 ranks but 2 device" in proc.stderr and "fix:" in proc.stderr
+
+
+def test_generate_warns_of_a_rounded_size_first_and_logs_one_progress_line_per_step(tmp_path):
+    """Not a terminal (a pipe, a log): one line per step, as far as the slowest rank, never one per rank's
+    report; a size the VAE cannot make is rounded with a warning before the load, not only in the size."""
+    out = tmp_path / "shapes.png"
+    proc = subprocess.run(
+        [sys.executable, "-m", "parallel_runtime", "generate", "--devices", "cpu:2", "--steps", "3"]
+        + ["--width", "100", "--height", "64", "--out", str(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:]
+    lines = proc.stdout.splitlines()  # (splitlines also splits at a carriage return)
+    warning = next(i for i, line in enumerate(lines) if line.startswith("warning: "))
+    assert "the picture will be 96x64 px, not 100x64: width 100 px -> 96 px" in lines[warning]
+    assert warning < next(i for i, line in enumerate(lines) if line.startswith("loaded "))
+    steps = [line for line in lines if " step " in line]
+    assert [s.split("  ")[0] for s in steps] == ["sampling step 1/3", "sampling step 2/3", "sampling step 3/3"]
+    assert "\r" not in proc.stdout and "steps/s" in steps[0] and "ETA" in steps[0] and "took" in steps[-1]
+    with Image.open(out) as img:
+        assert img.size == (96, 64)

@@ -76,3 +76,42 @@ def test_ctrl_c_cancels_and_exits_130_at_once(tmp_path):
     assert time.monotonic() - t0 < 3.0
     assert "interrupted" in err and "Traceback" not in err
     assert_gone([], f"dpar-{proc.pid}-", within=3.0)  # workers, segments, private folder of its pool
+
+
+@pytest.mark.parametrize(
+    "out, needle",
+    [
+        ("no_such_dir/out.png", "no_such_dir does not exist"),
+        (".", "is a folder"),
+        ("a_file/out.png", "a_file is a file, not a folder"),
+        ("out.notapicture", "'.notapicture' is not a picture format"),
+    ],
+)
+def test_output_paths_are_checked_before_any_worker_starts(tmp_path, out, needle):
+    """A missing output folder used to lose the whole job to a FileNotFoundError at its end."""
+    (tmp_path / "a_file").write_text("")
+    proc = _generate("--out", str(tmp_path / out))
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert needle in proc.stderr and "fix:" in proc.stderr and "Traceback" not in proc.stderr
+    assert "loaded" not in proc.stdout
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file"]
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["runtime", "--json", "{tmp}"], "is a folder"),
+        (["runtime", "--json", "{tmp}/a_file/results.json"], "a_file is a file, not a folder"),
+        (["pipefusion", "--quick", "--model", "{tmp}/no-such-model"], "no such file or folder"),
+    ],
+)
+def test_bench_path_arguments_are_checked_before_the_bench_runs(tmp_path, args, needle):
+    (tmp_path / "a_file").write_text("")
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in args]
+    t0 = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "parallel_runtime", "bench", *argv], capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert needle in proc.stderr and "fix:" in proc.stderr and "Traceback" not in proc.stderr
+    assert time.monotonic() - t0 < 60  # refused at once, not after the bench

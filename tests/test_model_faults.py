@@ -12,6 +12,7 @@ import shutil
 import signal
 import threading
 import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -25,7 +26,8 @@ from parallel_runtime.models.sampling_spec import flux_sampling
 from parallel_runtime.parallel.config import ParallelConfig
 from parallel_runtime.runtime.pool import WorkerPool
 from parallel_runtime.runtime.pools import PoolRegistry
-from parallel_runtime.service.api import LoadRequest, _load_into, load_parallel_model
+from parallel_runtime.service.api import LoadRequest, _load_into, check_sample_request, load_parallel_model
+from parallel_runtime.service.image_size import SizeAdjusted
 from parallel_runtime.service.load_job import load_model
 from parallel_runtime.service.lora import LoraSpec
 from tests.dist_jobs.runtime_jobs import slow_component_loads
@@ -146,6 +148,35 @@ def test_conditioning_and_latents_the_model_cannot_take_are_refused_on_the_host(
     assert model.pool.submitted == before
     # Conditioning for one latent shared by a batch, and one per latent, both sample.
     assert _sample(model, positive, latent=torch.zeros(2, 16, 8, 8), steps=1).shape[0] == 2
+
+
+def test_a_size_the_vae_cannot_make_is_rounded_with_a_warning_before_the_job(flux):
+    """--width 100 made a 96 px picture and said so only in its size: now the API warns at the start."""
+    model, positive = flux
+    seen_at_first_event: list[int] = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+
+        def on_event(rank, kind, payload):
+            if not seen_at_first_event:
+                seen_at_first_event.append(len([w for w in caught if w.category is SizeAdjusted]))
+
+        out = _sample(model, positive, width=100, height=70, steps=1, on_event=on_event)
+    adjusted = [str(w.message) for w in caught if w.category is SizeAdjusted]
+    assert out.shape[-2:] == (8, 12)  # 64 x 96 px: rounded down to the VAE's 8 px, as EmptyLatentImage does
+    assert len(adjusted) == 1 and seen_at_first_event == [1]
+    assert "the picture will be 96x64 px, not 100x70" in adjusted[0] and "or ask for 104" in adjusted[0]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", SizeAdjusted)  # a size the model takes as it is: no warning
+        assert _sample(model, positive, width=96, height=64, steps=1).shape[-2:] == (8, 12)
+    with pytest.raises(ConfigError, match="width 5 px is smaller than 8 px"):
+        _sample(model, positive, width=5)
+    # The CLI's check before it loads says the same
+    size = check_sample_request(
+        FLUX, 100, 70, batch_size=1, seed=0, steps=1, cfg=1.0, denoise=1.0, guidance=None, sampler="euler",
+        scheduler="simple",
+    )  # fmt: skip
+    assert (size.width, size.height, size.message()) == (96, 64, adjusted[0])
 
 
 def test_a_step_that_turns_nan_is_named(registry, tmp_path):

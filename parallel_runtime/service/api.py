@@ -30,6 +30,7 @@ from ..runtime.pool import WorkerPool
 from ..runtime.pools import PoolRegistry
 from . import input_checks
 from .host_checks import check_load_request, check_pipefusion_request, host_geometry
+from .image_size import FittedSize, fit_image_size
 from .load_job import load_model
 from .load_request import LoadRequest
 from .lora import LoraChecks, LoraSpec, stack_entries
@@ -305,8 +306,9 @@ class ParallelModel:
                 "EmptyHunyuanLatentVideo, WanImageToVideo)",
             )
         f = self.spatial_factor
-        if latent is None:
-            shape = (batch_size, self.latent_channels, height // f, width // f)  # made once the job is checked
+        if latent is None:  # a size the VAE cannot make is rounded down, with a warning (image_size.py)
+            size = fit_image_size(values["width"], values["height"], f, self.family).announce()
+            shape = (batch_size, self.latent_channels, size.height // f, size.width // f)  # made once checked
         else:
             latent = input_checks.model_latent(
                 latent, self.family, self.latent_channels, self.latent_dims, self.latent_frame_axis
@@ -423,10 +425,11 @@ def default_layout(devices: list[str], request: LoadRequest) -> tuple[ParallelCo
     return ParallelConfig(ulysses=len(devices)), f"Ulysses sequence parallelism over {len(devices)} devices (default)"
 
 
-def check_sample_request(request: LoadRequest, width: object, height: object, **values: Any) -> None:
+def check_sample_request(request: LoadRequest, width: object, height: object, **values: Any) -> FittedSize:
     """A sample's settings checked against the model's files and the layout before any worker starts
     (the CLI checks everything before it loads): ``values`` are sampling_values' (steps, seed, cfg,
-    ...) plus ``sampler`` and ``scheduler``."""
+    ...) plus ``sampler`` and ``scheduler``. Returns the picture size the model makes of ``width`` x
+    ``height`` (rounded down to its VAE's factor; ``FittedSize.message`` says what changed)."""
     sampler, scheduler = values.pop("sampler"), values.pop("scheduler")
     checked = input_checks.sampling_values(width=width, height=height, **values)
     check_sampling_args(sampler, scheduler, checked["steps"], checked["denoise"])
@@ -434,7 +437,9 @@ def check_sample_request(request: LoadRequest, width: object, height: object, **
     config = request.layout or default_layout(parse_devices(request.devices), request)[0]
     check_sampler_for_layout(config, sampler)
     f = info["spatial_factor"]
-    check_latent_size(info, config, checked["height"] // f, checked["width"] // f)
+    size = fit_image_size(checked["width"], checked["height"], f, str(info.get("family", "this")))
+    check_latent_size(info, config, size.height // f, size.width // f)
+    return size
 
 
 def _load_into(

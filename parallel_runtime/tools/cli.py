@@ -9,6 +9,7 @@ import json
 import sys
 
 from ..errors import ConfigError
+from .paths import check_model_argument, check_output_file
 
 
 def _doctor(args: argparse.Namespace) -> int:
@@ -49,6 +50,10 @@ def _bench(args: argparse.Namespace) -> int:
     if args.no_matrix:
         extra["matrix"] = False
     try:
+        if args.json:
+            check_output_file(args.json, "--json", make_folders=True)  # before the bench runs, not after
+        for model in args.model:
+            check_model_argument(model)
         result = run(quick=args.quick, **extra)
     except ConfigError as exc:  # e.g. a bench on tiny models run from an installed wheel without the checkout
         print(f"error: {exc}", file=sys.stderr)

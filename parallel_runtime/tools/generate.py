@@ -23,6 +23,8 @@ from ..models.families.registry import family
 from ..parallel.config import ParallelConfig
 from ..runtime.pools import PoolRegistry
 from ..service.api import LoadRequest, check_sample_request, load_parallel_model
+from .paths import check_model_argument, check_output_file
+from .progress_line import ProgressLine
 
 
 def _layout(args: argparse.Namespace) -> ParallelConfig | None:
@@ -69,6 +71,8 @@ def _one_message(exc: BaseException, debug: bool) -> str:
 
 def _generate(args: argparse.Namespace, registry: PoolRegistry) -> int:
     t0 = time.perf_counter()
+    check_output_file(args.out, "--out", image=True)  # before any worker starts: the work must not be lost
+    check_model_argument(args.model)
     request = LoadRequest(
         args.model,
         args.devices,
@@ -81,7 +85,7 @@ def _generate(args: argparse.Namespace, registry: PoolRegistry) -> int:
     sampling = dict(
         seed=args.seed, steps=args.steps, guidance=args.guidance, sampler_name=args.sampler, scheduler=args.scheduler
     )
-    check_sample_request(
+    size = check_sample_request(
         request,
         args.width,
         args.height,
@@ -94,6 +98,8 @@ def _generate(args: argparse.Namespace, registry: PoolRegistry) -> int:
         sampler=args.sampler,
         scheduler=args.scheduler,
     )
+    if size.adjusted:
+        print(f"warning: {size.message()}", file=sys.stderr, flush=True)
     model = load_parallel_model(request, registry)
     print(f"loaded {model.describe()} in {time.perf_counter() - t0:.1f} s")
     stages = model.info.get("pipefusion")
@@ -104,21 +110,20 @@ def _generate(args: argparse.Namespace, registry: PoolRegistry) -> int:
     positive = model.encode_text(args.prompt)
     negative = model.encode_text(args.negative) if cfg != 1.0 else None
 
-    done: dict[int, int] = {}  # every rank reports its own steps: show the slowest
-
-    def on_event(rank: int, kind: str, payload) -> None:
-        if kind == "progress":
-            done[rank] = payload["step"]
-            print(f"\r  step {min(done.values())}/{payload['total']}", end="", flush=True)
-
+    line = ProgressLine(sys.stdout, ranks=len(model.pool.devices))  # the slowest rank's step, rate, ETA
     t1 = time.perf_counter()
-    latent = model.sample(positive, negative, None, args.width, args.height, cfg=cfg, on_event=on_event, **sampling)
+    try:
+        latent = model.sample(
+            positive, negative, None, size.width, size.height, cfg=cfg, on_event=line.on_event, **sampling
+        )
+    finally:
+        line.finish()
     t2 = time.perf_counter()
     image = model.decode(latent)
     t3 = time.perf_counter()
     save_png(image, args.out)
     print(
-        f"\nsampled {args.steps} steps in {t2 - t1:.2f} s, decoded in {t3 - t2:.2f} s "
+        f"sampled {args.steps} steps in {t2 - t1:.2f} s, decoded in {t3 - t2:.2f} s "
         f"-> {args.out} ({image.shape[2]}x{image.shape[1]})"
     )
     return 0
