@@ -21,7 +21,7 @@ from parallel_runtime.runtime.affinity import allowed_cpus, plan_cpu_affinity
 from parallel_runtime.runtime.builtin_jobs import all_reduce_demo, echo, fail_on_rank, noop, sleep_steps
 from parallel_runtime.runtime.jobs import job_reference, resolve_job
 from parallel_runtime.runtime.pool import WorkerPool
-from parallel_runtime.tools.bench_runtime import cpu_seconds
+from parallel_runtime.tools.measure import cpu_seconds
 from tests.dist_jobs import runtime_jobs
 from tests.leftovers import assert_gone, processes_mentioning, segments
 

@@ -12,6 +12,7 @@ from . import input_checks
 from .load_job import torch_dtype
 
 if TYPE_CHECKING:
+    from ..models.base import ModelPlan
     from ..parallel.config import ParallelConfig
     from .load_request import LoadRequest
 
@@ -85,14 +86,12 @@ def _check_folder_family(path: Path, chosen: str | None) -> None:
 
 
 def host_geometry(path: Path) -> dict[str, Any]:
-    """The load info fields ``check_latent_size`` reads, told on the host from the model's config
-    (an adapter built on a transformer with no weights): no worker needed."""
+    """The load info fields ``check_latent_size`` reads, told on the host from the model's config: no
+    worker needed. The family's plan is made from the config's fields as they are (a diffusers folder's
+    config.json, or a single file's inspected config, holds every field the plan reads), so the host does not
+    import diffusers (seconds of a cold start, on a CPU the workers need); only a config that leaves a field
+    to the transformer class's default is read through the class (a transformer with no weights)."""
     import json
-
-    import diffusers
-
-    from ..models.registry import get_adapter
-    from ..models.weights import meta_model
 
     if path.is_file():
         from ..models.single_file import inspect_single_file
@@ -100,7 +99,7 @@ def host_geometry(path: Path) -> dict[str, Any]:
         config = inspect_single_file(path).config
     else:
         config = json.loads((path / "transformer" / "config.json").read_text(encoding="utf-8"))
-    plan = get_adapter(meta_model(getattr(diffusers, str(config["_class_name"])), dict(config))).plan
+    plan = _plan_from_config(dict(config)) or _plan_from_class(dict(config))
     return {
         "family": plan.family,
         "patch_size": plan.patch_size,
@@ -108,6 +107,40 @@ def host_geometry(path: Path) -> dict[str, Any]:
         "pads_to_patch": plan.pads_to_patch,
         "max_grid_side": plan.max_grid_side,
     }
+
+
+def _plan_from_class(config: dict[str, Any]) -> ModelPlan:
+    """The plan of a transformer of ``config`` built with no weights (diffusers fills in the defaults)."""
+    import diffusers
+
+    from ..models.registry import get_adapter
+    from ..models.weights import meta_model
+
+    return get_adapter(meta_model(getattr(diffusers, str(config["_class_name"])), config)).plan
+
+
+class _ConfigFields(dict):
+    """A transformer's config read as attributes, as a family's ``make_plan`` reads a model's ``config``."""
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+
+def _plan_from_config(config: dict[str, Any]) -> ModelPlan | None:
+    """The family's plan of this config (None: no family names its class, or a field is left to the class's
+    default, which only the class knows)."""
+    from ..models.families.registry import family_of_class_name
+
+    spec = family_of_class_name(str(config.get("_class_name", "")))
+    if spec is None:
+        return None
+    try:
+        return spec.adapter().make_plan(_ConfigFields(config), None)
+    except AttributeError:
+        return None
 
 
 def check_pipefusion_request(request: LoadRequest, config: ParallelConfig) -> None:

@@ -70,7 +70,7 @@ def _one_message(exc: BaseException, debug: bool) -> str:
 
 
 def _generate(args: argparse.Namespace, registry: PoolRegistry) -> int:
-    t0 = time.perf_counter()
+    t0 = getattr(args, "started", None) or time.perf_counter()  # the command's start: imports count too
     check_output_file(args.out, "--out", image=True)  # before any worker starts: the work must not be lost
     check_model_argument(args.model)
     request = LoadRequest(
@@ -101,7 +101,7 @@ def _generate(args: argparse.Namespace, registry: PoolRegistry) -> int:
     if size.adjusted:
         print(f"warning: {size.message()}", file=sys.stderr, flush=True)
     model = load_parallel_model(request, registry)
-    print(f"loaded {model.describe()} in {time.perf_counter() - t0:.1f} s")
+    print(f"loaded {model.describe()} in {time.perf_counter() - t0:.1f} s", flush=True)
     stages = model.info.get("pipefusion")
     if stages:
         per_rank = ", ".join(f"rank {r['rank']}: {r['param_bytes'] / 2**20:.1f} MiB" for r in stages["ranks"])
