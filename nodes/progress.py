@@ -39,6 +39,9 @@ class JobMonitor:
         self._pending_preview: Any = None  # the newest preview picture not shown yet
 
     def handle(self, rank: int, kind: str, payload: Any) -> None:
+        if kind == "cache" and rank == 0 and isinstance(payload, list):
+            self.cache_summaries = payload
+            return
         payload = payload if isinstance(payload, dict) else {}
         if kind == "progress":
             self.status.progress(self.pool, rank, payload)

@@ -22,6 +22,9 @@ const TEXT_NODES = new Set([
   "DiTParallelModelSamplingFlux",
   "DiTParallelModelSamplingSD3",
   "DiTParallelModelSamplingAuraFlow",
+  "DiTParallelEasyCache", // the cache's settings
+  "DiTParallelLazyCache",
+  "DiTParallelBlockCache",
 ]);
 
 function el(tag, props = {}, children = []) {

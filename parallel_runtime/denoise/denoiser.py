@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from ..attention.usp import SequenceParallelAttention
-from ..models.base import Conditioning, ModelAdapter
+from ..models.base import BlockRunner, Conditioning, ModelAdapter
 from ..parallel.collectives import all_gather_cat
 from ..parallel.mesh import ParallelMesh
 from ..sampling import Guided, ModelSampling, cfg_combine, uses_uncond
@@ -62,18 +62,37 @@ class Denoiser:
         self, x: torch.Tensor, sigma: torch.Tensor, cond: Conditioning, guidance: torch.Tensor | None
     ) -> torch.Tensor:
         """Denoised prediction of one batch of entries (``x`` repeated per entry)."""
-        ms, adapter = self.ms, self.adapter
-        sigma_b = sigma.reshape(1).expand(x.shape[0])
-        per_sample = sigma_b.reshape(-1, *([1] * (x.ndim - 1)))  # broadcasts over [B, C, (T,) H, W]
-        x_in = ms.calculate_input(per_sample, x)
-        timestep = ms.timestep(sigma_b)
+        out = self.model_output(self.model_input(x, sigma), x.shape, sigma, cond, guidance)
+        return self.denoised(out, x, sigma)
+
+    def model_input(self, x: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
+        """What the network takes for the noisy latent ``x`` at ``sigma`` (ComfyUI's ``calculate_input``)."""
+        return self.ms.calculate_input(_per_sample(sigma, x), x)
+
+    def denoised(self, out: torch.Tensor, x: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
+        """The denoised prediction from the network output ``out`` for the noisy latent ``x``."""
+        return self.ms.calculate_denoised(_per_sample(sigma, x), out.float(), x)
+
+    def model_output(
+        self,
+        x_in: torch.Tensor,
+        shape: torch.Size | tuple[int, ...],
+        sigma: torch.Tensor,
+        cond: Conditioning,
+        guidance: torch.Tensor | None,
+        blocks: BlockRunner | None = None,
+    ) -> torch.Tensor:
+        """The network's output (model dtype) for the model input ``x_in`` of the latent batch ``shape``."""
+        adapter = self.adapter
+        sigma_b = sigma.reshape(1).expand(shape[0])
+        timestep = self.ms.timestep(sigma_b)
         if self.denoise_mask is not None:
-            mask = self.denoise_mask.repeat(x.shape[0] // self.denoise_mask.shape[0], *([1] * (x.ndim - 1)))
+            mask = self.denoise_mask.repeat(shape[0] // self.denoise_mask.shape[0], *([1] * (len(shape) - 1)))
             timestep = adapter.process_timestep(timestep, mask)
-        self.attention.begin_forward((tuple(x.shape), tuple(cond.prompt_embeds.shape)))
-        out = adapter.forward(x_in, timestep, cond, self.mesh, self.attention, guidance=guidance)
+        self.attention.begin_forward((tuple(shape), tuple(cond.prompt_embeds.shape)))
+        out = adapter.forward(x_in, timestep, cond, self.mesh, self.attention, guidance=guidance, blocks=blocks)
         self.evaluations += 1
-        return ms.calculate_denoised(per_sample, out.float(), x)
+        return out
 
     def branch_predictions(self, x: torch.Tensor, sigma: torch.Tensor, branches: list[Branch]) -> list[torch.Tensor]:
         """Each branch's denoised prediction at ``sigma``: the strength-weighted mean of its active entries."""
@@ -109,3 +128,8 @@ class Denoiser:
             cond_pred, uncond_pred = self.branch_predictions(x, sigma, self.branches)
         guided = cfg_combine(cond_pred, uncond_pred, self.cfg)
         return Guided(guided, uncond_pred) if self.with_uncond else guided
+
+
+def _per_sample(sigma: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """``sigma`` shaped to broadcast over every item of ``x`` ([B, C, (T,) H, W])."""
+    return sigma.reshape(1).expand(x.shape[0]).reshape(-1, *([1] * (x.ndim - 1)))

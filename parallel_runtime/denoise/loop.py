@@ -24,11 +24,14 @@ from ..sampling import (
     sampler_spec,
     sigmas_for_denoise,
 )
+from .caching.cached_denoiser import CachedDenoiser
+from .caching.decisions import DecisionGroup
 from .denoiser import Denoiser
 from .entries import Branch, as_branch, expand_branch
 from .settings import SamplingSettings
 
 StepCallback = Callable[[int, int, torch.Tensor, torch.Tensor], None]  # (step, total, x, denoised)
+CacheReport = Callable[[list[dict]], None]  # what each cache did (CachedDenoiser.summary), once at the end
 
 
 def schedule(model_sampling: ModelSampling, settings: SamplingSettings) -> torch.Tensor:
@@ -147,13 +150,18 @@ def denoise_latent(
     start_model_space: torch.Tensor | None = None,
     noise_mask: torch.Tensor | None = None,
     expert_2: tuple[ModelAdapter, float] | None = None,
+    cache_report: CacheReport | None = None,
+    decision_group: DecisionGroup | None = None,
 ) -> torch.Tensor:
     """KSampler / KSamplerAdvanced on a raw VAE latent (ComfyUI's LATENT convention): returns the raw latent.
 
     ``positive`` / ``negative`` are a Conditioning or a branch of entries (``entries.CondEntry``).
     ``noise_mask``: the LATENT's noise mask (inpainting; Wan22ImageToVideoLatent keeps the first frame).
     ``expert_2``: (second expert, boundary sigma): it denoises below the boundary (Wan 2.2 A14B).
-    ``start_model_space`` replaces the noised start (for oracle tests that supply their own)."""
+    ``start_model_space`` replaces the noised start (for oracle tests that supply their own).
+    The settings' ``step_cache`` / ``block_cache`` run the evaluations through those caches
+    (``caching.CachedDenoiser``; ``decision_group`` replaces the ranks' decision group, for tests); then
+    ``cache_report`` gets what they did."""
     fmt = adapter.plan.latent_format
     batch = latent_raw.shape[0]
     positive = expand_branch(as_branch(positive), batch)
@@ -168,18 +176,21 @@ def denoise_latent(
     mask = None if noise_mask is None else prepare_denoise_mask(noise_mask, tuple(latent.shape)).to(latent.device)
     with_uncond = sampler_spec(settings.sampler).cfg_pp
 
+    cached: list[CachedDenoiser] = []
+
     def make(expert: ModelAdapter) -> Callable:
-        inner = Denoiser(
-            expert,
-            mesh,
-            model_sampling,
-            positive,
-            negative,
-            settings.cfg,
-            settings.guidance,
-            attention_backend,
-            with_uncond=with_uncond,
-        )
+        args = (expert, mesh, model_sampling, positive, negative, settings.cfg, settings.guidance, attention_backend)
+        if settings.step_cache is None and settings.block_cache is None:
+            inner = Denoiser(*args, with_uncond=with_uncond)
+        else:
+            inner = CachedDenoiser(
+                *args,
+                with_uncond=with_uncond,
+                step_cache=settings.step_cache,
+                block_cache=settings.block_cache,
+                decision_group=decision_group,
+            )
+            cached.append(inner)
         inner.denoise_mask = mask
         if mask is None:
             return inner
@@ -207,4 +218,6 @@ def denoise_latent(
             callback=callback,
         )
         x = model_sampling.inverse_noise_scaling(final_sigma(settings.sampler, sigmas), x)
+    if cache_report is not None and cached:
+        cache_report([summary for d in cached for summary in d.summary()])
     return fmt.to_raw(x)

@@ -8,6 +8,7 @@ import torch
 
 from ..models.base import ModelAdapter
 from ..models.sampling_spec import ModelSamplingSpec
+from .caching.specs import BlockCacheSpec, StepCacheSpec
 
 DEFAULT_FLUX_GUIDANCE = 3.5  # ComfyUI's guidance for a conditioning entry without one (model_base.Flux.extra_conds)
 
@@ -36,6 +37,9 @@ class SamplingSettings:
     # a ComfyUI SAMPLER's noise options (SamplerEulerAncestral, ...); None: the sampler's default
     eta: float | None = None
     s_noise: float | None = None
+    # Parallel EasyCache / LazyCache and Parallel Block Cache nodes (None: every step computes every block)
+    step_cache: StepCacheSpec | None = None
+    block_cache: BlockCacheSpec | None = None
 
 
 def embedded_guidance(adapter: ModelAdapter, guidance: float | None) -> float | None:

@@ -42,6 +42,12 @@ class AttentionScope(Protocol):
     def intercept(self) -> contextlib.AbstractContextManager: ...
 
 
+class BlockRunner(Protocol):
+    """Runs the blocks of one model call (``ModelAdapter.forward``'s ``blocks``; a block cache is one)."""
+
+    def __call__(self, adapter: ModelAdapter, acts: Activations, attention: AttentionScope) -> Activations: ...
+
+
 @dataclasses.dataclass(frozen=True)
 class Split:
     """An Activations field split over a mesh dimension along tensor dim ``dim``."""
@@ -402,6 +408,17 @@ class ModelAdapter(abc.ABC):
         with intercepted(self.self_attention_modules(name, blk), attention):
             return self.call_block(name, blk, acts)
 
+    def run_blocks(
+        self, acts: Activations, attention: AttentionScope, start: int = 0, stop: int | None = None
+    ) -> Activations:
+        """Blocks ``start`` up to ``stop`` (default: the last) in execution order, :attr:`block_hook` after each."""
+        hook = self.block_hook
+        for i in range(start, self.num_blocks if stop is None else stop):
+            acts = self.run_block(acts, i, attention)
+            if hook is not None:
+                hook()
+        return acts
+
     def final(self, acts: Activations, mesh: ParallelMesh) -> torch.Tensor:
         """Prediction [B, latent_channels, (T,) H, W] in model space (the stacked view for a band's 2-D grid
         of a video family), gathered on every sp rank."""
@@ -418,18 +435,16 @@ class ModelAdapter(abc.ABC):
         mesh: ParallelMesh,
         attention: AttentionScope,
         guidance: torch.Tensor | float | None = None,
+        blocks: BlockRunner | None = None,
     ) -> torch.Tensor:
         """embed + all blocks + final. A latent that is not a multiple of the patch size is padded
         circularly to the next multiple and the prediction cropped back (ComfyUI's models do the same,
-        ``comfy.ldm.common_dit.pad_to_patch_size``) when the plan allows it (``pads_to_patch``)."""
+        ``comfy.ldm.common_dit.pad_to_patch_size``) when the plan allows it (``pads_to_patch``).
+        ``blocks`` runs the blocks instead of :meth:`run_blocks` (e.g. a block cache)."""
         h, w = x.shape[-2:]
         x = self.pad_to_patch(x)
         acts = self.embed(x, timestep, cond, mesh, guidance)
-        hook = self.block_hook
-        for i in range(self.num_blocks):
-            acts = self.run_block(acts, i, attention)
-            if hook is not None:
-                hook()
+        acts = self.run_blocks(acts, attention) if blocks is None else blocks(self, acts, attention)
         return self.final(acts, mesh)[..., :h, :w]
 
     def pad_to_patch(self, x: torch.Tensor) -> torch.Tensor:

@@ -42,6 +42,8 @@ class ParallelMesh:
 
     Dimensions: cfg, pp, ring, ulysses, and "sp" (ring x ulysses flattened, ring-major): the group
     over which a token sequence is split. ``rank("sp") == rank("ring") * ulysses + rank("ulysses")``.
+    "stage" (cfg x sp flattened, cfg-major): the ranks that run the same blocks, i.e. one PipeFusion
+    stage (the whole mesh when pp=1); step caches take their decisions over it.
 
     Build it with :meth:`build` inside an initialised process group, or :meth:`single` for one
     process. ``group(dim)`` is None when the dimension has size 1 (collectives become no-ops).
@@ -66,7 +68,7 @@ class ParallelMesh:
     def single(cls, device: str | torch.device = "cpu") -> ParallelMesh:
         """A one-rank mesh: no process groups, every collective is a no-op."""
         cfg = ParallelConfig()
-        dims = (*MESH_DIMS, "sp")
+        dims = (*MESH_DIMS, "sp", "stage")
         return cls(cfg, torch.device(device), dict.fromkeys(dims), dict.fromkeys(dims, 0))
 
     @classmethod
@@ -86,11 +88,14 @@ class ParallelMesh:
         where = (layout == me).nonzero()[0].tolist()
         coords = dict(zip(MESH_DIMS, where))
         coords["sp"] = coords["ring"] * config.ulysses + coords["ulysses"]
+        coords["stage"] = coords["cfg"] * config.sp_degree + coords["sp"]
         groups: dict[str, dist.ProcessGroup | None] = {}
         # (name, ranks grouped along it): each row of ``members`` is one group.
         dims = [(name, layout.movedim(i, -1).reshape(-1, config.shape[i])) for i, name in enumerate(MESH_DIMS)]
         sp = layout.reshape(config.cfg, config.pp, config.sp_degree).reshape(-1, config.sp_degree)
         dims.append(("sp", sp))
+        stage = layout.reshape(config.cfg, config.pp, config.sp_degree).movedim(1, 0).reshape(config.pp, -1)
+        dims.append(("stage", stage))
         for name, members in dims:
             groups[name] = None
             size = members.shape[1]
@@ -110,7 +115,9 @@ class ParallelMesh:
         return self._groups[dim]
 
     def size(self, dim: str) -> int:
-        """Degree of ``dim``: one of cfg, pp, ring, ulysses, or sp (= ring x ulysses)."""
+        """Degree of ``dim``: one of cfg, pp, ring, ulysses, sp (= ring x ulysses) or stage (= cfg x sp)."""
+        if dim == "stage":
+            return self.config.cfg * self.config.sp_degree
         return self.config.sp_degree if dim == "sp" else getattr(self.config, dim)
 
     def rank(self, dim: str) -> int:

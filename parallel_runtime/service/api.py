@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from ..denoise.caching.specs import BlockCacheSpec, StepCacheSpec
 from ..denoise.entries import Branch, as_branch
 from ..denoise.settings import SamplingSettings
 from ..errors import ConfigError, PoolRestarted, RuntimeTimeout
@@ -38,6 +39,7 @@ from .memory_checks import check_sampling_memory, free_for_torch
 from .model_jobs import decode, encode_text, encode_text_file, generate
 from .sampling_checks import (
     check_branches_for_layout,
+    check_caches,
     check_conditioning_fits,
     check_latent_size,
     check_sampler_for_layout,
@@ -77,7 +79,8 @@ class ParallelModel:
     """A model loaded in a warm worker pool (ComfyUI's PARALLEL_MODEL).
 
     ``with_model_sampling`` gives a view on the same pool that samples with another model sampling
-    (what ComfyUI's ModelSampling* nodes do to a MODEL)."""
+    (what ComfyUI's ModelSampling* nodes do to a MODEL); ``with_cache`` one that samples through a step
+    cache (EasyCache / LazyCache) or the block cache."""
 
     def __init__(
         self,
@@ -95,6 +98,8 @@ class ParallelModel:
         self._lock = threading.Lock()  # one job at a time per model (shared by its views)
         self._loaded = _LoadedIn(pool, generation, acquire)  # where the model is loaded (shared by its views)
         self.loras: tuple[LoraSpec, ...] = ()  # the LoRA stack this view's jobs carry
+        self.step_cache: StepCacheSpec | None = None  # Parallel EasyCache / LazyCache
+        self.block_cache: BlockCacheSpec | None = None  # Parallel Block Cache
 
     @property
     def pool(self) -> WorkerPool:
@@ -111,6 +116,22 @@ class ParallelModel:
             )
         view = copy.copy(self)  # shares request, pool, info and the job lock
         view.model_sampling_override = spec
+        return view
+
+    def with_cache(self, spec: StepCacheSpec | BlockCacheSpec) -> ParallelModel:
+        """This model (same pool) sampling through ``spec``: a step cache replaces the view's step cache (as
+        a later EasyCache / LazyCache node replaces an earlier one in ComfyUI), a block cache its block cache."""
+        view = copy.copy(self)
+        if isinstance(spec, StepCacheSpec):
+            view.step_cache = spec
+        elif isinstance(spec, BlockCacheSpec):
+            view.block_cache = spec
+        else:
+            raise ConfigError(
+                f"with_cache got {type(spec).__name__}",
+                "a cache is described by a StepCacheSpec (EasyCache / LazyCache) or a BlockCacheSpec",
+                "build one with parallel_runtime.denoise.caching.StepCacheSpec(...) or BlockCacheSpec(...)",
+            )
         return view
 
     @property
@@ -335,6 +356,7 @@ class ParallelModel:
         check_conditioning_fits(expected, positive_branch, shape[0], "positive", self.family)
         if negative_runs:
             check_conditioning_fits(expected, negative_branch, shape[0], "negative", self.family)
+        check_caches(self.info, self.config, self.step_cache, self.block_cache, sampler_name)
         self._check_memory(shape, positive_branch, negative_branch if negative_runs else None)
         latent = torch.zeros(shape) if latent is None else latent
         settings = SamplingSettings(
@@ -350,6 +372,8 @@ class ParallelModel:
             model_sampling=self.model_sampling_override,
             eta=None if eta is None else float(eta),
             s_noise=None if s_noise is None else float(s_noise),
+            step_cache=self.step_cache,
+            block_cache=self.block_cache,
             **(advanced or {}),
         )
         extra = self._pipefusion_kwargs()

@@ -136,7 +136,8 @@ def generate(
     runtime.cancel_points). With pp > 1 it runs PipeFusion (``patches`` row bands, ``warmup`` whole-image
     steps). The transformer is first brought to the LoRA stack ``loras``
     (each rank patches what it holds; nothing is reloaded; a second expert is patched with the same stack). The model
-    sampling is the settings' (a ModelSampling node's) or the family's default for the loaded file."""
+    sampling is the settings' (a ModelSampling node's) or the family's default for the loaded file. With a
+    step or block cache every rank reports what it did in a "cache" event (a list of summaries) at the end."""
     model = loaded_model(ctx)
     bring_to_stack(model, loras, "transformer")
     memory = _MemoryReports(ctx)
@@ -210,6 +211,7 @@ def generate(
             on_step=on_step,
             noise_mask=None if noise_mask is None else noise_mask.to(ctx.device),
             expert_2=model.expert_2,
+            cache_report=lambda summaries: ctx.emit("cache", summaries),
         )
     finally:
         for expert in experts:

@@ -10,6 +10,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from ..denoise.caching.specs import BlockCacheSpec, StepCacheSpec
 from ..denoise.entries import Branch, CondEntry
 from ..errors import ConfigError
 from ..models.reference_latents import reference_count
@@ -196,3 +197,41 @@ def _check_entry(expected: Mapping[str, int | None], entry: CondEntry, batch: in
             "each latent of the batch takes its own conditioning, or all share one",
             f"encode one prompt, or {batch} prompts (one per latent)",
         )
+
+
+def check_caches(
+    info: Mapping[str, Any],
+    config: ParallelConfig,
+    step_cache: StepCacheSpec | None,
+    block_cache: BlockCacheSpec | None,
+    sampler: str = "euler",
+) -> None:
+    """The caches of a Parallel EasyCache / LazyCache / Block Cache node against the model, the layout and the
+    sampler."""
+    if step_cache is not None and step_cache.kind == "lazycache" and sampler_spec(sampler).cfg_pp:
+        raise ConfigError(
+            f"Parallel LazyCache cannot run the CFG++ sampler {sampler!r}",
+            "LazyCache reuses a whole guided prediction, but a CFG++ step also needs that evaluation's "
+            "unconditional prediction, which a reused step does not have",
+            "use Parallel EasyCache or the Parallel Block Cache (both cache per model call), or a sampler "
+            "without CFG++",
+        )
+    if block_cache is not None:
+        blocks = info.get("num_blocks")
+        if blocks is not None:
+            block_cache.check_blocks(int(blocks))
+        per_stage = (info.get("pipefusion") or {}).get("blocks_per_stage")
+        if config.pp > 1 and per_stage and block_cache.first_blocks > per_stage[0]:
+            raise ConfigError(
+                f"Parallel Block Cache computes the first {block_cache.first_blocks} blocks, but the first "
+                f"PipeFusion stage holds {per_stage[0]}",
+                "under PipeFusion the stage holding the first blocks decides for every patch and tells the others",
+                f"use first_blocks <= {per_stage[0]}, or fewer PipeFusion stages",
+            )
+        if config.pp > 1 and per_stage and block_cache.last_blocks > per_stage[-1]:
+            raise ConfigError(
+                f"Parallel Block Cache always computes the last {block_cache.last_blocks} blocks, but the last "
+                f"PipeFusion stage holds {per_stage[-1]}",
+                "the blocks that always run after the cached ones must sit on the last stage",
+                f"use last_blocks <= {per_stage[-1]}",
+            )
