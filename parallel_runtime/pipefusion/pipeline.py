@@ -34,6 +34,7 @@ from typing import Any, Literal
 
 import torch
 
+from ..denoise.caching.decisions import DecisionGroup
 from ..denoise.entries import Branch
 from ..denoise.loop import latent_to_model, prepare_denoise_mask, schedule
 from ..denoise.settings import SamplingSettings, embedded_guidance
@@ -44,6 +45,7 @@ from ..parallel.collectives import PendingP2P, recv_object, recv_start, send_obj
 from ..parallel.mesh import ParallelMesh
 from ..parallel.stages import StagePlan
 from ..sampling import Guided, ModelSampling, final_sigma, sampler_spec
+from .block_cache_stage import STEP_CACHE_UNDER_PIPEFUSION, StageBlockCache
 from .branches import Branches
 from .patch_samplers import PatchSamplers
 from .schedule import Band, Item, PipelineSchedule, build_schedule, default_patches, sampler_rounds
@@ -81,6 +83,7 @@ class PipeFusionStats:
     kv_buffer_bytes: int
     seconds: dict[str, float] = dataclasses.field(default_factory=dict)  # compute / receive / agree / total
     agreements: int = 0  # cancel agreements joined (once per step, plus one before the first slot)
+    cache: list[dict] = dataclasses.field(default_factory=list)  # what the block cache did (its summary)
 
 
 def run_pipefusion(
@@ -154,6 +157,8 @@ class Pipeline:
                 "a pipeline needs at least two stages; one stage is the ordinary engine",
                 "use denoise.loop.denoise_latent, or a mesh with pp >= 2",
             )
+        if settings.step_cache is not None:
+            raise ConfigError(*STEP_CACHE_UNDER_PIPEFUSION)
         if options.agree_cancel_every not in ("step", "slot"):
             raise ConfigError(
                 f"PipeFusion agree_cancel_every={options.agree_cancel_every!r}",
@@ -190,6 +195,10 @@ class Pipeline:
         self.text_tokens: list[int] = []
         self.reporter = self.last and mesh.rank("cfg") == 0 and mesh.rank("sp") == 0
         self.cache: StaleKVCache | None = None
+        self.block_cache: StageBlockCache | None = None
+        if settings.block_cache is not None:
+            block_cache = (settings.block_cache, DecisionGroup(mesh), stages, self.stage, adapter.num_blocks)
+            self.block_cache = StageBlockCache(*block_cache)
         self.sends: list[PendingP2P] = []
         self.inbox: dict[tuple[str, int], list[PendingP2P]] = {}
         self.final_latent: torch.Tensor | None = None
@@ -285,6 +294,7 @@ class Pipeline:
             kv_buffer_bytes=0 if self.cache is None else self.cache.buffer_bytes,
             seconds=dict(self.seconds),
             agreements=self.agreements,
+            cache=[] if self.block_cache is None else [self.block_cache.summary()],
         )
 
     def _patch_samplers(self, sched: PipelineSchedule) -> PatchSamplers:
@@ -366,7 +376,8 @@ class Pipeline:
             formats = {}
             for band in self._bands_used():
                 acts = self._embed(band, torch.zeros(self._band_shape(band)), sigma)
-                formats[band.key] = ActivationFormat.from_activations(acts, self.adapter.plan.text_attention)
+                flags = 0 if self.block_cache is None else 1
+                formats[band.key] = ActivationFormat.from_activations(acts, self.adapter.plan.text_attention, flags)
         else:
             wire = recv_object(self.stage - 1, self.group, self.device, "pp_setup", self.tags["setup"], self.timeout)
             formats = {k: ActivationFormat.from_wire(v) for k, v in wire.items()}  # type: ignore[union-attr]
@@ -408,14 +419,17 @@ class Pipeline:
     ) -> None:
         assert self.sched is not None
         rnd = self.sched.rounds[item.round]
+        fmt, reuse = formats[item.band.key], None
         if self.first:
             (x,) = self._take("latent", item.index)
             acts = self._embed(item.band, x, torch.tensor(rnd.sigma))
         else:
-            acts = formats[item.band.key].unpack(self._take("act", item.index), statics[item.band.key])
-        acts = self._run_blocks(item, acts)
+            flats = self._take("act", item.index)
+            acts = fmt.unpack(flats, statics[item.band.key])
+            reuse = bool(fmt.unpack_flags(flats)[0]) if fmt.flags else None
+        acts, reuse = self._run_blocks(item, acts, reuse)
         if not self.last:
-            for flat in formats[item.band.key].pack(acts):
+            for flat in fmt.pack(acts, [float(reuse)] if fmt.flags else ()):
                 self._send(flat, self.stage + 1, "act")
             return
         assert samplers is not None
@@ -451,15 +465,25 @@ class Pipeline:
             )
         return out
 
-    def _run_blocks(self, item: Item, acts: list[Activations]) -> list[Activations]:
-        assert self.cache is not None
+    def _run_blocks(
+        self, item: Item, acts: list[Activations], reuse: bool | None
+    ) -> tuple[list[Activations], bool | None]:
+        """This stage's blocks for each branch; with a block cache, its decision (taken or received) too."""
+        cache = self.cache
+        assert cache is not None
+
+        def run_block(a: Activations, i: int, branch: int) -> Activations:
+            cache.begin_item(ItemTokens(branch, item.band.token_range, self.text_tokens[branch]))
+            return run_block_stale(self.adapter, a, i, cache)
+
+        if self.block_cache is not None:
+            return self.block_cache.run(self.adapter, item.band.key, acts, run_block, reuse)
         out = []
         for b, a in enumerate(acts):
-            self.cache.begin_item(ItemTokens(b, item.band.token_range, self.text_tokens[b]))
             for i in self.stages.blocks(self.stage):
-                a = run_block_stale(self.adapter, a, i, self.cache)
+                a = run_block(a, i, b)
             out.append(a)
-        return out
+        return out, None
 
     def _denoise(self, item: Item, acts: list[Activations], x: torch.Tensor) -> torch.Tensor | Guided:
         assert self.sched is not None

@@ -6,7 +6,8 @@ the text takes part in joint attention (they change in every block). Everything 
 only on positions or on the prompt (rotary tables, the text mask, cross-attention text) is
 *static*: it goes once per band at setup, in a :class:`ActivationFormat`, together with the shapes of
 the dynamic fields, so every receive can be posted ahead with a buffer of the right size. The
-dynamic fields of an item go as one flat tensor per dtype (normally one).
+dynamic fields of an item go as one flat tensor per dtype (normally one), plus, with a block cache, one
+float32 flag the first stage sets for the stages after it (reuse the cached blocks for this item or not).
 """
 
 from __future__ import annotations
@@ -58,9 +59,10 @@ class ActivationFormat:
 
     fields: tuple[FieldSpec, ...]  # dynamic fields in packing order
     static: tuple[dict[str, Any], ...]  # per branch: static fields + grid + txt_tokens
+    flags: int = 0  # float32 values sent after the fields (the block cache's decision)
 
     @classmethod
-    def from_activations(cls, acts: Sequence[Activations], text_attention: str) -> ActivationFormat:
+    def from_activations(cls, acts: Sequence[Activations], text_attention: str, flags: int = 0) -> ActivationFormat:
         fields, static = [], []
         for b, a in enumerate(acts):
             for name in dynamic_fields(text_attention):
@@ -72,16 +74,17 @@ class ActivationFormat:
                 value = getattr(a, name)
                 entry[name] = _to_cpu(value)
             static.append(entry)
-        return cls(tuple(fields), tuple(static))
+        return cls(tuple(fields), tuple(static), flags)
 
     # -- wire form (plain containers, for send_object) ---------------------------------------------
     def to_wire(self) -> dict[str, Any]:
-        return {"fields": [dataclasses.astuple(f) for f in self.fields], "static": list(self.static)}
+        wire = {"fields": [dataclasses.astuple(f) for f in self.fields], "static": list(self.static)}
+        return {**wire, "flags": self.flags}
 
     @classmethod
     def from_wire(cls, wire: dict[str, Any]) -> ActivationFormat:
         fields = tuple(FieldSpec(int(b), str(n), tuple(int(x) for x in s), str(d)) for b, n, s, d in wire["fields"])
-        return cls(fields, tuple(wire["static"]))
+        return cls(fields, tuple(wire["static"]), int(wire.get("flags", 0)))
 
     # -- packing -----------------------------------------------------------------------------------
     @property
@@ -96,14 +99,17 @@ class ActivationFormat:
         return sum(f.numel * torch.empty(0, dtype=f.torch_dtype).element_size() for f in self.fields)
 
     def empty(self, device: torch.device) -> list[torch.Tensor]:
-        """Receive buffers: one flat tensor per dtype."""
-        return [
+        """Receive buffers: one flat tensor per dtype (and the flags)."""
+        bufs = [
             torch.empty(sum(f.numel for f in self.fields if f.dtype == d), dtype=getattr(torch, d), device=device)
             for d in self.dtypes
         ]
+        return bufs + ([torch.empty(self.flags, dtype=torch.float32, device=device)] if self.flags else [])
 
-    def pack(self, acts: Sequence[Activations]) -> list[torch.Tensor]:
-        """The dynamic fields of ``acts`` (one per branch) as flat tensors, one per dtype."""
+    def pack(self, acts: Sequence[Activations], flags: Sequence[float] = ()) -> list[torch.Tensor]:
+        """The dynamic fields of ``acts`` (one per branch) as flat tensors, one per dtype, and the ``flags``."""
+        if len(flags) != self.flags:
+            raise RuntimeError(f"PipeFusion item packed with {len(flags)} flags; the stage layout says {self.flags}")
         parts: dict[str, list[torch.Tensor]] = {d: [] for d in self.dtypes}
         for f in self.fields:
             t = getattr(acts[f.branch], f.name)
@@ -114,7 +120,15 @@ class ActivationFormat:
                     f"agreed at setup says {f.shape} {f.dtype}; a block changed the activation layout mid-pipeline"
                 )
             parts[f.dtype].append(t.reshape(-1))
-        return [torch.cat(parts[d]) if len(parts[d]) > 1 else parts[d][0].contiguous() for d in self.dtypes]
+        flats = [torch.cat(parts[d]) if len(parts[d]) > 1 else parts[d][0].contiguous() for d in self.dtypes]
+        if self.flags:
+            device = flats[0].device if flats else None
+            flats.append(torch.tensor([float(f) for f in flags], dtype=torch.float32, device=device))
+        return flats
+
+    def unpack_flags(self, flats: Sequence[torch.Tensor]) -> list[float]:
+        """The flags of received flat tensors (empty without flags)."""
+        return flats[-1].tolist() if self.flags else []
 
     def unpack(self, flats: Sequence[torch.Tensor], static: Sequence[dict[str, Any]]) -> list[Activations]:
         """Activations per branch from received flat tensors and the (device) static fields."""

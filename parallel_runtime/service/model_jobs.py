@@ -161,7 +161,7 @@ def generate(
             memory.maybe(done == total)
             ctx.emit("progress", event)
 
-        out, _ = run_pipefusion(
+        out, stats = run_pipefusion(
             adapter,
             ctx.mesh,
             model.stages,
@@ -179,6 +179,8 @@ def generate(
             cancel_points=BlockCancel(ctx.cancel_requested, f"job {ctx.job_id}"),  # inside a step: at slots
             noise_mask=None if noise_mask is None else noise_mask.to(ctx.device),
         )
+        if stats.cache:
+            ctx.emit("cache", stats.cache)
         if first_bad:
             raise NonFiniteValues(first_bad[0])
         if out is not None and not torch.isfinite(out).all():

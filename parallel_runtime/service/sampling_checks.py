@@ -15,6 +15,7 @@ from ..denoise.entries import Branch, CondEntry
 from ..errors import ConfigError
 from ..models.reference_latents import reference_count
 from ..parallel.config import ParallelConfig
+from ..pipefusion.block_cache_stage import STEP_CACHE_UNDER_PIPEFUSION
 from ..pipefusion.branches import single_entry
 from ..pipefusion.schedule import require_per_patch
 from ..sampling import SAMPLER_NAMES, SCHEDULER_NAMES, sampler_spec, uses_uncond
@@ -216,6 +217,8 @@ def check_caches(
             "use Parallel EasyCache or the Parallel Block Cache (both cache per model call), or a sampler "
             "without CFG++",
         )
+    if step_cache is not None and config.pp > 1:
+        raise ConfigError(*STEP_CACHE_UNDER_PIPEFUSION)
     if block_cache is not None:
         blocks = info.get("num_blocks")
         if blocks is not None:
