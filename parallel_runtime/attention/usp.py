@@ -109,6 +109,12 @@ class SequenceParallelAttention:
         """True when the sequence is split over more than one rank."""
         return self.mesh.size("sp") > 1
 
+    @property
+    def routes_sdpa(self) -> bool:
+        """Whether a scaled_dot_product_attention call must come here at all (False: plain SDPA would do the
+        same, so compiled blocks may keep it in their graph)."""
+        return self.parallel
+
     def __call__(
         self,
         query: torch.Tensor,

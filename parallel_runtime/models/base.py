@@ -42,6 +42,20 @@ class AttentionScope(Protocol):
     def intercept(self) -> contextlib.AbstractContextManager: ...
 
 
+class BlockCaller(Protocol):
+    """Calls a block with its self/joint attention sent where ``attention_for(module)`` says (compiled blocks:
+    ``models.compiled_blocks.CompiledBlocks``)."""
+
+    def call(
+        self,
+        adapter: ModelAdapter,
+        name: str,
+        block: nn.Module,
+        acts: Activations,
+        attention_for: Callable[[nn.Module], Callable[..., torch.Tensor]] | None,
+    ) -> Activations: ...
+
+
 class BlockRunner(Protocol):
     """Runs the blocks of one model call (``ModelAdapter.forward``'s ``blocks``; a block cache is one)."""
 
@@ -234,6 +248,7 @@ class ModelAdapter(abc.ABC):
         self.transformer = transformer
         self.plan = self.make_plan(transformer.config, latent_format)
         self._blocks = [(name, blk) for name in self.plan.block_lists for blk in getattr(transformer, name)]
+        self.compiled: BlockCaller | None = None  # compiled blocks (models.compiled_blocks), None: eager
         check_attention_path(self)
 
     # -- family hooks ----------------------------------------------------------------------------
@@ -403,8 +418,12 @@ class ModelAdapter(abc.ABC):
         return order
 
     def run_block(self, acts: Activations, i: int, attention: AttentionScope) -> Activations:
-        """Block ``i`` (execution order over all block lists); self/joint attention goes to ``attention``."""
+        """Block ``i`` (execution order over all block lists); self/joint attention goes to ``attention``
+        (when it replaces plain SDPA at all: ``attention.routes_sdpa``, True when absent)."""
         name, blk = self._blocks[i]
+        if self.compiled is not None:
+            routed = (lambda module: attention) if getattr(attention, "routes_sdpa", True) else None
+            return self.compiled.call(self, name, blk, acts, routed)  # type: ignore[arg-type]
         with intercepted(self.self_attention_modules(name, blk), attention):
             return self.call_block(name, blk, acts)
 

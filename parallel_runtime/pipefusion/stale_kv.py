@@ -205,7 +205,11 @@ class LayerAttention:
 def run_block_stale(adapter: ModelAdapter, acts: Activations, i: int, cache: StaleKVCache) -> Activations:
     """Block ``i`` with each of its self/joint attention modules served from its own stale-KV buffer."""
     name, blk = adapter.block(i)
+    modules = adapter.self_attention_modules(name, blk)
+    if adapter.compiled is not None:  # compiled blocks: their router sends each module to its own buffer
+        layers = {id(m): cache.layer((i, j), adapter.joint_text_order(m)) for j, m in enumerate(modules)}
+        return adapter.compiled.call(adapter, name, blk, acts, lambda module: layers[id(module)])
     with contextlib.ExitStack() as stack:
-        for j, module in enumerate(adapter.self_attention_modules(name, blk)):
+        for j, module in enumerate(modules):
             stack.enter_context(intercepted([module], cache.layer((i, j), adapter.joint_text_order(module))))
         return adapter.call_block(name, blk, acts)

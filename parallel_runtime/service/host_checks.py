@@ -21,6 +21,7 @@ def check_load_request(request: LoadRequest, path: Path) -> None:
     """Everything about a load that can be checked on the host, before any worker starts: dtype,
     attention backend, limits, and the model files' headers (a truncated download fails here)."""
     from ..attention.kernels import check_backend_name
+    from ..models.compiled_blocks import check_compile_mode
     from ..models.safetensors_header import read_header
 
     torch_dtype(request.dtype)
@@ -29,6 +30,7 @@ def check_load_request(request: LoadRequest, path: Path) -> None:
         from ..models.gguf.model_file import check_gguf_request
 
         check_gguf_request("auto", request.dequant_dtype)  # a known mode, though only GGUF files use it
+    check_compile_mode(request.compile)
     input_checks.positive_seconds("load_timeout_s", request.load_timeout_s)
     if path.is_file() and path.suffix.lower() == ".gguf":
         from ..models.gguf.model_file import check_gguf_request

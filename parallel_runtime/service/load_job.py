@@ -13,6 +13,7 @@ import torch.distributed as dist
 
 from ..errors import ConfigError, PeerFailed
 from ..models.base import ModelAdapter
+from ..models.compiled_blocks import set_compiled_blocks
 from ..models.loading import PipelineComponents, has_second_expert, load_pipeline_components, read_model_index
 from ..parallel.collectives import agree_any
 from ..runtime.jobs import JobContext
@@ -73,6 +74,7 @@ def load_model(
     dequant_dtype: str = "default",
     expert_2_path: str | None = None,
     boundary: float | None = None,
+    compile: str = "off",
 ) -> dict[str, Any]:
     """Load the pipeline onto this rank's device (text encoders only on TEXT_RANK). Reuses it when
     the same model and dtype are already loaded. With pp > 1 each rank loads only its PipeFusion
@@ -81,7 +83,9 @@ def load_model(
     ``storage`` says how Linear weights are held (``models.weights.WEIGHT_STORAGE``: fp8 files stay fp8
     by default, computing in ``dtype``). ``dequant_dtype``: the arithmetic a GGUF file's blocks are
     dequantised in (``models.gguf.dequant.DEQUANT_MODES``, ComfyUI-GGUF's choices). ``expert_2_path``: Wan 2.2
-    A14B's low-noise expert file next to a high-noise ``path`` file, held with it (``models.expert_files``)."""
+    A14B's low-noise expert file next to a high-noise ``path`` file, held with it (``models.expert_files``).
+    ``compile="blocks"`` compiles the transformer blocks (each kind once
+    per shape, kept while the pool is warm; ``models.compiled_blocks``); "off" runs them eagerly."""
     pp = ctx.mesh.size("pp")
     weights = tuple(pp_stage_weights) if pp > 1 and pp_stage_weights else None
     key = model_key(
@@ -140,6 +144,8 @@ def load_model(
         )
         ctx.state["model"] = model
     model.attention = attention
+    for adapter in (model.adapter, *(() if model.expert_2 is None else (model.expert_2[0],))):
+        set_compiled_blocks(adapter, compile)
     adapter, cfg = model.adapter, model.components.transformer_config
     params = model.components.transformer.parameters()
     weight_bytes = sum(p.numel() * p.element_size() for p in params if p.device.type != "meta")
@@ -169,6 +175,7 @@ def load_model(
         "pooled_dim": cfg.get("pooled_projection_dim"),
         "image_dim": cfg.get("image_dim"),
         "transformer_bytes": weight_bytes,
+        "compile": compile,
         "memory": ctx.report_memory(),
         "lora_keys": lora_keys(model) if ctx.rank == 0 else None,  # what a LoRA may patch (names and shapes)
     }

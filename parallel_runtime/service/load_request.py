@@ -58,6 +58,7 @@ class LoadRequest:
     # boundary_ratio for the pair, 0.875 text-to-video, 0.9 image-to-video).
     expert_2: str | None = None
     expert_boundary: float | None = None
+    compile: str = "off"  # "blocks": regional torch.compile of the transformer blocks (models.compiled_blocks)
 
     def load_kwargs(self) -> dict[str, Any]:
         """Keyword arguments of the load_model job beyond (path, dtype, attention)."""
@@ -75,8 +76,12 @@ class LoadRequest:
             kwargs["expert_2_path"] = str(Path(self.expert_2).expanduser().resolve())
             if self.expert_boundary is not None:
                 kwargs["boundary"] = float(self.expert_boundary)
+        if self.compile != "off":
+            kwargs["compile"] = self.compile
         return kwargs
 
     def model_key(self, path: str | Path, pp: int) -> tuple:
         """:func:`model_key` of this request for the model file or folder ``path`` and ``pp`` stages."""
-        return model_key(path, self.dtype, pp, **self.load_kwargs())
+        kwargs = self.load_kwargs()
+        kwargs.pop("compile", None)  # compiled or eager, the blocks hold the same weights: the same model
+        return model_key(path, self.dtype, pp, **kwargs)

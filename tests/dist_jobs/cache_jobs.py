@@ -65,3 +65,10 @@ def skewed_decisions(
         decision_group=group,
     )
     return {"reports": reports, "parts": group.parts, "totals": group.totals}
+
+
+def compile_report(ctx) -> dict[str, int]:
+    """This worker's torch compile counters (graphs and frames compiled so far)."""
+    from parallel_runtime.models.compiled_blocks import compile_counters
+
+    return compile_counters()
