@@ -189,12 +189,12 @@ def test_intercept_routes_sdpa_single_rank():
 
 
 def test_unknown_backend_lists_valid_choices():
-    assert ATTENTION_BACKENDS == ("auto", "sdpa", "flash")
+    assert ATTENTION_BACKENDS == ("auto", "sdpa", "flash", "flash3", "sage", "cudnn")
     with pytest.raises(ConfigError) as info:
         SequenceParallelAttention(ParallelMesh.single("cpu"), "xformers")
     msg = str(info.value)
     assert "'xformers'" in msg and "why:" in msg
-    assert "auto, sdpa, flash" in msg
+    assert "auto, sdpa, flash, flash3, sage, cudnn" in msg
 
 
 def test_flash_on_cpu_says_why_and_how_to_fix():

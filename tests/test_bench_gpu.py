@@ -112,3 +112,28 @@ def test_cpu_fallback_runs_and_names_what_it_measured(tmp_path):
     for layouts in res["modelled"].values():
         for layout in ("ulysses", "ring", "cfg2_x_ulysses", "pipefusion"):
             assert set(layouts[layout]) >= {"2", "4"} and all(s > 0 for s in layouts[layout].values()), layout
+
+
+def test_gpu_speed_cpu_fallback_measures_steps_and_reused_steps(tmp_path):
+    """``bench gpu-speed --quick`` (without a GPU: SDPA, eager, float32 and fp8-stored blocks)."""
+    out = tmp_path / "gpu_speed.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "parallel_runtime", "bench", "gpu-speed", "--quick", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads(out.read_text())
+    for key in ("model", "baseline", "device", "auto_kernel", "variants"):
+        assert res[key], key
+    wide = "fp32" if res["fallback"] else "bf16"
+    if res["fallback"]:
+        assert set(res["variants"]) == {"sdpa eager fp32", "sdpa eager fp8"}
+        assert res["auto_kernel"].startswith("sdpa")
+    base = res["variants"][f"sdpa eager {wide}"]
+    assert base["error_vs_eager_sdpa"] == 0.0
+    assert 0.0 < base["reused_over_step"] < 1.0  # a reused step skips every block but the first
+    fp8 = res["variants"]["sdpa eager fp8"]
+    assert 0.0 < fp8["error_vs_eager_sdpa"] < 0.1  # fp8 weights: close, not equal
+    assert res["fp8_layers"] > 0

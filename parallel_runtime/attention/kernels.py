@@ -1,12 +1,16 @@
-"""Attention kernels behind one registry with constraints: torch SDPA and flash-attn.
+"""Attention kernels behind one registry with constraints: torch SDPA, flash-attn (FlashAttention 2),
+FlashAttention 3, SageAttention and cuDNN SDPA (the CUDA ones in ``gpu_kernels.py``).
 
 Every kernel offers two calls on q, k, v of shape [B, H, S, D]:
 - ``attend(q, k, v, scale)`` -> out, the plain attention (used when no partial results are merged);
 - ``attend_lse(q, k, v, scale)`` -> (out, lse), lse = logsumexp of the scaled scores over the keys,
   shape [B, H, S_q], float32 (float64 for float64 inputs); used by Ring attention to merge blocks.
 
-A kernel declares where it can run (device types, dtypes, largest head dim, a module it needs);
-:func:`select_kernel` checks those constraints and says what to change when they are not met.
+A kernel declares where it can run (device types, CUDA compute capability, dtypes, largest head dim, a
+module it needs); :func:`select_kernel` checks those constraints and says what to change when they are not
+met. Backend "auto" takes the first kernel of :func:`auto_order` for the device that can run (exact kernels
+only: SageAttention quantises Q.K^T to INT8, so it runs only when named); :func:`describe_choice` says which
+kernel a backend resolves to on a device and why.
 CUDA paths are guarded: if a fused op refuses an input, SDPA falls back to the next op and finally
 to a plain matmul + logsumexp, which runs anywhere.
 """
@@ -22,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import ConfigError
+from .gpu_kernels import cudnn_attend, cudnn_attend_lse, flash3_attend, flash3_attend_lse, sage_attend
 
 AttendFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float | None], torch.Tensor]
 AttendLseFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float | None], tuple[torch.Tensor, torch.Tensor]]
@@ -30,6 +35,11 @@ FLASH_INSTALL_HINT = (
     "install flash-attn into the Python that runs ComfyUI: `pip install flash-attn --no-build-isolation` "
     "(or `pip install 'dit-parallel[gpu]'`), or choose backend 'sdpa' (or 'auto')"
 )
+FLASH3_INSTALL_HINT = (
+    "build FlashAttention 3 (flash-attn's hopper/ folder: `cd flash-attention/hopper && python setup.py install`) "
+    "into the Python that runs ComfyUI, or choose backend 'sdpa' (or 'auto')"
+)
+SAGE_INSTALL_HINT = "`pip install sageattention` (it needs triton) into the Python that runs ComfyUI, or choose 'sdpa'"
 
 _MANUAL_CHUNK_ELEMENTS = 1 << 26
 """Largest score matrix (elements) the manual kernel materialises at once; larger queries are chunked."""
@@ -124,6 +134,15 @@ def sdpa_attend_lse(
     return manual_attention_lse(q, k, v, scale)
 
 
+def _lse_or_sdpa(kernel_lse: Callable[..., tuple[torch.Tensor, torch.Tensor] | None]) -> AttendLseFn:
+    """A kernel's attention with logsumexp, or torch SDPA's for the calls where it has none."""
+
+    def attend_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None):
+        return kernel_lse(q, k, v, scale) or sdpa_attend_lse(q, k, v, scale)
+
+    return attend_lse
+
+
 # -- flash-attn ----------------------------------------------------------------------------------
 def try_import(name: str) -> tuple[types.ModuleType | None, str]:
     """Import a package; returns (module, "") or (None, why it failed)."""
@@ -174,15 +193,30 @@ class AttentionKernel:
     max_head_dim: int | None = None
     module: str | None = None  # a package that must import
     install_hint: str = ""
+    min_capability: tuple[int, int] | None = None  # CUDA compute capability it needs (e.g. (9, 0) for Hopper)
+    exact: bool = True  # False: quantised (SageAttention), never chosen by "auto"
 
-    def device_problem(self, device: torch.device) -> tuple[str, str, str] | None:
-        """(what, why, fix) when this kernel cannot run on ``device`` at all, else None."""
+    def device_problem(
+        self, device: torch.device, capability: tuple[int, int] | None = None
+    ) -> tuple[str, str, str] | None:
+        """(what, why, fix) when this kernel cannot run on ``device`` at all, else None. ``capability``: the
+        CUDA device's compute capability (read from the device when None)."""
         if self.devices is not None and device.type not in self.devices:
             return (
                 f"attention backend {self.name!r} cannot run on device {device}",
                 f"{self.description} runs only on {'/'.join(sorted(self.devices))} devices; this rank computes on "
                 f"{device.type}",
                 "choose backend 'sdpa', or 'auto' (it picks the fastest kernel that can run on each device)",
+            )
+        have = capability or cuda_capability(device)
+        known = device.type == "cuda" and have != (0, 0)  # (0, 0): no GPU visible here to ask
+        if self.min_capability is not None and known and have < self.min_capability:
+            need = ".".join(map(str, self.min_capability))
+            return (
+                f"attention backend {self.name!r} needs a GPU of compute capability {need} or newer; "
+                f"{device} is {'.'.join(map(str, have))}",
+                f"{self.description} uses instructions of newer GPUs",
+                "choose backend 'auto' or 'sdpa'",
             )
         if self.module is not None and device.type == "cuda":
             module, reason = try_import(self.module)
@@ -210,7 +244,7 @@ class AttentionKernel:
                 f"{self.description} supports head dims up to {self.max_head_dim}",
                 "choose backend 'sdpa' or 'auto'",
             )
-        if self.module is not None and head_dim != v_head_dim:
+        if self.devices is not None and head_dim != v_head_dim:
             return (
                 f"attention backend {self.name!r} got different head dims for q/k ({head_dim}) and v ({v_head_dim})",
                 f"{self.description} needs one head dim for q, k and v",
@@ -237,13 +271,68 @@ KERNELS: types.MappingProxyType[str, AttentionKernel] = types.MappingProxyType(
             max_head_dim=256,
             module="flash_attn",
             install_hint=FLASH_INSTALL_HINT,
+            min_capability=(8, 0),
+        ),
+        "flash3": AttentionKernel(
+            name="flash3",
+            description="FlashAttention 3 (flash_attn_interface, Hopper)",
+            attend=flash3_attend,
+            attend_lse=_lse_or_sdpa(flash3_attend_lse),
+            devices=frozenset({"cuda"}),
+            dtypes=frozenset({torch.float16, torch.bfloat16}),
+            max_head_dim=256,
+            module="flash_attn_interface",
+            install_hint=FLASH3_INSTALL_HINT,
+            min_capability=(9, 0),
+        ),
+        "sage": AttentionKernel(
+            name="sage",
+            description="SageAttention (sageattention: INT8 Q.K^T, lossy)",
+            attend=sage_attend,
+            attend_lse=sdpa_attend_lse,  # no logsumexp output: Ring blocks merge through torch SDPA
+            devices=frozenset({"cuda"}),
+            dtypes=frozenset({torch.float16, torch.bfloat16}),
+            max_head_dim=128,
+            module="sageattention",
+            install_hint=SAGE_INSTALL_HINT,
+            min_capability=(8, 0),
+            exact=False,
+        ),
+        "cudnn": AttentionKernel(
+            name="cudnn",
+            description="cuDNN attention through torch SDPA",
+            attend=cudnn_attend,
+            attend_lse=_lse_or_sdpa(cudnn_attend_lse),
+            devices=frozenset({"cuda"}),
+            dtypes=frozenset({torch.float16, torch.bfloat16}),
+            max_head_dim=128,
+            min_capability=(8, 0),
         ),
     }
 )
 """Kernels by backend name. Read-only."""
 
-AUTO_ORDER: tuple[str, ...] = ("flash", "sdpa")
-"""Preference of backend "auto": the first kernel whose constraints the inputs meet."""
+
+def cuda_capability(device: torch.device) -> tuple[int, int]:
+    """The compute capability of a CUDA device, (0, 0) for any other device (or when no GPU is visible)."""
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return (0, 0)
+    return tuple(torch.cuda.get_device_capability(device))  # type: ignore[return-value]
+
+
+def auto_order(device: torch.device, capability: tuple[int, int] | None = None) -> tuple[tuple[str, ...], str]:
+    """(preference of backend "auto" on ``device``, why). Hopper: FlashAttention 3, else torch SDPA (which runs
+    cuDNN attention there, faster than FlashAttention 2); Ampere / Ada: flash-attn 2, else torch SDPA (its own
+    FlashAttention 2); anything else: torch SDPA."""
+    if device.type != "cuda":
+        return ("sdpa",), f"torch SDPA on {device.type}"
+    cap = capability or cuda_capability(device)
+    where = f"CUDA sm{cap[0]}{cap[1]}"
+    if cap >= (9, 0):
+        return ("flash3", "sdpa"), f"{where}: FlashAttention 3 when installed, else torch SDPA (cuDNN attention)"
+    if cap >= (8, 0):
+        return ("flash", "sdpa"), f"{where}: flash-attn 2 when installed, else torch SDPA"
+    return ("sdpa",), f"{where}: torch SDPA (the fused kernels need sm80)"
 
 
 def backend_names() -> tuple[str, ...]:
@@ -258,15 +347,35 @@ def check_backend_name(name: str) -> str:
             f"unknown attention backend {name!r}",
             "the backend picks the attention kernel and only these exist: "
             + "; ".join(f"{k!r} ({v.description})" for k, v in KERNELS.items())
-            + "; 'auto' (flash-attn on CUDA when installed, else torch SDPA)",
+            + "; 'auto' (the fastest exact kernel the device can run: FlashAttention 3 on Hopper, flash-attn 2 on "
+            "Ampere / Ada when installed, else torch SDPA)",
             f"use one of: {', '.join(backend_names())}",
         )
     return name
 
 
-def usable_backends(device: torch.device) -> tuple[str, ...]:
-    """Kernels that can run on ``device`` (checks devices and importable packages; may import them)."""
-    return tuple(name for name, kernel in KERNELS.items() if kernel.device_problem(device) is None)
+def usable_backends(device: torch.device, capability: tuple[int, int] | None = None) -> tuple[str, ...]:
+    """Kernels that can run on ``device`` (checks device type, compute capability and importable packages; may
+    import them)."""
+    return tuple(name for name, kernel in KERNELS.items() if kernel.device_problem(device, capability) is None)
+
+
+def describe_choice(backend: str, device: torch.device, capability: tuple[int, int] | None = None) -> str:
+    """Which kernel ``backend`` runs on ``device`` (for inputs every kernel accepts) and why, e.g.
+    "sdpa (auto, CUDA sm90: ...; flash3 not available: ...)"."""
+    check_backend_name(backend)
+    device = torch.device(device)
+    if backend != "auto":
+        problem = KERNELS[backend].device_problem(device, capability)
+        return backend if problem is None else f"{backend} cannot run here: {problem[0]}"
+    order, why = auto_order(device, capability)
+    usable = usable_backends(device, capability)
+    chosen = next(name for name in order if name in usable or name == "sdpa")
+    skipped = []
+    for name in order[: order.index(chosen)]:
+        problem = KERNELS[name].device_problem(device, capability)
+        skipped.append(f"; {name} not available: {problem[0] if problem else 'refused'}")
+    return f"{chosen} (auto, {why}{''.join(skipped)})"
 
 
 def check_backend_device(name: str, device: torch.device) -> None:
@@ -286,8 +395,8 @@ def select_kernel(
 ) -> AttentionKernel:
     """Kernel for these inputs. ``usable``: backends that can run on this device (see
     :func:`usable_backends`). An explicit backend that does not accept the inputs raises ConfigError;
-    "auto" takes the first kernel of :data:`AUTO_ORDER` that does."""
-    names = AUTO_ORDER if backend == "auto" else (backend,)
+    "auto" takes the first kernel of :func:`auto_order` that does."""
+    names = auto_order(q.device)[0] if backend == "auto" else (backend,)
     for name in names:
         kernel = KERNELS[name]
         if name not in usable:

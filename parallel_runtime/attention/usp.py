@@ -37,7 +37,14 @@ from torch.overrides import TorchFunctionMode
 from ..errors import ConfigError
 from ..parallel.collectives import all_gather_cat
 from ..parallel.mesh import ParallelMesh
-from .kernels import backend_names, check_backend_device, check_backend_name, select_kernel, usable_backends
+from .kernels import (
+    auto_order,
+    backend_names,
+    check_backend_device,
+    check_backend_name,
+    select_kernel,
+    usable_backends,
+)
 from .ring import ring_attention
 from .ulysses import gather_heads, scatter_heads
 
@@ -81,8 +88,10 @@ class SequenceParallelAttention:
     """Attention over a sequence split across the mesh's sp group (Ulysses x Ring).
 
     With an sp group of one rank the call is ``F.scaled_dot_product_attention`` itself (bit-identical,
-    every argument passed through). In parallel mode the attention must be unmasked (or given a mask that hides
-    nothing), non-causal and without dropout (what DiT self/joint attention is); other calls raise ConfigError.
+    every argument passed through), unless the backend picks another kernel for this device (flash-attn,
+    FlashAttention 3, SageAttention, cuDNN): plain calls (no mask, dropout or causal masking) then go to it. In
+    parallel mode the attention must be unmasked (or given a mask that hides nothing), non-causal and without
+    dropout (what DiT self/joint attention is); other calls raise ConfigError.
 
     The token counts of the other ranks are exchanged with a tiny all-gather (counted as "meta").
     The engine calls ``begin_forward(tag)`` before each model evaluation with a tag that is equal on
@@ -96,6 +105,8 @@ class SequenceParallelAttention:
         self.backend = check_backend(backend, mesh.device)
         # Kernels that can run on this device, checked once (may import flash_attn).
         self._usable = ("sdpa",) if backend == "sdpa" else usable_backends(mesh.device)
+        order = auto_order(mesh.device)[0] if backend == "auto" else (backend,)
+        self._single_kernel = next((name for name in order if name in self._usable), "sdpa")
         self._layouts: dict[tuple, SequenceLayout] = {}
         self._tag: object = None
         self._ordinal = 0
@@ -113,7 +124,7 @@ class SequenceParallelAttention:
     def routes_sdpa(self) -> bool:
         """Whether a scaled_dot_product_attention call must come here at all (False: plain SDPA would do the
         same, so compiled blocks may keep it in their graph)."""
-        return self.parallel
+        return self.parallel or self._single_kernel != "sdpa"
 
     def __call__(
         self,
@@ -127,6 +138,9 @@ class SequenceParallelAttention:
         enable_gqa: bool = False,
     ) -> torch.Tensor:
         if not self.parallel:
+            plain = attn_mask is None and not dropout_p and not is_causal and query.shape[1] == key.shape[1]
+            if self._single_kernel != "sdpa" and plain and query.dim() == 4:
+                return select_kernel(self.backend, query, value, self._usable).attend(query, key, value, scale)
             return F.scaled_dot_product_attention(
                 query,
                 key,

@@ -14,7 +14,9 @@ Three file conventions are read (the header decides; nothing is guessed from the
 
 An :class:`Fp8Linear` keeps the stored fp8 weight and its scale; each call upcasts the weight to the
 input's dtype (scale applied in float32, rounded once), so the wider copy exists only during that call.
-``input_scale`` / ``scale_input`` are not needed for that and are ignored.
+``input_scale`` / ``scale_input`` are not needed for that and are ignored. On GPUs with fp8 matrix units a
+layer may instead multiply in fp8 (``matmul = "scaled_mm"``, set by :mod:`.fp8_matmul`): the input is
+quantised per call (per row, or per tensor) and ``torch._scaled_mm`` multiplies it with the stored weight.
 
 For LoRA (issue 12) a layer offers its dequantised weight and two exact-to-undo ways to change it:
 a patched compute-dtype weight used instead of the fp8 one (:meth:`Fp8Linear.set_patched`), or new fp8
@@ -155,6 +157,8 @@ class Fp8Linear(nn.Linear):
         self.scaled = False  # weight_scale != 1 (known at load, so forward never reads the tensor's value)
         self.patched: torch.Tensor | None = None
         self.original: torch.Tensor | None = None  # fp8 weight before requantise_, for restore()
+        self.matmul = "upcast"  # or "scaled_mm" (models.fp8_matmul chooses)
+        self.rowwise = True  # scaled_mm: one input scale per row (else one per tensor)
 
     @classmethod
     def like(cls, linear: nn.Linear) -> Fp8Linear:
@@ -170,6 +174,8 @@ class Fp8Linear(nn.Linear):
         return self.weight.to(dtype)  # fp8 values are exact in bf16/fp16/fp32
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.matmul == "scaled_mm" and self.patched is None and x.dtype in (torch.bfloat16, torch.float16):
+            return scaled_mm_linear(self, x)
         bias = None if self.bias is None else self.bias.to(x.dtype)
         return F.linear(x, self.compute_weight(x.dtype), bias)
 
@@ -203,6 +209,32 @@ class Fp8Linear(nn.Linear):
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, storage={self.weight.dtype}, scaled={self.scaled}"
+
+
+def scaled_mm_linear(layer: Fp8Linear, x: torch.Tensor) -> torch.Tensor:
+    """``layer(x)`` multiplied in fp8: ``x`` quantised to e4m3 with a dynamic scale (max |x| / 448 per row, or
+    per tensor), the stored weight with its own scale, the product accumulated by ``torch._scaled_mm`` in the
+    input's dtype. Rows are padded to a multiple of 16 (what the fp8 kernels take)."""
+    shape = x.shape
+    rows = x.reshape(-1, shape[-1])
+    count = rows.shape[0]
+    pad = -count % 16
+    if pad:
+        rows = F.pad(rows, (0, 0, 0, pad))
+    top = FP8_MAX[torch.float8_e4m3fn]
+    amax = rows.abs().amax(dim=1, keepdim=True) if layer.rowwise else rows.abs().amax().reshape(1, 1)
+    scale_a = (amax.float() / top).clamp(min=1e-12)
+    quantised = (rows.float() / scale_a).clamp(-top, top).to(torch.float8_e4m3fn)
+    scale_b = layer.weight_scale.to(torch.float32).reshape(1, 1)
+    if layer.rowwise:
+        scale_b = scale_b.expand(1, layer.out_features).contiguous()
+    else:
+        scale_a, scale_b = scale_a.reshape(()), scale_b.reshape(())
+    out = torch._scaled_mm(quantised, layer.weight.t(), scale_a=scale_a, scale_b=scale_b, out_dtype=x.dtype)
+    out = out[:count] if pad else out
+    if layer.bias is not None:
+        out = out + layer.bias.to(x.dtype)
+    return out.reshape(*shape[:-1], layer.out_features)
 
 
 def swap_to_fp8(model: nn.Module, weight_names: Iterable[str]) -> list[str]:

@@ -22,6 +22,7 @@ def check_load_request(request: LoadRequest, path: Path) -> None:
     attention backend, limits, and the model files' headers (a truncated download fails here)."""
     from ..attention.kernels import check_backend_name
     from ..models.compiled_blocks import check_compile_mode
+    from ..models.fp8_matmul import check_fp8_matmul
     from ..models.safetensors_header import read_header
 
     torch_dtype(request.dtype)
@@ -31,6 +32,7 @@ def check_load_request(request: LoadRequest, path: Path) -> None:
 
         check_gguf_request("auto", request.dequant_dtype)  # a known mode, though only GGUF files use it
     check_compile_mode(request.compile)
+    check_fp8_matmul(request.fp8_matmul)
     input_checks.positive_seconds("load_timeout_s", request.load_timeout_s)
     if path.is_file() and path.suffix.lower() == ".gguf":
         from ..models.gguf.model_file import check_gguf_request

@@ -11,9 +11,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ..attention.kernels import describe_choice
 from ..errors import ConfigError, PeerFailed
 from ..models.base import ModelAdapter
 from ..models.compiled_blocks import set_compiled_blocks
+from ..models.fp8_matmul import apply_fp8_matmul
 from ..models.loading import PipelineComponents, has_second_expert, load_pipeline_components, read_model_index
 from ..parallel.collectives import agree_any
 from ..runtime.jobs import JobContext
@@ -75,6 +77,7 @@ def load_model(
     expert_2_path: str | None = None,
     boundary: float | None = None,
     compile: str = "off",
+    fp8_matmul: str = "auto",
 ) -> dict[str, Any]:
     """Load the pipeline onto this rank's device (text encoders only on TEXT_RANK). Reuses it when
     the same model and dtype are already loaded. With pp > 1 each rank loads only its PipeFusion
@@ -85,7 +88,8 @@ def load_model(
     dequantised in (``models.gguf.dequant.DEQUANT_MODES``, ComfyUI-GGUF's choices). ``expert_2_path``: Wan 2.2
     A14B's low-noise expert file next to a high-noise ``path`` file, held with it (``models.expert_files``).
     ``compile="blocks"`` compiles the transformer blocks (each kind once
-    per shape, kept while the pool is warm; ``models.compiled_blocks``); "off" runs them eagerly."""
+    per shape, kept while the pool is warm; ``models.compiled_blocks``); "off" runs them eagerly.
+    ``fp8_matmul``: how fp8 layers multiply (``models.fp8_matmul``: "auto" uses torch._scaled_mm on sm89+)."""
     pp = ctx.mesh.size("pp")
     weights = tuple(pp_stage_weights) if pp > 1 and pp_stage_weights else None
     key = model_key(
@@ -144,7 +148,9 @@ def load_model(
         )
         ctx.state["model"] = model
     model.attention = attention
+    fp8_choice = ""
     for adapter in (model.adapter, *(() if model.expert_2 is None else (model.expert_2[0],))):
+        fp8_choice = apply_fp8_matmul(adapter.transformer, fp8_matmul, ctx.device, adapter.dtype)
         set_compiled_blocks(adapter, compile)
     adapter, cfg = model.adapter, model.components.transformer_config
     params = model.components.transformer.parameters()
@@ -176,6 +182,8 @@ def load_model(
         "image_dim": cfg.get("image_dim"),
         "transformer_bytes": weight_bytes,
         "compile": compile,
+        "fp8_matmul": fp8_choice,
+        "attention_choice": describe_choice(attention, ctx.device),
         "memory": ctx.report_memory(),
         "lora_keys": lora_keys(model) if ctx.rank == 0 else None,  # what a LoRA may patch (names and shapes)
     }

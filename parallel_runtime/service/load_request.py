@@ -59,6 +59,8 @@ class LoadRequest:
     expert_2: str | None = None
     expert_boundary: float | None = None
     compile: str = "off"  # "blocks": regional torch.compile of the transformer blocks (models.compiled_blocks)
+    # fp8 layers: "auto" (torch._scaled_mm on sm89+), "upcast", "scaled_mm" (models.fp8_matmul)
+    fp8_matmul: str = "auto"
 
     def load_kwargs(self) -> dict[str, Any]:
         """Keyword arguments of the load_model job beyond (path, dtype, attention)."""
@@ -78,10 +80,13 @@ class LoadRequest:
                 kwargs["boundary"] = float(self.expert_boundary)
         if self.compile != "off":
             kwargs["compile"] = self.compile
+        if self.fp8_matmul != "auto":
+            kwargs["fp8_matmul"] = self.fp8_matmul
         return kwargs
 
     def model_key(self, path: str | Path, pp: int) -> tuple:
         """:func:`model_key` of this request for the model file or folder ``path`` and ``pp`` stages."""
         kwargs = self.load_kwargs()
-        kwargs.pop("compile", None)  # compiled or eager, the blocks hold the same weights: the same model
+        for how in ("compile", "fp8_matmul"):  # how the blocks compute, set on every load: the same weights
+            kwargs.pop(how, None)
         return model_key(path, self.dtype, pp, **kwargs)

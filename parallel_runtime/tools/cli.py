@@ -30,6 +30,8 @@ BENCHES: dict[str, tuple[str, str]] = {
     "vae": ("bench_vae", "parallel VAE decode"),
     "pipefusion": ("bench_pipefusion", "PipeFusion"),
     "gpu": ("bench_gpu", "one GPU, real-size Flux.1, and a model of N GPUs"),
+    "gpu-speed": ("bench_gpu_speed", "one GPU, real-size Flux.1: attention kernels x compiled blocks x bf16/fp8"),
+    "speedups": ("bench_speedups", "caches, compiled blocks and Ulysses on tiny-flux-shapes, beside cache-dit"),
     "bigmodels": ("bench_bigmodels", "big models: weights per rank, per-stage and fp8 loading"),
     "gguf": ("bench_gguf", "GGUF files: weights per rank, a stage's load, per-layer dequantisation"),
     "lora": ("bench_lora", "LoRA apply/swap on a warm pool vs reloading the model"),
