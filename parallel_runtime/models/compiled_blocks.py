@@ -45,6 +45,8 @@ class AttentionRouter(TorchFunctionMode):
         kwargs = kwargs or {}
         if func is F.scaled_dot_product_attention and self.module is not None:
             return self._route(*args, **kwargs)
+        if func is torch.Tensor.unflatten:  # its Python method calls super(), which compiled code cannot follow
+            return torch.unflatten(*args, **kwargs)  # the same op: no graph break in the middle of a block
         return func(*args, **kwargs)
 
     @torch.compiler.disable
