@@ -2,8 +2,8 @@
 
 Oracle: tests/data/comfy_easycache_reference.json, written by tests/data/make_comfy_easycache_reference.py with
 ComfyUI 0.3.64's own EasyCache / LazyCache nodes and KSampler on the tiny Flux files of the KSampler reference
-(loaded here through our single-file path on real CPU worker pools: one rank, Ulysses 2, CFG 2). Every rank
-reports its decisions; all of them must be ComfyUI's.
+(loaded here through our single-file path on real CPU worker pools: every case on one rank, the cases that
+exercise each layout on Ulysses 2 and CFG 2). Every rank reports its decisions; all of them must be ComfyUI's.
 """
 
 from __future__ import annotations
@@ -38,6 +38,11 @@ LAYOUTS = {
     "cfg2": ("cpu:2", ParallelConfig(cfg=2)),
 }
 NODES = {"EasyCache": ParallelEasyCache, "LazyCache": ParallelLazyCache}
+# every case on one rank; on two ranks the cases that exercise each layout's part of the rule
+PARALLEL_CASES = {
+    "ulysses2": ("easycache_cfg2", "easycache_heun", "lazycache_cfg1", "lazycache_cfg2"),
+    "cfg2": ("easycache_cfg2", "easycache_window", "easycache_heun", "lazycache_cfg2"),
+}
 
 
 @functools.cache
@@ -63,8 +68,9 @@ def skipped(summaries: list[dict]) -> list[int]:
 def _params():
     for layout in LAYOUTS:
         for case in REFERENCE["cases"]:
-            if layout == "cfg2" and math.isclose(case["cfg"], 1.0):
+            if layout in PARALLEL_CASES and case["name"] not in PARALLEL_CASES[layout]:
                 continue
+            assert not (layout == "cfg2" and math.isclose(case["cfg"], 1.0))  # CFG parallel needs a negative
             yield pytest.param(layout, case, id=f"{layout}-{case['name']}")
 
 
