@@ -130,3 +130,33 @@ def test_tiny_wan_smoke_workflow_runs(pool_registry):
         (frames[bool(layout)],) = run_ui_workflow(data, ctx, overrides)[sink["id"]]
     assert frames[False].shape == (9, 48, 64, 3)  # 1 + 4 * (3 latent frames - 1), at 8x the latent size
     torch.testing.assert_close(frames[False], frames[True], atol=2e-5, rtol=0)
+
+
+def test_tiny_caches_workflow_runs(pool_registry):
+    """The speed workflow (tiny-flux-shapes, Ulysses 2, Parallel Block Cache between loader and sampler) runs
+    through our node classes and the sampler node reports what the cache reused (compiled blocks off here:
+    tests/test_compiled_blocks.py covers them)."""
+    context = importlib.import_module(f"{load_pack().__name__}.nodes.context")
+    bridge = importlib.import_module(f"{load_pack().__name__}.nodes.bridge")
+    sampler = importlib.import_module(f"{load_pack().__name__}.nodes.sampler")
+    data = json.loads((ROOT / "workflows" / "tiny_flux_shapes_caches_cpu.json").read_text(encoding="utf-8"))
+    ctx = context.NodeContext.create(registry=pool_registry, bridge=bridge.ComfyBridge())
+    shown = []
+    original = sampler.run_sampler
+
+    def recording(*args, **kwargs):
+        out = original(*args, **kwargs)
+        shown.append(out["ui"]["text"][0])
+        return out
+
+    sampler.run_sampler = recording
+    try:
+        outputs = run_ui_workflow(data, ctx, {"DiTParallelModelLoader": {"compile": "off"}})
+    finally:
+        sampler.run_sampler = original
+    sink = next(n for n in data["nodes"] if n["type"] == "PreviewImage")
+    (image,) = outputs[sink["id"]]
+    assert image.shape == (1, 128, 128, 3)
+    assert len(shown) == 1 and "block cache reused" in shown[0], shown
+    reused = int(shown[0].split("block cache reused ")[1].split("/")[0])
+    assert reused >= 5
