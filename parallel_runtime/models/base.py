@@ -17,11 +17,9 @@ grid the model's position embedding covers (``max_grid_side``). Adapters live in
 from __future__ import annotations
 
 import abc
-import contextlib
 import dataclasses
 import math
-import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any, Literal, Protocol
 
@@ -32,14 +30,9 @@ from ..errors import ConfigError
 from ..parallel.mesh import ParallelMesh
 from ..parallel.sharding import gather, shard
 from . import compat, token_grid
+from .attention_scope import AttentionScope, intercepted
 from .latent_formats import LatentFormat
 from .sampling_spec import ModelSamplingSpec
-
-
-class AttentionScope(Protocol):
-    """What an adapter needs from an attention implementation (see parallel_runtime/attention/usp.py's CONTRACT)."""
-
-    def intercept(self) -> contextlib.AbstractContextManager: ...
 
 
 class BlockCaller(Protocol):
@@ -202,39 +195,6 @@ def shard_activations(acts: Activations, splits: Sequence[Split], mesh: Parallel
         else:
             changes[s.field] = shard(value, s.dim, mesh, s.mesh_dim)
     return acts.replace(**changes)
-
-
-@contextlib.contextmanager
-def intercepted(modules: Sequence[nn.Module], attention: AttentionScope) -> Iterator[None]:
-    """While active, every call of ``modules`` made by this thread runs inside ``attention.intercept()``.
-
-    Implemented with forward hooks removed on exit (the modules are not edited). Hooks belong to the
-    module, so they act only for the thread that installed them; the exit hook is ``always_call``
-    so an exception inside a module still closes its scope."""
-    owner = threading.get_ident()
-    handles = []
-    open_scopes: list[contextlib.AbstractContextManager] = []
-
-    def enter(module: nn.Module, args: Any) -> None:
-        if threading.get_ident() == owner:
-            scope = attention.intercept()
-            scope.__enter__()
-            open_scopes.append(scope)
-
-    def leave(module: nn.Module, args: Any, output: Any) -> None:
-        if threading.get_ident() == owner and open_scopes:
-            open_scopes.pop().__exit__(None, None, None)
-
-    try:
-        for m in modules:
-            handles.append(m.register_forward_pre_hook(enter))
-            handles.append(m.register_forward_hook(leave, always_call=True))
-        yield
-    finally:
-        for h in handles:
-            h.remove()
-        while open_scopes:
-            open_scopes.pop().__exit__(None, None, None)
 
 
 class ModelAdapter(abc.ABC):

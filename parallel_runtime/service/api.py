@@ -14,8 +14,8 @@ from typing import Any
 
 import torch
 
-from ..denoise.caching.specs import BlockCacheSpec, StepCacheSpec
-from ..denoise.entries import Branch, as_branch
+from ..denoise.caching.specs import BlockCacheSpec, Caches, StepCacheSpec
+from ..denoise.entries import Branch, as_branch, concat_conditioning
 from ..denoise.settings import SamplingSettings
 from ..errors import ConfigError, PoolRestarted, RuntimeTimeout
 from ..models.base import Conditioning
@@ -98,8 +98,7 @@ class ParallelModel:
         self._lock = threading.Lock()  # one job at a time per model (shared by its views)
         self._loaded = _LoadedIn(pool, generation, acquire)  # where the model is loaded (shared by its views)
         self.loras: tuple[LoraSpec, ...] = ()  # the LoRA stack this view's jobs carry
-        self.step_cache: StepCacheSpec | None = None  # Parallel EasyCache / LazyCache
-        self.block_cache: BlockCacheSpec | None = None  # Parallel Block Cache
+        self.caches = Caches()  # Parallel EasyCache / LazyCache and Parallel Block Cache
 
     @property
     def pool(self) -> WorkerPool:
@@ -122,16 +121,7 @@ class ParallelModel:
         """This model (same pool) sampling through ``spec``: a step cache replaces the view's step cache (as
         a later EasyCache / LazyCache node replaces an earlier one in ComfyUI), a block cache its block cache."""
         view = copy.copy(self)
-        if isinstance(spec, StepCacheSpec):
-            view.step_cache = spec
-        elif isinstance(spec, BlockCacheSpec):
-            view.block_cache = spec
-        else:
-            raise ConfigError(
-                f"with_cache got {type(spec).__name__}",
-                "a cache is described by a StepCacheSpec (EasyCache / LazyCache) or a BlockCacheSpec",
-                "build one with parallel_runtime.denoise.caching.StepCacheSpec(...) or BlockCacheSpec(...)",
-            )
+        view.caches = self.caches.plus(spec)
         return view
 
     @property
@@ -261,11 +251,11 @@ class ParallelModel:
                     f"Parallel Text Encode reads only {' and '.join(readers)} from models/text_encoders so far",
                     "choose \"(the model's own)\" with a diffusers folder, or ComfyUI's own text-encode nodes",
                 )
-            return _stack(
-                self._run(encode_text_file, text_encoder[0], text_encoder[1], prompts, should_cancel=should_cancel)
+            return concat_conditioning(
+                *self._run(encode_text_file, text_encoder[0], text_encoder[1], prompts, should_cancel=should_cancel)
             )
         conds = self._run(encode_text, prompts, loras=stack_entries(self.loras), should_cancel=should_cancel)
-        return _stack(conds)
+        return concat_conditioning(*conds)
 
     def sample(
         self,
@@ -356,7 +346,7 @@ class ParallelModel:
         check_conditioning_fits(expected, positive_branch, shape[0], "positive", self.family)
         if negative_runs:
             check_conditioning_fits(expected, negative_branch, shape[0], "negative", self.family)
-        check_caches(self.info, self.config, self.step_cache, self.block_cache, sampler_name)
+        check_caches(self.info, self.config, self.caches.step, self.caches.block, sampler_name)
         self._check_memory(shape, positive_branch, negative_branch if negative_runs else None)
         latent = torch.zeros(shape) if latent is None else latent
         settings = SamplingSettings(
@@ -372,8 +362,8 @@ class ParallelModel:
             model_sampling=self.model_sampling_override,
             eta=None if eta is None else float(eta),
             s_noise=None if s_noise is None else float(s_noise),
-            step_cache=self.step_cache,
-            block_cache=self.block_cache,
+            step_cache=self.caches.step,
+            block_cache=self.caches.block,
             **(advanced or {}),
         )
         extra = self._pipefusion_kwargs()
@@ -430,17 +420,6 @@ class _LoadedIn:
     generation: int
     acquire: Callable[[], WorkerPool] | None = None
     lora_checks: LoraChecks = dataclasses.field(default_factory=LoraChecks)  # what a LoRA does to this model
-
-
-def _stack(conds: list[Conditioning]) -> Conditioning:
-    if len(conds) == 1:
-        return conds[0]
-
-    def cat(ts):
-        return None if ts[0] is None else torch.cat(ts)
-
-    fields = conds[0].tensors()
-    return conds[0].with_tensors({name: cat([c.tensors()[name] for c in conds]) for name in fields})
 
 
 def default_layout(devices: list[str], request: LoadRequest) -> tuple[ParallelConfig, str]:

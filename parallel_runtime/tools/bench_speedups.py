@@ -166,7 +166,7 @@ def run(quick: bool = False) -> dict[str, Any]:
     prompts, seeds = (PROMPTS[:2], SEEDS[:1]) if quick else (PROMPTS, SEEDS)
     rounds = [(p, s) for p in prompts for s in seeds]
     comps = load_pipeline_components(builtin_model_path(MODEL), "cpu", torch.float32)
-    conds = {p: encode_prompts(comps, "flux", p, "") for p in prompts}
+    conds = {p: encode_prompts(comps, comps.family, p, "") for p in prompts}
     registry = PoolRegistry(max_pools=8)
     ours = Ours(registry, rounds, conds, comps.vae)
     res: dict[str, Any] = {

@@ -110,3 +110,24 @@ class BlockCacheSpec:
             f"block cache: threshold {self.threshold:g}, first {self.first_blocks} block(s){last}, "
             f"at most {self.max_consecutive} reuses in a row, {self.warmup_steps} warmup call(s)"
         )
+
+
+@dataclasses.dataclass(frozen=True)
+class Caches:
+    """The caches a model view samples through: a step cache (Parallel EasyCache / LazyCache) and a block cache."""
+
+    step: StepCacheSpec | None = None
+    block: BlockCacheSpec | None = None
+
+    def plus(self, spec: StepCacheSpec | BlockCacheSpec) -> Caches:
+        """These caches with ``spec`` in its place (a later EasyCache / LazyCache node replaces an earlier one,
+        as in ComfyUI; a later block cache the earlier block cache)."""
+        if isinstance(spec, StepCacheSpec):
+            return dataclasses.replace(self, step=spec)
+        if isinstance(spec, BlockCacheSpec):
+            return dataclasses.replace(self, block=spec)
+        raise ConfigError(
+            f"with_cache got {type(spec).__name__}",
+            "a cache is described by a StepCacheSpec (EasyCache / LazyCache) or a BlockCacheSpec",
+            "build one with parallel_runtime.denoise.caching.StepCacheSpec(...) or BlockCacheSpec(...)",
+        )
