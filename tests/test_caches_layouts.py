@@ -39,15 +39,17 @@ def prompts() -> tuple:
     return encode_prompts(comps, "flux", PROMPT, "")
 
 
-def run(registry, config: ParallelConfig, cache=None, steps: int = STEPS, **request) -> tuple[torch.Tensor, dict]:
-    """(latent, every rank's cache summaries) of one sample on a pool of ``config``."""
+def run(
+    registry, config: ParallelConfig, cache=None, steps: int = STEPS, conds: tuple | None = None, **request
+) -> tuple[torch.Tensor, dict]:
+    """(latent, every rank's cache summaries) of one sample on a pool of ``config`` (``conds``: (pos, neg))."""
     model = load_parallel_model(
         LoadRequest(MODEL, devices=f"cpu:{config.world_size}", layout=config, **request), registry
     )
     if cache is not None:
         model = model.with_cache(cache)
     events: list = []
-    pos, neg = prompts()
+    pos, neg = conds or prompts()
     out = model.sample(
         pos,
         neg,
@@ -92,6 +94,23 @@ def test_layout_with_cache_equals_one_rank_with_cache(pool_registry, layout):
         for rank, summaries in reports.items():
             assert trace(summaries) == trace(reference[0]), (cache, layout, rank)
         assert relative(out, expected) <= 1e-5, (cache, layout)
+
+
+def test_cfg_parallel_block_cache_with_branches_in_separate_calls_equals_one_rank(pool_registry):
+    """A negative of another text length runs in its own model call (as ComfyUI batches), so under CFG
+    parallel each rank sits out the other branch's call: it still joins that call's cache decision, and the
+    block-boundary cancel points (collective over both ranks) are agreed at the step's end there instead. The
+    job must finish (no rank waiting alone in a collective) and equal one rank with the same cache."""
+    pos, neg = prompts()
+    neg = neg.with_tensors({**neg.tensors(), "prompt_embeds": neg.prompt_embeds[:, :77]})  # a shorter negative
+    expected, reference = run(pool_registry, ParallelConfig(), CACHES["block"], steps=8, conds=(pos, neg))
+    out, reports = run(pool_registry, LAYOUTS["cfg2"], CACHES["block"], steps=8, conds=(pos, neg))
+    assert sorted(reports) == [0, 1]
+    assert len(trace(reference[0])) == 2  # two calls per evaluation: the branches were not batched
+    assert reuses(reference[0]) >= 2
+    for rank, summaries in reports.items():
+        assert trace(summaries) == trace(reference[0]), rank
+    assert relative(out, expected) <= 1e-5
 
 
 def test_a_cache_that_never_reuses_changes_nothing(pool_registry):

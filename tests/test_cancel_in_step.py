@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from parallel_runtime.denoise.caching.specs import BlockCacheSpec
 from parallel_runtime.errors import JobCancelled
 from parallel_runtime.parallel.config import ParallelConfig
 from parallel_runtime.runtime.builtin_jobs import echo
@@ -25,11 +26,14 @@ class _SlowRegistry(PoolRegistry):
         return super().get(devices, config, key, worker_setup=(slow_blocks, (BLOCK_S,)), **options)
 
 
+@pytest.mark.parametrize("cache", [None, BlockCacheSpec(threshold=0.2)], ids=["plain", "block-cache"])
 @pytest.mark.parametrize("layout", [ParallelConfig(ulysses=2), ParallelConfig(cfg=2)], ids=["ulysses2", "cfg2"])
-def test_a_cancel_lands_at_the_next_block_boundary_on_every_rank(layout):
+def test_a_cancel_lands_at_the_next_block_boundary_on_every_rank(layout, cache):
+    """With or without a block cache (which runs the blocks itself, in parts around its decision)."""
     registry = _SlowRegistry()
     try:
         model = load_parallel_model(LoadRequest("tiny-flux", "cpu:2", layout, threads_per_worker=1), registry)
+        model = model if cache is None else model.with_cache(cache)
         cond = model.encode_text("a red circle")
         pids = model.pool.pids
         events: list[tuple[float, str, object]] = []

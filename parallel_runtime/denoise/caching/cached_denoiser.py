@@ -135,8 +135,15 @@ class CachedDenoiser(Denoiser):
         outputs = self.easycache.call(sigma, keys, [key for key, _ in local], x_in, run)
         # ComfyUI's in-place reuse on a float32 flow model's own input (see step_caches' module doc)
         aliased = self.easycache.reused and self.ms.is_flow and x_in.dtype == torch.float32
-        aliased = aliased and all(e.cond.concat_image is None for _, e in local)
+        aliased = aliased and self._input_is_latent(x_in, local)
         return [self.denoised(out, out if aliased else x, sigma) for out in outputs]
+
+    def _input_is_latent(self, x_in: torch.Tensor, local: list[tuple[tuple[int, int], CondEntry]]) -> bool:
+        """Whether the network takes ``x_in`` itself, no channels joined from the conditioning (an adapter's
+        ``condition_channels``: image-to-video start images, zeros without one): only then does ComfyUI's
+        in-place reuse reach the latent."""
+        join = getattr(self.adapter, "condition_channels", None)
+        return join is None or all(join(x_in, e.cond) is x_in for _, e in local)
 
     @contextlib.contextmanager
     def _cancel_points(self, call: list[tuple[tuple[int, int], CondEntry]]) -> Iterator[None]:
