@@ -34,7 +34,7 @@ from ..denoise.denoiser import Denoiser
 from ..denoise.model_sampling import model_sampling_for
 from ..models.base import COMPUTE_DTYPE_ATTR
 from ..models.compiled_blocks import set_compiled_blocks
-from ..models.flux import FluxAdapter
+from ..models.families.flux.adapter import FluxAdapter
 from ..models.fp8 import Fp8Linear, quantise_per_tensor, set_scale
 from ..models.fp8_matmul import apply_fp8_matmul
 from ..parallel.mesh import ParallelMesh
