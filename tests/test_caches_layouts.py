@@ -103,11 +103,11 @@ def test_cfg_parallel_block_cache_with_branches_in_separate_calls_equals_one_ran
     job must finish (no rank waiting alone in a collective) and equal one rank with the same cache."""
     pos, neg = prompts()
     neg = neg.with_tensors({**neg.tensors(), "prompt_embeds": neg.prompt_embeds[:, :77]})  # a shorter negative
-    expected, reference = run(pool_registry, ParallelConfig(), CACHES["block"], steps=8, conds=(pos, neg))
-    out, reports = run(pool_registry, LAYOUTS["cfg2"], CACHES["block"], steps=8, conds=(pos, neg))
+    expected, reference = run(pool_registry, ParallelConfig(), CACHES["block"], conds=(pos, neg))
+    out, reports = run(pool_registry, LAYOUTS["cfg2"], CACHES["block"], conds=(pos, neg))
     assert sorted(reports) == [0, 1]
     assert len(trace(reference[0])) == 2  # two calls per evaluation: the branches were not batched
-    assert reuses(reference[0]) >= 2
+    assert reuses(reference[0]) >= 3, "the cache must reuse for this test to mean anything"
     for rank, summaries in reports.items():
         assert trace(summaries) == trace(reference[0]), rank
     assert relative(out, expected) <= 1e-5
