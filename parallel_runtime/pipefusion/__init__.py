@@ -7,7 +7,8 @@ from ..exports import lazy_exports
 __all__, __getattr__ = lazy_exports(
     __name__,
     {
-        "pipeline": ("PipeFusionSettings", "PipeFusionStats", "run_pipefusion"),
+        "pipeline": ("run_pipefusion",),
+        "run_settings": ("PipeFusionSettings", "PipeFusionStats"),
         "stage_loading": (
             "StageWeights",
             "describe_stages",

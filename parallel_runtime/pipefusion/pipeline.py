@@ -25,12 +25,11 @@ single-device denoise loop's (:func:`parallel_runtime.denoise.loop.denoise_laten
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 import time
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
@@ -48,6 +47,7 @@ from ..sampling import Guided, ModelSampling, final_sigma, sampler_spec
 from .block_cache_stage import STEP_CACHE_UNDER_PIPEFUSION, StageBlockCache
 from .branches import Branches
 from .patch_samplers import PatchSamplers
+from .run_settings import PipeFusionSettings, PipeFusionStats
 from .schedule import Band, Item, PipelineSchedule, build_schedule, default_patches, sampler_rounds
 from .stale_kv import ItemTokens, StaleKVCache, run_block_stale
 from .transport import ActivationFormat
@@ -56,34 +56,6 @@ log = logging.getLogger(__name__)
 
 StepReport = Callable[[int, int, torch.Tensor], None]  # (step, total, denoised of the whole latent)
 PatchReport = Callable[[int, int, "int | None", int], None]  # (steps done here, total, patch or None, patches)
-
-
-@dataclasses.dataclass(frozen=True)
-class PipeFusionSettings:
-    """PipeFusion options of one generation."""
-
-    patches: int | None = None  # row bands; None: default_patches(pp, token rows)
-    warmup: int = 1  # first steps run synchronously on the whole image
-    timeout_s: float = 600.0  # longest wait for one message from a neighbouring stage
-    # Baselines for tests and benchmarks only (never better than the defaults):
-    stale_kv: bool = True  # False: a patch attends only to its own fresh tokens (no K/V of the other patches)
-    agree_cancel_every: Literal["step", "slot"] = "step"  # "slot": the former per-slot agreement (its cost)
-
-
-@dataclasses.dataclass
-class PipeFusionStats:
-    """What one rank saw (returned for benchmarks and tests)."""
-
-    stage: int
-    patches: int
-    items: int
-    slots: int
-    bubble_fraction: float
-    sent_bytes: dict[str, int]
-    kv_buffer_bytes: int
-    seconds: dict[str, float] = dataclasses.field(default_factory=dict)  # compute / receive / agree / total
-    agreements: int = 0  # cancel agreements joined (once per step, plus one before the first slot)
-    cache: list[dict] = dataclasses.field(default_factory=list)  # what the block cache did (its summary)
 
 
 def run_pipefusion(

@@ -1,0 +1,34 @@
+"""What one PipeFusion generation is asked (its options) and what one rank saw doing it (its stats)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal
+
+
+@dataclasses.dataclass(frozen=True)
+class PipeFusionSettings:
+    """PipeFusion options of one generation."""
+
+    patches: int | None = None  # row bands; None: default_patches(pp, token rows)
+    warmup: int = 1  # first steps run synchronously on the whole image
+    timeout_s: float = 600.0  # longest wait for one message from a neighbouring stage
+    # Baselines for tests and benchmarks only (never better than the defaults):
+    stale_kv: bool = True  # False: a patch attends only to its own fresh tokens (no K/V of the other patches)
+    agree_cancel_every: Literal["step", "slot"] = "step"  # "slot": the former per-slot agreement (its cost)
+
+
+@dataclasses.dataclass
+class PipeFusionStats:
+    """What one rank saw (returned for benchmarks and tests)."""
+
+    stage: int
+    patches: int
+    items: int
+    slots: int
+    bubble_fraction: float
+    sent_bytes: dict[str, int]
+    kv_buffer_bytes: int
+    seconds: dict[str, float] = dataclasses.field(default_factory=dict)  # compute / receive / agree / total
+    agreements: int = 0  # cancel agreements joined (once per step, plus one before the first slot)
+    cache: list[dict] = dataclasses.field(default_factory=list)  # what the block cache did (its summary)
