@@ -8,6 +8,7 @@ package is light: torch, diffusers and the worker runtime are imported when a no
 
 from __future__ import annotations
 
+from .caches import ParallelBlockCache, ParallelEasyCache, ParallelLazyCache
 from .context import shared_bridge
 from .latent import ParallelEmptyLatent
 from .loader import ParallelModelLoader
@@ -30,6 +31,9 @@ NODES = [
     ParallelModelSamplingFlux,
     ParallelModelSamplingSD3,
     ParallelModelSamplingAuraFlow,
+    ParallelEasyCache,
+    ParallelLazyCache,
+    ParallelBlockCache,
     ParallelVAEDecode,
     ParallelRuntimeUnload,
 ]

@@ -67,7 +67,12 @@ class ParallelModelLoader(DeclaredNode):
             Int("pp_warmup", "PipeFusion steps run on the whole image first.", 1, 0, limits.MAX_PP_WARMUP),
             Choice("dtype", "Weight and compute precision.", limits.DTYPES, default="bf16"),
             Choice(
-                "attention", "Attention kernel: flash-attn when available, else SDPA.", limits.ATTENTION, default="auto"
+                "attention",
+                "Attention kernel. auto: the fastest exact one for the GPU (FlashAttention 3 on Hopper, flash-attn 2 "
+                "on Ampere/Ada when installed, else torch SDPA); sage: SageAttention (faster on consumer GPUs, "
+                "slightly lossy); cudnn: torch's cuDNN kernel. The node says which kernel runs and why.",
+                limits.ATTENTION,
+                default="auto",
             ),
             Choice(
                 "vae",
@@ -118,6 +123,23 @@ class ParallelModelLoader(DeclaredNode):
                 step=0.001,
                 optional=True,
             ),
+            Choice(
+                "compile",
+                "blocks: torch.compile each kind of transformer block once per image size (the first run compiles "
+                "for a while; the warm workers keep it, a new seed or prompt compiles nothing). off: run the blocks "
+                "as they are.",
+                limits.COMPILE,
+                default="off",
+                optional=True,
+            ),
+            Choice(
+                "fp8_matmul",
+                "fp8 weights on GPUs with fp8 matrix units (RTX 40xx, H100, sm89+): auto multiplies in fp8 (faster; "
+                "each product ~3% rounding); upcast widens each weight per call (exact).",
+                limits.FP8_MATMUL,
+                default="auto",
+                optional=True,
+            ),
         ),
         outputs=(
             Output(
@@ -161,6 +183,8 @@ class ParallelModelLoader(DeclaredNode):
         dequant_dtype: str = "default",
         low_noise_model: str = NO_SECOND_EXPERT,
         expert_boundary: float = 0.0,
+        compile: str = "off",
+        fp8_matmul: str = "auto",
     ) -> dict[str, Any]:
         from parallel_runtime.service import load_plan as plan
 
@@ -183,12 +207,27 @@ class ParallelModelLoader(DeclaredNode):
             dequant_dtype=dequant_dtype,
             expert_2=None if low_noise_model == NO_SECOND_EXPERT else resolve_model(low_noise_model, ctx.bridge),
             expert_boundary=expert_boundary,
+            compile=compile,
+            fp8_matmul=fp8_matmul,
         )
         planned = plan.plan_load(choices, ctx.bridge.free_memory_for)
         handle = ParallelModelHandle(
             planned.request, ctx, model, planned.family, planned.devices, planned.layout, planned.reason
         )
-        handle.model(room_made=planned.room_made)  # start the workers now, so load errors show on this node
+        loaded = handle.model(room_made=planned.room_made)  # start the workers now: load errors show here
         text = f"{model} ({planned.family}) on {plan.devices_spec(planned.devices)}: {planned.reason}"
+        text += speed_text(getattr(loaded, "info", {}))
         log.info("dit-parallel layout: %s", text)
         return {"ui": {"text": [text]}, "result": (handle,)}
+
+
+def speed_text(info: dict[str, Any]) -> str:
+    """What the workers chose for speed (attention kernel and why, fp8 products, compiled blocks)."""
+    parts = []
+    if info.get("attention_choice"):
+        parts.append(f"attention: {info['attention_choice']}")
+    if info.get("fp8_matmul") and info["fp8_matmul"] != "no fp8 layers":
+        parts.append(info["fp8_matmul"])
+    if info.get("compile") == "blocks":
+        parts.append("blocks compiled (torch.compile, once per size)")
+    return "".join(f"; {p}" for p in parts)

@@ -37,6 +37,7 @@ class JobMonitor:
         self.shown = 0
         self.previews = 0
         self._pending_preview: Any = None  # the newest preview picture not shown yet
+        self.cache_summaries: list[dict] = []  # what rank 0's step / block caches did (a "cache" event)
 
     def handle(self, rank: int, kind: str, payload: Any) -> None:
         if kind == "cache" and rank == 0 and isinstance(payload, list):

@@ -85,7 +85,15 @@ def run_sampler(
         ctx.status.job(pool, "sample", "cancelled" if ctx.bridge.is_interrupt(exc) else "error", str(exc))
         raise
     ctx.status.job(pool, "sample", "done")
-    return {"ui": {"text": [in_force]}, "result": (result,)}
+    text = "; ".join([in_force, *(cache_text(s) for s in monitor.cache_summaries)])
+    return {"ui": {"text": [text]}, "result": (result,)}
+
+
+def cache_text(summary: dict) -> str:
+    """One cache's summary as the sampler node shows it, e.g. "EasyCache skipped 8/20 model evaluations"."""
+    if "skipped" in summary:
+        return f"{summary['cache']} skipped {summary['skipped']}/{summary['evaluations']} evaluations"
+    return f"{summary.get('cache', 'cache')} reused {summary.get('reused', 0)}/{summary.get('calls', 0)} calls"
 
 
 MODEL_INPUT = Socket("parallel_model", PARALLEL_MODEL, "From Parallel Model Loader.")

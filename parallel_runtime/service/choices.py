@@ -38,7 +38,9 @@ LORA_STRENGTH_LIMIT = 100.0  # -100 .. 100
 # the loader
 LAYOUTS = ("auto", "manual")
 DTYPES = ("bf16", "fp16", "fp32")
-ATTENTION = ("auto", "sdpa", "flash")
+ATTENTION = ("auto", "sdpa", "flash", "flash3", "sage", "cudnn")
+COMPILE = ("off", "blocks")  # compiled blocks (models.compiled_blocks)
+FP8_MATMUL = ("auto", "upcast")  # how fp8 layers multiply (models.fp8_matmul)
 WEIGHTS = {"as file": "auto", "fp8_e4m3fn": "fp8_e4m3fn", "convert to dtype": "compute"}  # choice -> storage
 DEQUANT_DTYPES = ("default", "target", "float32", "float16", "bfloat16")  # UnetLoaderGGUFAdvanced's choices
 MAX_DEGREE = 64

@@ -242,3 +242,20 @@ def auraflow_sampling(shift: float) -> ModelSamplingSpec:
     from ..denoise.model_sampling import model_sampling_auraflow_node
 
     return model_sampling_auraflow_node(_shift("shift", shift))
+
+
+def step_cache(kind: str, reuse_threshold: float, start_percent: float, end_percent: float, verbose: bool) -> Any:
+    """The StepCacheSpec of a Parallel EasyCache (``kind`` "easycache") / LazyCache ("lazycache") node."""
+    from ..denoise.caching.specs import StepCacheSpec
+
+    return StepCacheSpec(kind, float(reuse_threshold), float(start_percent), float(end_percent), bool(verbose))
+
+
+def block_cache(
+    threshold: float, first_blocks: int, last_blocks: int, max_consecutive: int, warmup_steps: int, verbose: bool
+) -> Any:
+    """The BlockCacheSpec of a Parallel Block Cache node."""
+    from ..denoise.caching.specs import BlockCacheSpec
+
+    values = (int(first_blocks), int(last_blocks), int(max_consecutive), int(warmup_steps))
+    return BlockCacheSpec(float(threshold), *values, bool(verbose))

@@ -16,8 +16,10 @@ from ..parallel.layout import ModelInfo
 from . import input_checks
 from .choices import (
     ATTENTION,
+    COMPILE,
     DEQUANT_DTYPES,
     DTYPES,
+    FP8_MATMUL,
     LAYOUTS,
     MAX_CFG_DEGREE,
     MAX_DEGREE,
@@ -53,6 +55,8 @@ class LoadChoices:
     dequant_dtype: str = "default"  # GGUF files: ComfyUI-GGUF's dequantisation arithmetic
     expert_2: str | None = None  # Wan 2.2 A14B's low-noise expert file, held with ``model`` (the high-noise one)
     expert_boundary: float = 0.0  # the sigma where it takes over; 0: the family's default
+    compile: str = "off"  # "blocks": compiled transformer blocks
+    fp8_matmul: str = "auto"  # fp8 layers: torch._scaled_mm where the GPU has fp8 units, or "upcast"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,6 +130,8 @@ def _check_choices(choices: LoadChoices) -> str:
     input_checks.choice("attention", choices.attention, ATTENTION)
     input_checks.choice("weights", choices.weights, tuple(WEIGHTS))
     input_checks.choice("dequant_dtype", choices.dequant_dtype, DEQUANT_DTYPES)
+    input_checks.choice("compile", choices.compile, COMPILE)
+    input_checks.choice("fp8_matmul", choices.fp8_matmul, FP8_MATMUL)
     why = "PipeFusion's patches and warmup steps are whole numbers"
     input_checks.whole_number("pp_patches", choices.pp_patches, 0, MAX_PP_PATCHES, why)
     input_checks.whole_number("pp_warmup", choices.pp_warmup, 0, MAX_PP_WARMUP, why)
@@ -193,5 +199,7 @@ def plan_load(choices: LoadChoices, make_room: Callable[[Sequence[str]], None]) 
         dequant_dtype=choices.dequant_dtype,
         expert_2=choices.expert_2,
         expert_boundary=choices.expert_boundary if choices.expert_2 is not None and choices.expert_boundary else None,
+        compile=choices.compile,
+        fp8_matmul=choices.fp8_matmul,
     )
     return LoadPlan(request, info.family, tuple(devices), config.describe(), reason, room_made=not manual)
