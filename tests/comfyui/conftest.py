@@ -71,8 +71,16 @@ TINY_STAND_INS: dict[str, tuple[str, str]] = {
     ),
     "vae/hunyuan_video_vae_bf16.safetensors": ("tiny-hunyuan-video", "vae/diffusion_pytorch_model.safetensors"),
     "text_encoders/llava_llama3_fp8_scaled.safetensors": ("tiny-hunyuan-video", "text_encoder/model.safetensors"),
+    "diffusion_models/flux1-kontext-dev.safetensors": ("tiny-flux", "transformer/diffusion_pytorch_model.safetensors"),
+    "diffusion_models/qwen_image_edit_2509_fp8_e4m3fn.safetensors": (
+        "tiny-qwen-image",
+        "transformer/diffusion_pytorch_model.safetensors",
+    ),
+    "vae/qwen_image_vae.safetensors": ("tiny-qwen-image", "vae/diffusion_pytorch_model.safetensors"),
+    "text_encoders/qwen_2.5_vl_7b_fp8_scaled.safetensors": ("tiny-qwen-image", "text_encoder/model.safetensors"),
 }
-INPUT_IMAGES = ("wan_start_image.png",)  # LoadImage's files the shipped workflows name (ComfyUI's input/)
+# LoadImage's files the shipped workflows name (ComfyUI's input/)
+INPUT_IMAGES = ("wan_start_image.png", "kontext_input.png", "qwen_edit_person.png", "qwen_edit_scene.png")
 
 # The LoRA files the shipped workflows name, stood in by the tiny LoRA test files (tests/data/lora).
 LORA_STAND_INS: dict[str, str] = {
