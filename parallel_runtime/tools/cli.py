@@ -35,6 +35,7 @@ BENCHES: dict[str, tuple[str, str]] = {
     "bigmodels": ("bench_bigmodels", "big models: weights per rank, per-stage and fp8 loading"),
     "gguf": ("bench_gguf", "GGUF files: weights per rank, a stage's load, per-layer dequantisation"),
     "lora": ("bench_lora", "LoRA apply/swap on a warm pool vs reloading the model"),
+    "edit": ("bench_edit", "reference-image editing (Kontext structure): 1 rank vs Ulysses 2"),
     "video": ("bench_video", "Wan video: sequence parallelism and the parallel video VAE"),
     "soak": ("bench_soak", "soak: 1,000 small jobs on warm pools (resource slopes, latency), then the fault matrix"),
 }
