@@ -31,6 +31,7 @@ from ..parallel.mesh import ParallelMesh
 from ..parallel.sharding import gather, shard
 from . import compat, token_grid
 from .attention_scope import AttentionScope, intercepted
+from .config_sizes import ConfigSizes, standard_config_sizes
 from .latent_formats import LatentFormat
 from .sampling_spec import ModelSamplingSpec
 
@@ -215,6 +216,12 @@ class ModelAdapter(abc.ABC):
     @classmethod
     @abc.abstractmethod
     def make_plan(cls, config: Any, latent_format: LatentFormat | None) -> ModelPlan: ...
+
+    @classmethod
+    def config_sizes(cls, config: Mapping[str, Any]) -> ConfigSizes:
+        """Heads, head width, blocks and text widths of a diffusers ``config`` (a dict); a family whose config
+        names them otherwise than most diffusers transformers overrides this."""
+        return standard_config_sizes(config)
 
     @abc.abstractmethod
     def embed_full(

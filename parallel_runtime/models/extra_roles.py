@@ -21,9 +21,6 @@ from .registry import adapter_class_for
 log = logging.getLogger(__name__)
 
 
-TEXT_WIDTH_KEYS = ("joint_attention_dim", "caption_channels", "cross_attention_dim", "text_dim")  # diffusers configs
-
-
 @dataclasses.dataclass(frozen=True)
 class ExtraRoles:
     """Names of the non-block tensors the first stage (embed) and the last stage (final) need."""
@@ -64,8 +61,8 @@ def trace_extra_roles(model_cls: type, config: dict[str, Any]) -> ExtraRoles:
         p = adapter.plan.patch_size
         frames = (1,) if adapter.plan.latent_dims == 3 else ()  # a video family's [B, C, T, H, W]
         x = torch.zeros(1, adapter.plan.latent_channels, *frames, 2 * p, 2 * p, device="meta")
-        dim = next(config.get(k) for k in TEXT_WIDTH_KEYS if config.get(k))
-        pooled_dim = config.get("pooled_projection_dim")
+        sizes = adapter.config_sizes(config)
+        dim, pooled_dim = sizes.text_dim, sizes.pooled_dim
         cond = Conditioning(
             torch.zeros(1, 4, int(dim), device="meta"),
             torch.zeros(1, int(pooled_dim), device="meta") if pooled_dim else None,

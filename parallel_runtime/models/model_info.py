@@ -98,9 +98,8 @@ def _from_diffusers_folder(path: Path, family_id: str | None, run_bytes: int) ->
             f"use a diffusers folder of one of those families ({labels()})",
         )
     confirm_family(path.name, spec.id, family_id)
-    heads = int(config["num_attention_heads"])
-    layers = int(config.get("num_layers", 0)) + int(config.get("num_single_layers", 0))
-    hidden = heads * int(config["attention_head_dim"])
+    sizes = spec.adapter().config_sizes(config)
+    heads, layers, hidden = sizes.heads, sizes.blocks, sizes.hidden
     params = sum(_safetensors_params(f) for f in sorted((path / "transformer").glob("*.safetensors")))
     # both experts of a two-expert pipeline (Wan 2.2 A14B) are held
     params += sum(_safetensors_params(f) for f in sorted((path / "transformer_2").glob("*.safetensors")))
@@ -133,9 +132,10 @@ def _with_budget(info: ModelInfo, path: Path, run_bytes: int, storage: str) -> M
         if path.suffix.lower() == ".gguf":
             raise  # a GGUF's bytes are its blocks': an estimate from parameter counts would be far off
         return info  # e.g. a header-only file: the planner spreads weight_bytes evenly over the blocks
-    if len(budget.blocks) != info.num_layers:
+    sizes = family(info.family).adapter().config_sizes(config)
+    if len(budget.blocks) != sizes.blocks:
         return info
-    heads = int(config.get("num_attention_heads") or info.num_heads)
+    heads = sizes.heads or info.num_heads
     note = ""
     if source is not None and source.ggml and storage != "compute":
         from .gguf.model_file import describe_storage
@@ -145,7 +145,8 @@ def _with_budget(info: ModelInfo, path: Path, run_bytes: int, storage: str) -> M
         info,
         storage_note=note,
         num_heads=heads,
-        hidden_size=heads * int(config.get("attention_head_dim") or info.hidden_size // heads),
+        num_layers=sizes.blocks,
+        hidden_size=heads * (sizes.head_dim or info.hidden_size // heads),
         weight_bytes=budget.total,
         block_bytes=budget.blocks,
         embed_bytes=budget.embed,

@@ -174,11 +174,11 @@ def load_model(
         "model_sampling": adapter.plan.model_sampling,  # ComfyUI's default for this file
         "pads_to_patch": adapter.plan.pads_to_patch,
         "max_grid_side": adapter.plan.max_grid_side,
-        "num_heads": cfg.get("num_attention_heads"),
-        "inner_dim": (cfg.get("num_attention_heads") or 0) * (cfg.get("attention_head_dim") or 0) or None,
+        "num_heads": adapter.config_sizes(cfg).heads or None,
+        "inner_dim": adapter.config_sizes(cfg).hidden or None,
         "num_blocks": adapter.num_blocks,
         "embed_dim": _embed_dim(model),
-        "pooled_dim": cfg.get("pooled_projection_dim"),
+        "pooled_dim": adapter.config_sizes(cfg).pooled_dim,
         "image_dim": cfg.get("image_dim"),
         "transformer_bytes": weight_bytes,
         "compile": compile,
@@ -361,9 +361,7 @@ def free_gpu_bytes(devices: list[str]) -> dict[str, int]:
 
 
 def _embed_dim(model: LoadedModel) -> int | None:
-    cfg = model.components.transformer_config
-    keys = ("joint_attention_dim", "caption_channels", "cross_attention_dim", "text_dim", "text_embed_dim")
-    return next((cfg[k] for k in keys if cfg.get(k)), None)
+    return model.adapter.config_sizes(model.components.transformer_config).text_dim
 
 
 def unload(ctx: JobContext) -> None:
