@@ -1,7 +1,9 @@
 """Stale-KV attention for PipeFusion: every attention layer keeps K/V of the whole image.
 
 For each self/joint attention module of a stage (and each CFG branch run separately) a buffer
-holds K and V of all image tokens, laid out ``[text | image tokens in row-major order]``. When a
+holds K and V of all image tokens, laid out ``[text | image tokens in row-major order]``. A module may
+attend over fewer of the item's text tokens than it holds (a block list that sees part of the text):
+without sequence parallelism in the stage, whatever is not image is that module's text. When a
 patch runs, its fresh image K/V overwrite their slice and the text K/V are written fresh; its
 queries then attend over the whole buffer: fresh K/V for the patches already processed in this
 round, K/V from the previous round (stale) for the rest. A whole-image item (warmup) writes every
@@ -98,6 +100,8 @@ class StaleKVCache:
             lens = [(txt_lens[r], img_lens[r]) for r in range(sp)]
         elif local == img_lens[me]:
             lens = [(0, img_lens[r]) for r in range(sp)]  # image-only attention (PixArt attn1, SD3 attn2)
+        elif sp == 1 and img_lens[0] < local < img_lens[0] + item.text:
+            lens = [(local - img_lens[0], img_lens[0])]  # a block attending over part of the text (a refiner's)
         else:
             raise RuntimeError(
                 f"stale-KV attention got {local} local tokens; the item holds {img_lens[me]} image and "
