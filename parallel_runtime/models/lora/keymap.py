@@ -9,7 +9,8 @@ trainer may use for a tensor is listed:
 - original layout: ``diffusion_model.<name>`` and kohya's ``lora_unet_<name with _ for .>``, and the names a
   family adds (``FamilySpec.lora_aliases``, e.g. ComfyUI's own names of its modules);
 - diffusers layout: ``transformer.<name>``, ``base_model.model.<name>``, ``unet.base_model.model.<name>``,
-  OneTrainer's ``lora_transformer_<...>`` and SimpleTuner's ``lycoris_<...>``;
+  OneTrainer's ``lora_transformer_<...>`` and SimpleTuner's ``lycoris_<...>``, and the prefixes a family's
+  trainers put before diffusers names (``FamilySpec.lora_prefixes``);
 - text encoders: ``text_encoders.<role>.transformer.<name>``; CLIP layers as ``lora_te_`` / ``lora_te1_``
   (clip_l), ``lora_te2_`` (clip_g next to clip_l) and diffusers' ``text_encoder(_2).``; T5 as
   ``lora_te<n>_`` after the CLIPs (and ``lora_te2_`` too when only clip_l precedes it, as OneTrainer
@@ -25,6 +26,7 @@ import dataclasses
 import re
 from collections.abc import Mapping
 
+from ..families.registry import find_family
 from .routing import Routing
 
 Shape = tuple[int, ...]
@@ -84,7 +86,7 @@ def alias_map(keys: ModelKeys) -> dict[str, tuple[Target, Target | None]]:
         if more is not None and name.endswith(".weight"):
             module = name[: -len(".weight")]
             out.update({alias: found["diffusion_model." + module] for alias in more(module)})
-    prefixes = ("transformer.", "base_model.model.", "unet.base_model.model.")
+    prefixes = ("transformer.", "base_model.model.", "unet.base_model.model.", *(spec.lora_prefixes if spec else ()))
     for name, shape in keys.params.items():
         out.update(_aliases(name, shape, keys.params, False, prefixes, ("lora_transformer_", "lycoris_"), TRANSFORMER))
     for component, encoder in keys.encoders.items():
