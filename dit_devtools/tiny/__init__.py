@@ -1,4 +1,4 @@
-"""Random-weight tiny pipelines of every family (Flux.1, FLUX.2, SD3, PixArt, Qwen-Image, Wan 2.1/2.2,
+"""Random-weight tiny pipelines of every family (Flux.1, FLUX.2, SD3, PixArt, Qwen-Image, Z-Image, Wan 2.1/2.2,
 HunyuanVideo 1.0),
 built once per machine from fixed seeds, for tests, benchmarks and trying layouts without downloads.
 

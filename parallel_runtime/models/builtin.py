@@ -20,6 +20,7 @@ RANDOM_MODELS: tuple[str, ...] = (
     "tiny-pixart",
     "tiny-qwen-image",
     "tiny-flux2",
+    "tiny-z-image",
     "tiny-wan",
     "tiny-wan-i2v",
     "tiny-wan-a14b",

@@ -8,7 +8,7 @@ version when one moved. diffusers is imported lazily (on call), so importing thi
   (sequence parallelism intercepts only torch's ``scaled_dot_product_attention``, which only the
   "native" backend calls);
 - attention processor classes by name (the adapters recognise the processors that call it);
-- the single-file converters of ``diffusers.loaders.single_file_utils`` (Flux, SD3 and Wan
+- the single-file converters of ``diffusers.loaders.single_file_utils`` (Flux, SD3, Wan and Z-Image
   transformers, LDM-layout VAEs, Wan 2.1 VAEs);
 - the XLabs Flux LoRA renamer of ``diffusers.loaders.lora_conversion_utils``;
 - the Wan and HunyuanVideo VAEs' layer classes (the parallel video decodes swap their forward for band versions).
@@ -28,6 +28,7 @@ QWEN_ATTN_PROCESSOR = "QwenDoubleStreamAttnProcessor2_0"
 FLUX2_ATTN_PROCESSOR = "Flux2AttnProcessor"
 FLUX2_SINGLE_ATTN_PROCESSOR = "Flux2ParallelSelfAttnProcessor"
 WAN_ATTN_PROCESSOR = "WanAttnProcessor"
+Z_IMAGE_ATTN_PROCESSOR = "ZSingleStreamAttnProcessor"
 NATIVE_BACKEND = "native"
 
 _DISPATCH = "diffusers.models.attention_dispatch"
@@ -62,6 +63,8 @@ DIFFUSERS_INTERNALS: tuple[tuple[str, str, str], ...] = (
     (_HUNYUAN_VIDEO_VAE, "HunyuanVideoMidBlock3D", "HunyuanVideo's VAE mid block (band version, vae.causal3d)"),
     (_HUNYUAN_VIDEO15_VAE, "HunyuanVideo15CausalConv3d", "HunyuanVideo 1.5's VAE causal convs (vae.causal3d)"),
     (_HUNYUAN_VIDEO15_VAE, "HunyuanVideo15AttnBlock", "HunyuanVideo 1.5's VAE mid-block attention (vae.causal3d)"),
+    ("diffusers.models.transformers.transformer_z_image", Z_IMAGE_ATTN_PROCESSOR, "Z-Image's attention processor"),
+    (_SINGLE_FILE, "convert_z_image_transformer_checkpoint_to_diffusers", "single-file Z-Image transformers"),
 )
 """Every diffusers name outside its public API that this module uses."""
 
@@ -136,6 +139,13 @@ def convert_wan_vae(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     from diffusers.loaders.single_file_utils import convert_wan_vae_to_diffusers
 
     return convert_wan_vae_to_diffusers(state)
+
+
+def convert_z_image_transformer(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """diffusers' converter of an original Z-Image (Comfy-Org's repackaged layout) state dict to diffusers names."""
+    from diffusers.loaders.single_file_utils import convert_z_image_transformer_checkpoint_to_diffusers
+
+    return convert_z_image_transformer_checkpoint_to_diffusers(state)
 
 
 def causal_vae_layer_classes() -> tuple[tuple[type, ...], tuple[type, ...]]:

@@ -18,6 +18,7 @@ from .qwen_image.spec import FAMILY as QWEN_IMAGE
 from .sd3.spec import FAMILY as SD3
 from .spec import FamilySpec
 from .wan.spec import FAMILY as WAN
+from .z_image.spec import FAMILY as Z_IMAGE
 
 FAMILIES: tuple[FamilySpec, ...] = (
     FLUX,
@@ -28,6 +29,7 @@ FAMILIES: tuple[FamilySpec, ...] = (
     WAN,
     HUNYUAN_VIDEO,
     HUNYUAN_VIDEO15,
+    Z_IMAGE,
 )  # the order users see them in
 
 
