@@ -78,6 +78,11 @@ TINY_STAND_INS: dict[str, tuple[str, str]] = {
     ),
     "vae/qwen_image_vae.safetensors": ("tiny-qwen-image", "vae/diffusion_pytorch_model.safetensors"),
     "text_encoders/qwen_2.5_vl_7b_fp8_scaled.safetensors": ("tiny-qwen-image", "text_encoder/model.safetensors"),
+    "diffusion_models/z_image_turbo_bf16.safetensors": (
+        "tiny-z-image",
+        "transformer/diffusion_pytorch_model.safetensors",
+    ),
+    "text_encoders/qwen_3_4b.safetensors": ("tiny-z-image", "text_encoder/model.safetensors"),
 }
 # LoadImage's files the shipped workflows name (ComfyUI's input/)
 INPUT_IMAGES = ("wan_start_image.png", "kontext_input.png", "qwen_edit_person.png", "qwen_edit_scene.png")
