@@ -5,13 +5,22 @@ built once per machine from fixed seeds, for tests, benchmarks and trying layout
 Light to import: torch, diffusers and transformers load when a model is built.
 """
 
-from .factory import CACHE_ENV, TINY_MODELS, TINY_VERSION, TINY_VIDEO_MODELS, build_tiny_pipeline, ensure_tiny_model
+from .factory import (
+    CACHE_ENV,
+    TINY_MODELS,
+    TINY_VERSION,
+    TINY_VIDEO_MODELS,
+    WIDENED,
+    build_tiny_pipeline,
+    ensure_tiny_model,
+)
 
 __all__ = [
     "CACHE_ENV",
     "TINY_MODELS",
     "TINY_VERSION",
     "TINY_VIDEO_MODELS",
+    "WIDENED",
     "build_tiny_pipeline",
     "ensure_tiny_model",
 ]

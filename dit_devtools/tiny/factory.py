@@ -29,6 +29,11 @@ TINY_VIDEO_MODELS: tuple[str, ...] = (
     "tiny-hunyuan-video-1.5",
 )
 CACHE_ENV = "DIT_PARALLEL_TINY_ROOT"
+# Widened tiny models for speed measurements (``bench families``): 512 wide (8 heads x 64), a few blocks.
+WIDENED: dict[str, dict[str, Any]] = {
+    "tiny-flux": dict(num_attention_heads=8, attention_head_dim=64, num_layers=2, num_single_layers=2),
+    "tiny-z-image": dict(dim=512, n_heads=8, n_kv_heads=8, axes_dims=[16, 24, 24], n_layers=4, n_refiner_layers=2),
+}
 
 
 def _builders() -> dict[str, Callable[[dict[str, Any]], dict[str, Any]]]:

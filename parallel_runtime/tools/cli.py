@@ -37,6 +37,7 @@ BENCHES: dict[str, tuple[str, str]] = {
     "lora": ("bench_lora", "LoRA apply/swap on a warm pool vs reloading the model"),
     "edit": ("bench_edit", "reference-image editing (Kontext structure): 1 rank vs Ulysses 2"),
     "video": ("bench_video", "Wan video: sequence parallelism and the parallel video VAE"),
+    "families": ("bench_families", "model families: weights per rank, tokens, Ulysses 2 on widened tiny models"),
     "soak": ("bench_soak", "soak: 1,000 small jobs on warm pools (resource slopes, latency), then the fault matrix"),
 }
 

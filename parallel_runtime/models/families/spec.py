@@ -153,6 +153,7 @@ class FamilySpec:
     lora_aliases: Callable[[str], tuple[str, ...]] | None = None  # an original-layout module -> more LoRA module
     # names that patch it (beyond diffusion_model.<name> and lora_unet_<name>), e.g. ComfyUI's own module names
     lora_prefixes: tuple[str, ...] = ()  # more prefixes LoRA files put before the diffusers layout's names
+    default_size: tuple[int, ...] = (1024, 1024)  # the release's usual (width, height[, frames]), for benchmarks
     text_encoder_file: Callable[[], TextEncoderFile] | None = None
     # two experts switched by noise level (Wan 2.2 A14B), read from two files: the default boundary sigma for
     # a transformer config (None: the family has no such pairs)

@@ -75,6 +75,7 @@ FAMILY = FamilySpec(
     head_dim=128,
     previews=(WAN21_PREVIEW, WAN22_PREVIEW),
     geometry=geometry,
+    default_size=(832, 480, 81),  # WanPipeline's defaults (480p, 81 frames)
     lora_markers=("self_attn.q", "cross_attn"),
     vae_file=_vae_file,
     comfy_conditioning=COMFY_CONDITIONING,

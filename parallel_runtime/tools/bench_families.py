@@ -1,0 +1,110 @@
+"""``python -m parallel_runtime bench families``: every model family of the registry, side by side.
+
+- ``weight_gb_per_rank``: for each shipped variant at its real config, the weights the largest PipeFusion stage
+  holds at pp 1/2/4 (its blocks + the embedding or output layers), GB (1e9 bytes), bf16 and fp8 (every block
+  Linear weight one byte, the rest bf16): byte accounting on the "meta" device, no weights, no GPU.
+- ``tokens``: the image (or video) tokens at the family's usual size (``FamilySpec.default_size``) and the
+  attention sequence with the text tokens the planner assumes (``LayoutHints.text_tokens``).
+- ``ulysses2_speedup``: one sampling step on 2 CPU ranks with Ulysses 2 against 1 rank x 1 thread, on the
+  family's widened tiny model (``dit_devtools.tiny.WIDENED``: 512 wide, random weights) at ``PX`` px; families
+  without a widened tiny model (video: ``bench video``) have none.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..checkout import devtools_module
+from ..models.families.registry import FAMILIES
+from ..models.families.spec import FamilySpec
+from ..parallel.config import ParallelConfig
+from ..parallel.layout import ModelInfo
+from .bench_scaling import Contender
+from .measure import interleave, ratio
+from .report import machine
+
+GB = 1e9
+PX = 1024  # the widened tiny models' size for the speedup (4096 image tokens at 16 px a token, as bench scaling)
+
+
+def weight_gb(spec: FamilySpec, variant: str, storage: str) -> dict[str, float]:
+    """GB the largest stage of ``variant`` holds at pp 1/2/4 (bf16 compute; ``storage`` as weights.WEIGHT_STORAGE)."""
+    import diffusers
+
+    from ..models.single_file import shipped_config
+    from ..models.weight_budget import weight_budget
+
+    config, _ = shipped_config(variant)
+    budget = weight_budget(getattr(diffusers, config["_class_name"]), config, 2, storage=storage)
+    info = ModelInfo(spec.id, 1, len(budget.blocks), 1, budget.total, budget.blocks, budget.embed, budget.final)
+    return {f"pp{pp}": round(max(info.stage_bytes(info.stage_counts(pp))) / GB, 3) for pp in (1, 2, 4)}
+
+
+def default_tokens(spec: FamilySpec, variant: str) -> dict[str, Any]:
+    """Image (video) tokens at the family's usual size, and with the text tokens of its attention sequence."""
+    from ..models.single_file import shipped_config
+
+    config, _ = shipped_config(variant)
+    pixels, frames_per_latent = spec.geometry(config.get("out_channels") or config.get("in_channels"))
+    width, height, *frames = spec.default_size
+    latent_frames = (frames[0] - 1) // frames_per_latent + 1 if frames and frames_per_latent else 1
+    image = (width // pixels) * (height // pixels) * latent_frames
+    return {
+        "size": "x".join(str(s) for s in spec.default_size),
+        "image_tokens": image,
+        "sequence_tokens": image + spec.layout.text_tokens,
+    }
+
+
+def ulysses_speedup(name: str, overrides: dict[str, Any], root: Path, px: int, repeats: int) -> dict[str, Any]:
+    """One step of the widened tiny ``name``: Ulysses 2 x 1 thread against 1 rank x 1 thread."""
+    tiny = devtools_module("tiny", "bench families")
+    path = tiny.build_tiny_pipeline(name, root / f"{name}-wide", **overrides)
+    spec = next(s for s in FAMILIES if f"tiny-{s.id}" == name)
+    cfg = spec.generate_cfg
+    contenders: dict[str, Contender] = {}
+    try:
+        contenders["1 rank x 1 thread"] = Contender(path, ParallelConfig(), 1, px, 1, cfg)
+        contenders["ulysses 2 ranks x 1 thread"] = Contender(path, ParallelConfig(ulysses=2), 1, px, 1, cfg)
+        times = interleave(contenders, repeats=repeats, warmup=1)
+        blocks = contenders["1 rank x 1 thread"].info["num_blocks"]
+    finally:
+        for c in contenders.values():
+            c.close()
+    return {
+        "config": f"{name} widened: {overrides}, {blocks} blocks, {px}x{px} px, cfg {cfg}",
+        "seconds": {k: v.summary() for k, v in times.items()},
+        "speedup": ratio(times, "1 rank x 1 thread", "ulysses 2 ranks x 1 thread"),
+    }
+
+
+def run(quick: bool = False) -> dict[str, Any]:
+    torch.set_num_threads(1)
+    px, repeats = (512, 1) if quick else (PX, 3)
+    widened = devtools_module("tiny", "bench families").WIDENED
+    res: dict[str, Any] = {
+        "model": "every family's shipped configs on the meta device (weights per rank: byte accounting, no weights, "
+        f"no GPU); speed: each family's widened tiny model (random fp32 weights, 512 wide) at {px}x{px} px, one step",
+        "baseline": "weights: pp=1 (the whole transformer, what Ulysses / Ring / CFG hold per rank); speed: 1 rank x 1 "
+        "thread (so Ulysses 2 ranks x 1 thread models 2 GPUs against 1), median of interleaved rounds",
+        "machine": machine(),
+        "families": {},
+    }
+    with tempfile.TemporaryDirectory(prefix="families-bench-") as tmp:
+        for spec in FAMILIES:
+            row: dict[str, Any] = {"label": spec.label, "variants": {}}
+            for variant in spec.variants:
+                row["variants"][variant] = {
+                    "weight_gb_per_rank": weight_gb(spec, variant, "auto"),
+                    "weight_gb_per_rank_fp8": weight_gb(spec, variant, "fp8_e4m3fn"),
+                    "tokens": default_tokens(spec, variant),
+                }
+            name = f"tiny-{spec.id}"
+            if name in widened:
+                row["ulysses2"] = ulysses_speedup(name, widened[name], Path(tmp), px, repeats)
+            res["families"][spec.id] = row
+    return res
