@@ -157,3 +157,20 @@ def test_defaults_are_the_releases(comps):
     assert (fmt.channels, fmt.scale, fmt.shift) == (16, vae.scaling_factor, vae.shift_factor) == (16, 0.3611, 0.1159)
     sizes = comps.adapter().config_sizes(comps.transformer_config)
     assert (sizes.heads, sizes.head_dim, sizes.blocks, sizes.text_dim) == (2, 16, 3, 16)
+
+
+def test_bench_families_counts_every_weight_of_the_released_config():
+    """``bench families``' byte accounting at the real config equals the parameters of the model built from the
+    shipped config (6.15B, as the release states), 2 bytes each; 1024x1024 px is 64 x 64 = 4096 image tokens."""
+    from diffusers import ZImageTransformer2DModel
+
+    from parallel_runtime.models.families.registry import family
+    from parallel_runtime.models.single_file import shipped_config
+    from parallel_runtime.tools.bench_families import default_tokens, weight_gb
+
+    spec, (config, _) = family("z-image"), shipped_config("z-image-6b")
+    with torch.device("meta"):
+        params = sum(p.numel() for p in ZImageTransformer2DModel.from_config(config).parameters())
+    assert 6.1e9 < params < 6.2e9
+    assert weight_gb(spec, "z-image-6b", "auto")["pp1"] == round(2 * params / 1e9, 3)
+    assert default_tokens(spec, "z-image-6b") == {"size": "1024x1024", "image_tokens": 4096, "sequence_tokens": 4352}

@@ -88,15 +88,21 @@ def test_single_file_loads_the_same_transformer(tmp_path, folder, original, pref
 
 def test_published_sizes_from_a_header_only_file(tmp_path):
     """Real Z-Image-Turbo shapes (no data): the shipped config comes back, 32 blocks for PipeFusion to split."""
+    from parallel_runtime.models.model_info import model_info_from_path
+
     dim, hidden = 3840, 10240
     shapes = {"x_embedder.weight": (dim, 64), "cap_embedder.1.weight": (dim, 2560), "x_pad_token": (1, dim)}
     for name, count in (("layers", 30), ("noise_refiner", 2), ("context_refiner", 2)):
         for i in range(count):
             shapes[f"{name}.{i}.attention.q_norm.weight"] = (128,)
             shapes[f"{name}.{i}.feed_forward.w1.weight"] = (hidden, dim)
-    info = inspect_single_file(write_header_only(tmp_path / "z_image_turbo_bf16.safetensors", shapes))
+    path = write_header_only(tmp_path / "z_image_turbo_bf16.safetensors", shapes)
+    info = inspect_single_file(path)
     base, _ = shipped_config("z-image-6b")
     assert info.family == "z-image" and {k: info.config[k] for k in base} == base
+    planned = model_info_from_path(path)  # what the layout planner reads: 30 heads, 2 refiners + 30 layers
+    assert (planned.num_heads, planned.num_layers, planned.hidden_size) == (30, 32, 3840)
+    assert len(planned.block_bytes) == 32 and 12.2e9 < planned.weight_bytes < 12.4e9
 
 
 def test_fp8_scaled_file_keeps_fp8_layers_and_computes_as_its_upcast_weights(tmp_path, original):

@@ -57,9 +57,10 @@ class ZImageAdapter(ModelAdapter):
     @classmethod
     def make_plan(cls, config: Any, latent_format: LatentFormat | None) -> ModelPlan:
         pairs = list(zip(config.all_patch_size, config.all_f_patch_size))
-        if (PATCH, FRAME_PATCH) not in pairs or getattr(config, "siglip_feat_dim", None) is not None:
+        siglip = getattr(config, "siglip_feat_dim", None)
+        if (PATCH, FRAME_PATCH) not in pairs or siglip is not None:
             raise ConfigError(
-                f"Z-Image transformer with patch sizes {pairs} and siglip_feat_dim={config.siglip_feat_dim}",
+                f"Z-Image transformer with patch sizes {pairs} and siglip_feat_dim={siglip}",
                 "only text-to-image Z-Image (2x2 patches, no SigLIP image conditioning of the Omni variant) is supported",
                 "load Z-Image-Turbo or Z-Image (z_image*.safetensors or the Tongyi-MAI folders)",
             )

@@ -44,7 +44,10 @@ FAMILY = FamilySpec(
     variants=(Z_IMAGE_6B,),
     folder=Path(__file__).resolve().parent,
     original_layout=_original_layout,
-    text=TextFacts(max_length=512, comfy_nodes="CLIPLoader (qwen_3_4b, type lumina2) with CLIPTextEncode"),
+    text=TextFacts(
+        max_length=512,
+        comfy_nodes="CLIPLoader (qwen_3_4b, type lumina2: a ComfyUI newer than 0.3.64) with CLIPTextEncode",
+    ),
     text_encoding=_text_encoding,
     layout=LayoutHints(default_cfg=1.0, text_tokens=256),  # Turbo runs without CFG; the caption pads to 32s
     head_dim=128,
