@@ -35,6 +35,7 @@ KEPT = {  # names (fragments) the quantiser leaves in the conversion type, per a
     "wan": ("modulation.", "patch_embedding.", "text_embedding.", "time_projection.", "time_embedding.", "head."),
     "qwen_image": (),
     "sd3": ("final_layer.", "context_embedder.", "t_embedder.", "y_embedder.", "x_embedder.", "pos_embed"),
+    "lumina2": ("t_embedder.", "x_embedder.", "final_layer.", "cap_embedder.", "context_refiner.", "noise_refiner."),
 }
 HIGH_PRECISION = {"wan": (".modulation",)}
 

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
+from types import MappingProxyType
 
 from ....parallel.layout import LayoutHints
 from ..flux.latent import FLUX_PREVIEW  # Z-Image's VAE is Flux.1's
-from ..spec import FamilySpec, TextFacts
+from ..spec import FamilySpec, GGUFFacts, TextFacts
 from . import ID, Z_IMAGE_6B
 
 
@@ -34,6 +35,27 @@ def _text_encoder_file():
     return ENCODER_FILE
 
 
+GGUF = GGUFFacts(  # ComfyUI-GGUF's files (its converter's "lumina2": Z-Image's layout is Lumina 2's NextDiT)
+    architecture="lumina2",
+    required=MappingProxyType({}),
+    # the quantiser keeps the embedders, the final layer and both refiners (2-D weights of the main layers only)
+    quantiser_keeps=(
+        "all_x_embedder.",
+        "t_embedder.",
+        "cap_embedder.",
+        "noise_refiner.",
+        "context_refiner.",
+        "all_final_layer.",
+        "x_pad_token",
+        "cap_pad_token",  # not weights: llama.cpp quantises only "*weight" tensors
+    ),  # fmt: skip
+    # Q4_K_M: the fused attention.qkv -> Q5_K, feed_forward.w2 -> Q6_K
+    q4_k_m=MappingProxyType(
+        {r"layers\.\d+\.attention\.to_[qkv]\.weight": "Q5_K", r"layers\.\d+\.feed_forward\.w2\.weight": "Q6_K"}
+    ),
+)
+
+
 FAMILY = FamilySpec(
     id=ID,
     label="Z-Image",
@@ -57,4 +79,5 @@ FAMILY = FamilySpec(
     lora_markers=("noise_refiner", "context_refiner", "feed_forward.w"),
     lora_prefixes=("diffusion_model.",),  # AI-Toolkit & co. write diffusers names (to_q...) under ComfyUI's prefix
     text_encoder_file=_text_encoder_file,
+    gguf=GGUF,
 )
