@@ -26,7 +26,6 @@ import dataclasses
 import re
 from collections.abc import Mapping
 
-from ..families.registry import find_family
 from .routing import Routing
 
 Shape = tuple[int, ...]
