@@ -75,7 +75,6 @@ FAMILY = FamilySpec(
     head_dim=128,
     previews=(FLUX_PREVIEW,),
     generate_cfg=1.0,
-    node_preview="Flux",
     lora_markers=("noise_refiner", "context_refiner", "feed_forward.w"),
     lora_prefixes=("diffusion_model.",),  # AI-Toolkit & co. write diffusers names (to_q...) under ComfyUI's prefix
     text_encoder_file=_text_encoder_file,
