@@ -325,18 +325,8 @@ class ParallelModel:
                 latent, self.family, self.latent_channels, self.latent_dims, self.latent_frame_axis
             )
             shape = tuple(latent.shape)
-        if noise_mask is not None and self.latent_dims != 3:
-            raise ConfigError(
-                "the latent carries a noise mask (inpainting)",
-                "the parallel sampler applies a noise mask only for video models (Wan22ImageToVideoLatent)",
-                "remove Set Latent Noise Mask / VAE Encode (for Inpainting), or use ComfyUI's KSampler for inpainting",
-            )
-        if noise_mask is not None and (not isinstance(noise_mask, torch.Tensor) or noise_mask.shape[-2:] != shape[-2:]):
-            raise ConfigError(
-                f"the noise mask has shape {tuple(getattr(noise_mask, 'shape', ()))}, the latent {shape}",
-                "the parallel sampler takes a noise mask at the latent's own size (as Wan22ImageToVideoLatent makes it)",
-                "make the latent and its mask with the same node",
-            )
+        if noise_mask is not None:
+            input_checks.noise_mask(noise_mask, shape)
         positive_branch, negative_branch = as_branch(positive), as_branch(negative)
         if sigmas is None and denoise <= 0.0:  # KSampler: no sigmas, the input latent comes back
             return torch.zeros(shape) if latent is None else latent.float().clone()

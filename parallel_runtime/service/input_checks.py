@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from numbers import Integral, Real
+from typing import Any
 
 import torch
 
@@ -297,3 +298,28 @@ def decode_latent(
         )
     finite_tensor("LATENT", latent)
     return latent
+
+
+def noise_mask(mask: Any, shape: tuple[int, ...]) -> None:
+    """A LATENT's noise mask: an image's at any size ([H,W], [B,H,W], [B,1,H,W]: SetLatentNoiseMask keeps
+    the image's pixels; the workers interpolate it as KSampler does), a video's at the latent's size."""
+    video = len(shape) == 5
+    if not isinstance(mask, torch.Tensor) or mask.ndim < 2 or mask.numel() == 0:
+        raise ConfigError(
+            f"the noise mask is {type(mask).__name__} of shape {tuple(getattr(mask, 'shape', ()))}",
+            "a noise mask is a MASK: [height, width], [batch, height, width] or [batch, 1, height, width]",
+            "make it with Set Latent Noise Mask or VAE Encode (for Inpainting) from a MASK",
+        )
+    if video and tuple(mask.shape[-2:]) != tuple(shape[-2:]):
+        raise ConfigError(
+            f"the noise mask has shape {tuple(mask.shape)}, the latent {shape}",
+            "the parallel sampler takes a video's noise mask at the latent's own size (as Wan22ImageToVideoLatent "
+            "makes it)",
+            "make the latent and its mask with the same node",
+        )
+    if not video and mask.ndim == 4 and mask.shape[1] != 1:
+        raise ConfigError(
+            f"the noise mask has shape {tuple(mask.shape)}",
+            "an image's noise mask has one channel ([batch, 1, height, width], as Set Latent Noise Mask makes it)",
+            "make it with Set Latent Noise Mask or VAE Encode (for Inpainting) from a MASK",
+        )
