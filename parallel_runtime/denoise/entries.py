@@ -90,7 +90,7 @@ def expand_conditioning(cond: Conditioning, batch: int) -> Conditioning:
         )
 
     def rep(t):
-        return None if t is None or t.shape[0] == batch else t.expand(batch, *t.shape[1:]).contiguous()
+        return t if t is None or t.shape[0] == batch else t.expand(batch, *t.shape[1:]).contiguous()
 
     return cond.with_tensors({name: rep(t) for name, t in tensors.items()})
 
