@@ -142,3 +142,5 @@ def test_an_ordinary_run_of_the_shipped_shapes_workflow_for_the_readme(comfy_ser
         driver.save_screenshot(str(artifacts_dir() / "status-panel.png"))
     finally:
         driver.quit()
+        with ComfyClient(comfy_server.url) as client:  # the later tests count the workers of one pool
+            assert client.post("/dit_parallel/unload")["pools"] == []
