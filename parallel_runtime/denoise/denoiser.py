@@ -121,7 +121,17 @@ class Denoiser:
             return Guided(cond_pred, torch.zeros_like(cond_pred)) if self.with_uncond else cond_pred
         if self.cfg_parallel:
             mine = self.branches[self.mesh.rank("cfg")]
-            pred = self.branch_predictions(x, sigma, [mine])[0]
+            # Each CFG rank runs its own branch, whose entries may form another number of model calls than the
+            # other branch's (timestep ranges, areas): block-boundary cancel points (collective over every rank)
+            # would then wait on each other, so unless each branch is one active entry they agree at the step's end.
+            one_call = all(len(b) == 1 and all(sigma in self.windows[id(e)] for e in b) for b in self.branches)
+            hook = self.adapter.block_hook
+            if not one_call:
+                self.adapter.block_hook = None
+            try:
+                pred = self.branch_predictions(x, sigma, [mine])[0]
+            finally:
+                self.adapter.block_hook = hook
             both = all_gather_cat(pred.contiguous(), self.mesh.group("cfg"), self.mesh.stats, dim=0, op="cfg")
             cond_pred, uncond_pred = both.chunk(2, dim=0)
         else:
