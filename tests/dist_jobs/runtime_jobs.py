@@ -109,7 +109,11 @@ def slow_blocks(rank: int, world: int, seconds: float) -> None:
 
 def step_memory_growth(ctx, cond, latent_shape: tuple[int, ...], cfg: float = 1.0) -> int:
     """One denoising step of the loaded model on zeros of ``latent_shape``: how far this worker's peak
-    RSS rose above its RSS before the step (bytes; a fresh worker, so the peak is this step's)."""
+    RSS rose above its RSS before the step (bytes).
+
+    A step on a tiny latent runs first: one-time costs (lazily loaded kernels, oneDNN/MKL scratch,
+    thread pools) differ between CPUs by hundreds of MiB and are not the step's activations. The peak
+    is then reset (``/proc/self/clear_refs``) so it is this step's, not the load's."""
     import gc
     import os
     import resource
@@ -122,11 +126,29 @@ def step_memory_growth(ctx, cond, latent_shape: tuple[int, ...], cfg: float = 1.
     from parallel_runtime.service.load_job import loaded_model
 
     model = loaded_model(ctx)
-    gc.collect()
-    with open("/proc/self/statm") as f:
-        before = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     settings = SamplingSettings(seed=1, steps=1, cfg=cfg)
     negative = cond if cfg != 1.0 else None
     ms = model_sampling_for(model.adapter)
+    warmup_shape = (*latent_shape[:2], *(min(side, 8) for side in latent_shape[2:]))
+    denoise_latent(model.adapter, ctx.mesh, ms, cond, negative, torch.zeros(warmup_shape), settings)
+    gc.collect()
+    with open("/proc/self/statm") as f:
+        before = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    peak_reset = _reset_peak_rss()
     denoise_latent(model.adapter, ctx.mesh, ms, cond, negative, torch.zeros(latent_shape), settings)
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before
+    if peak_reset:
+        with open("/proc/self/status") as f:
+            peak = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
+    else:
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return peak - before
+
+
+def _reset_peak_rss() -> bool:
+    """Reset this process's peak RSS (VmHWM) to its current RSS; False where the kernel refuses."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
