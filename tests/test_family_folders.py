@@ -29,6 +29,7 @@ COMFY_MODELS = {
     "hunyuan-video": ("HunyuanVideo", "HunyuanVideoI2V"),
     "hunyuan-video-1.5": (),  # ComfyUI 0.3.64 has no HunyuanVideo 1.5
     "z-image": ("Flux",),  # 0.3.64 has no Z-Image; later ComfyUI's ZImage takes latent_formats.Flux, as Flux does
+    "chroma": ("Chroma",),
 }
 
 

@@ -28,6 +28,7 @@ EXPECTED = {
     "tiny-qwen-image": ("qwen-image", "QwenImagePipeline", "QwenImageTransformer2DModel", ["text_encoder"]),
     "tiny-flux2": ("flux2", "Flux2Pipeline", "Flux2Transformer2DModel", ["text_encoder"]),
     "tiny-z-image": ("z-image", "ZImagePipeline", "ZImageTransformer2DModel", ["text_encoder"]),
+    "tiny-chroma": ("chroma", "ChromaPipeline", "ChromaTransformer2DModel", ["text_encoder"]),
 }
 
 

@@ -18,7 +18,7 @@ from typing import Any
 from parallel_runtime.errors import ConfigError
 
 TINY_VERSION = "v1"  # bump whenever the built folders change: caches are keyed by it
-TINY_MODELS: tuple[str, ...] = ("tiny-flux", "tiny-sd3", "tiny-pixart", "tiny-qwen-image", "tiny-flux2", "tiny-z-image")
+TINY_MODELS: tuple[str, ...] = ("tiny-flux", "tiny-sd3", "tiny-pixart", "tiny-qwen-image", "tiny-flux2", "tiny-z-image", "tiny-chroma")
 TINY_VIDEO_MODELS: tuple[str, ...] = (
     "tiny-wan",
     "tiny-wan-i2v",
@@ -37,10 +37,10 @@ WIDENED: dict[str, dict[str, Any]] = {
 
 
 def _builders() -> dict[str, Callable[[dict[str, Any]], dict[str, Any]]]:
-    from . import big, hunyuan_video, hunyuan_video15, image, video, z_image
+    from . import big, chroma, hunyuan_video, hunyuan_video15, image, video, z_image
 
     builders = {**image.BUILDERS, "tiny-qwen-image": big.qwen_image, "tiny-flux2": big.flux2, **video.BUILDERS}
-    return {**builders, **hunyuan_video.BUILDERS, **hunyuan_video15.BUILDERS, "tiny-z-image": z_image.z_image}
+    return {**builders, **hunyuan_video.BUILDERS, **hunyuan_video15.BUILDERS, "tiny-z-image": z_image.z_image, **chroma.BUILDERS}
 
 
 def _check_name(name: str) -> None:

@@ -21,6 +21,7 @@ RANDOM_MODELS: tuple[str, ...] = (
     "tiny-qwen-image",
     "tiny-flux2",
     "tiny-z-image",
+    "tiny-chroma",
     "tiny-wan",
     "tiny-wan-i2v",
     "tiny-wan-a14b",

@@ -7,7 +7,7 @@ nothing else), e.g. the project's venv:
 
 For every latent format ComfyUI gives the models this project runs (``comfy.supported_models``: Flux, SD3,
 PixArt-alpha / sigma, Qwen-Image, Wan 2.1 / 2.2,
-HunyuanVideo), it stores the format's numbers: scale and shift (or per-channel
+HunyuanVideo, Chroma, HiDream), it stores the format's numbers: scale and shift (or per-channel
 mean and std) and the latent -> RGB preview factors and bias. ``tests/test_family_folders.py`` checks every
 family folder's ``latent.py`` against them. Nothing from parallel_runtime is imported.
 """
@@ -35,6 +35,8 @@ MODELS = (
     "WAN22_T2V",
     "HunyuanVideo",
     "HunyuanVideoI2V",
+    "Chroma",
+    "HiDream",
 )
 
 

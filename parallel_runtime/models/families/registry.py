@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from ...errors import ConfigError
+from .chroma.spec import FAMILY as CHROMA
 from .flux.spec import FAMILY as FLUX
 from .flux2.spec import FAMILY as FLUX2
 from .hunyuan_video.spec import FAMILY as HUNYUAN_VIDEO
@@ -30,6 +31,7 @@ FAMILIES: tuple[FamilySpec, ...] = (
     HUNYUAN_VIDEO,
     HUNYUAN_VIDEO15,
     Z_IMAGE,
+    CHROMA,
 )  # the order users see them in
 
 

@@ -1,0 +1,55 @@
+"""Chroma's declaration: see ``families.spec.FamilySpec`` for what each field means."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import MappingProxyType
+
+from ....parallel.layout import LayoutHints
+from ..flux.latent import FLUX_PREVIEW
+from ..spec import FamilySpec, TextFacts
+from . import CHROMA1, ID
+
+
+def _adapter():
+    from .adapter import ChromaAdapter
+
+    return ChromaAdapter
+
+
+def _original_layout():
+    from .keys import LAYOUT
+
+    return LAYOUT
+
+
+def _text_encoding():
+    from .text import ENCODING
+
+    return ENCODING
+
+
+FAMILY = FamilySpec(
+    id=ID,
+    label="Chroma",
+    transformer_class="ChromaTransformer2DModel",
+    pipeline_class="ChromaPipeline",
+    adapter=_adapter,
+    markers=("distilled_guidance_layer.",),
+    detection_priority=3,  # its files hold Flux's markers (double/single blocks, single_transformer_blocks)
+    variants=(CHROMA1,),
+    folder=Path(__file__).resolve().parent,
+    original_layout=_original_layout,
+    text=TextFacts(
+        max_length=512,
+        comfy_nodes="CLIPLoader (t5xxl, type chroma) with CLIPTextEncode",
+        lora_roles=MappingProxyType({"text_encoder": "t5xxl"}),
+    ),
+    text_encoding=_text_encoding,
+    layout=LayoutHints(default_cfg=4.0, text_tokens=128),  # real CFG; the prompt's own tokens, unpadded
+    head_dim=128,
+    previews=(FLUX_PREVIEW,),  # ComfyUI's supported_models.Chroma: latent_formats.Flux
+    generate_cfg=4.0,
+    node_preview="Flux",
+    lora_markers=("distilled_guidance_layer",),
+)
