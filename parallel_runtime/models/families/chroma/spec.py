@@ -7,7 +7,7 @@ from types import MappingProxyType
 
 from ....parallel.layout import LayoutHints
 from ..flux.latent import FLUX_PREVIEW
-from ..spec import FamilySpec, TextFacts
+from ..spec import FamilySpec, GGUFFacts, TextFacts
 from . import CHROMA1, ID
 
 
@@ -27,6 +27,14 @@ def _text_encoding():
     from .text import ENCODING
 
     return ENCODING
+
+
+GGUF = GGUFFacts(  # ComfyUI-GGUF's converter takes Chroma's double / single blocks for Flux's: architecture "flux"
+    architecture="flux",
+    required=MappingProxyType({}),
+    quantiser_keeps=("x_embedder.", "context_embedder.", "norm_out.", "proj_out."),  # img_in, txt_in, final_layer
+    q4_k_m=MappingProxyType({r"transformer_blocks\.\d+\.attn\.(to_[qkv]|add_[qkv]_proj)\.weight": "Q5_K"}),
+)
 
 
 FAMILY = FamilySpec(
@@ -52,4 +60,5 @@ FAMILY = FamilySpec(
     generate_cfg=4.0,
     node_preview="Flux",
     lora_markers=("distilled_guidance_layer",),
+    gguf=GGUF,
 )
