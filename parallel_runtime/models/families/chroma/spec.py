@@ -7,6 +7,7 @@ from types import MappingProxyType
 
 from ....parallel.layout import LayoutHints
 from ..flux.latent import FLUX_PREVIEW
+from ..flux.spec import GGUF as FLUX_GGUF
 from ..spec import FamilySpec, GGUFFacts, TextFacts
 from . import CHROMA1, ID
 
@@ -29,8 +30,8 @@ def _text_encoding():
     return ENCODING
 
 
-GGUF = GGUFFacts(  # ComfyUI-GGUF's converter takes Chroma's double / single blocks for Flux's: architecture "flux"
-    architecture="flux",
+GGUF = GGUFFacts(  # ComfyUI-GGUF's converter takes Chroma's double / single blocks for Flux's: Flux's architecture
+    architecture=FLUX_GGUF.architecture,
     required=MappingProxyType({}),
     quantiser_keeps=("x_embedder.", "context_embedder.", "norm_out.", "proj_out."),  # img_in, txt_in, final_layer
     q4_k_m=MappingProxyType({r"transformer_blocks\.\d+\.attn\.(to_[qkv]|add_[qkv]_proj)\.weight": "Q5_K"}),
@@ -58,7 +59,6 @@ FAMILY = FamilySpec(
     head_dim=128,
     previews=(FLUX_PREVIEW,),  # ComfyUI's supported_models.Chroma: latent_formats.Flux
     generate_cfg=4.0,
-    node_preview="Flux",
     lora_markers=("distilled_guidance_layer",),
     gguf=GGUF,
 )
