@@ -220,3 +220,20 @@ def test_guidance_defaults_to_comfyuis_zero_and_flux_keeps_its_own(comps):
     assert embedded_guidance(comps.adapter(), None) == 0.0 and embedded_guidance(comps.adapter(), 3.0) == 3.0
     flux = load_pipeline_components(ensure_tiny_model("tiny-flux"), "cpu", torch.float32, parts=("transformer",))
     assert embedded_guidance(flux.adapter(), None) == DEFAULT_FLUX_GUIDANCE
+
+
+def test_bench_families_counts_every_weight_of_the_released_config():
+    """``bench families``' byte accounting at Chroma1-HD's config equals the parameters of the model built from the
+    shipped config (8.9B, as the release states), 2 bytes each; 1024x1024 px is 64 x 64 = 4096 image tokens."""
+    from diffusers import ChromaTransformer2DModel
+
+    from parallel_runtime.models.families.registry import family
+    from parallel_runtime.models.single_file import shipped_config
+    from parallel_runtime.tools.bench_families import default_tokens, weight_gb
+
+    spec, (config, _) = family("chroma"), shipped_config("chroma1")
+    with torch.device("meta"):
+        params = sum(p.numel() for p in ChromaTransformer2DModel.from_config(config).parameters())
+    assert 8.8e9 < params < 9.0e9
+    assert weight_gb(spec, "chroma1", "auto")["pp1"] == round(2 * params / 1e9, 3)
+    assert default_tokens(spec, "chroma1") == {"size": "1024x1024", "image_tokens": 4096, "sequence_tokens": 4224}

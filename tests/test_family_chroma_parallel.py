@@ -113,3 +113,22 @@ def test_a_masked_batch_runs_on_cfg_ranks_and_is_refused_under_ulysses(cpu_pool,
     with pytest.raises(Exception, match="different token counts") as info:
         pool.submit(generate, pos, neg, latent, settings).result(300)
     assert "encode one prompt per batch" in str(info.value)
+
+
+def test_tiny_smoke_workflow_runs_through_the_nodes(pool_registry):
+    """workflows/tiny_chroma_cpu_smoke.json through our node classes with the real runtime: the model's own T5
+    on the workers, Ulysses 2, CFG 2, the exact parallel decode."""
+    import importlib
+    import json
+
+    from pack_import import ROOT, load_pack  # tests/ helpers
+    from test_workflows import run_ui_workflow
+
+    context = importlib.import_module(f"{load_pack().__name__}.nodes.context")
+    bridge = importlib.import_module(f"{load_pack().__name__}.nodes.bridge")
+    data = json.loads((ROOT / "workflows" / "tiny_chroma_cpu_smoke.json").read_text(encoding="utf-8"))
+    ctx = context.NodeContext.create(registry=pool_registry, bridge=bridge.ComfyBridge())
+    outputs = run_ui_workflow(data, ctx, {"DiTParallelSampler": {"steps": 2}})
+    (image,) = outputs[next(n["id"] for n in data["nodes"] if n["type"] == "PreviewImage")]
+    assert image.shape == (1, 96, 128, 3) and 0.0 <= float(image.min()) <= float(image.max()) <= 1.0
+    assert float(image.std()) > 0

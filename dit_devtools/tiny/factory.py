@@ -18,7 +18,15 @@ from typing import Any
 from parallel_runtime.errors import ConfigError
 
 TINY_VERSION = "v1"  # bump whenever the built folders change: caches are keyed by it
-TINY_MODELS: tuple[str, ...] = ("tiny-flux", "tiny-sd3", "tiny-pixart", "tiny-qwen-image", "tiny-flux2", "tiny-z-image", "tiny-chroma")
+TINY_MODELS: tuple[str, ...] = (
+    "tiny-flux",
+    "tiny-sd3",
+    "tiny-pixart",
+    "tiny-qwen-image",
+    "tiny-flux2",
+    "tiny-z-image",
+    "tiny-chroma",
+)
 TINY_VIDEO_MODELS: tuple[str, ...] = (
     "tiny-wan",
     "tiny-wan-i2v",
@@ -33,6 +41,7 @@ CACHE_ENV = "DIT_PARALLEL_TINY_ROOT"
 WIDENED: dict[str, dict[str, Any]] = {
     "tiny-flux": dict(num_attention_heads=8, attention_head_dim=64, num_layers=2, num_single_layers=2),
     "tiny-z-image": dict(dim=512, n_heads=8, n_kv_heads=8, axes_dims=[16, 24, 24], n_layers=4, n_refiner_layers=2),
+    "tiny-chroma": dict(num_attention_heads=8, attention_head_dim=64, axes_dims_rope=(16, 24, 24)),
 }
 
 
@@ -40,7 +49,13 @@ def _builders() -> dict[str, Callable[[dict[str, Any]], dict[str, Any]]]:
     from . import big, chroma, hunyuan_video, hunyuan_video15, image, video, z_image
 
     builders = {**image.BUILDERS, "tiny-qwen-image": big.qwen_image, "tiny-flux2": big.flux2, **video.BUILDERS}
-    return {**builders, **hunyuan_video.BUILDERS, **hunyuan_video15.BUILDERS, "tiny-z-image": z_image.z_image, **chroma.BUILDERS}
+    return {
+        **builders,
+        **hunyuan_video.BUILDERS,
+        **hunyuan_video15.BUILDERS,
+        "tiny-z-image": z_image.z_image,
+        **chroma.BUILDERS,
+    }
 
 
 def _check_name(name: str) -> None:

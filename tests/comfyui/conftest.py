@@ -83,6 +83,7 @@ TINY_STAND_INS: dict[str, tuple[str, str]] = {
         "transformer/diffusion_pytorch_model.safetensors",
     ),
     "text_encoders/qwen_3_4b.safetensors": ("tiny-z-image", "text_encoder/model.safetensors"),
+    "diffusion_models/Chroma1-HD.safetensors": ("tiny-chroma", "transformer/diffusion_pytorch_model.safetensors"),
 }
 # LoadImage's files the shipped workflows name (ComfyUI's input/)
 INPUT_IMAGES = ("wan_start_image.png", "kontext_input.png", "qwen_edit_person.png", "qwen_edit_scene.png")
