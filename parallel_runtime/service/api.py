@@ -193,6 +193,7 @@ class ParallelModel:
             "pooled_dim": self.info["pooled_dim"],
             "image_dim": self.info.get("image_dim"),  # CLIP-vision states (Wan 2.1 I2V), else None
             "latent_channels": self.info.get("latent_channels"),  # what a reference image's latent must have
+            "in_channels": self.info.get("in_channels"),  # the transformer's input features (FLUX.1 Fill: 384)
         }
 
     def check_latent_size(self, height: int, width: int) -> None:

@@ -180,6 +180,7 @@ def load_model(
         "embed_dim": _embed_dim(model),
         "pooled_dim": adapter.config_sizes(cfg).pooled_dim,
         "image_dim": cfg.get("image_dim"),
+        "in_channels": cfg.get("in_channels"),
         "transformer_bytes": weight_bytes,
         "compile": compile,
         "fp8_matmul": fp8_choice,

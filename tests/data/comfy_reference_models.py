@@ -72,12 +72,13 @@ def meta_shapes(module: torch.nn.Module) -> dict[str, tuple[int, ...]]:
 
 
 # -- original-layout files -----------------------------------------------------------------------------------
-def flux_state(c: SimpleNamespace, guidance: bool) -> dict[str, torch.Tensor]:
+def flux_state(c: SimpleNamespace, guidance: bool, in_channels: int = 16) -> dict[str, torch.Tensor]:
+    """Flux.1's structure; ``in_channels`` 96 is FLUX.1 Fill's (latent, masked image, 8x8 mask per pixel)."""
     from comfy.ldm.flux.model import Flux
 
     with torch.device("cpu"):  # disable_weight_init: allocated, never initialised
         model = Flux(
-            in_channels=16,
+            in_channels=in_channels,
             out_channels=16,
             vec_in_dim=FLUX["vec"],
             context_in_dim=FLUX["context"],

@@ -1,4 +1,4 @@
-"""Flux.1 (FluxTransformer2DModel): dev (guidance-distilled) and schnell."""
+"""Flux.1 (FluxTransformer2DModel): dev (guidance-distilled), schnell and Fill (inpainting, extra input channels)."""
 
 ID = "flux"
-DEV, SCHNELL = "flux-dev", "flux-schnell"  # shipped configs (configs/<variant>/)
+DEV, SCHNELL, FILL = "flux-dev", "flux-schnell", "flux-fill"  # shipped configs (configs/<variant>/)

@@ -22,7 +22,8 @@ from ...layout_shapes import (
     shape_of,
 )
 from ..spec import OriginalLayout
-from . import DEV, ID, SCHNELL
+from . import DEV, FILL, ID, SCHNELL
+from .fill import is_fill
 
 _FLUX1_FUSED_ROWS = 7 * 3072  # q, k, v (3 x 3072) + MLP (4 x 3072): the width diffusers' converter splits at
 _LINEAR1 = re.compile(r"single_blocks\.(\d+)\.linear1\.(weight|bias)")
@@ -50,7 +51,10 @@ def config_from_weights(shapes: Shapes, base: Mapping[str, Any]) -> dict[str, An
 
 
 def variant_of(shapes: Shapes) -> str:
-    """Flux dev (a guidance embedding) or schnell."""
+    """Flux Fill (img_in reads the inpainting image and mask too), dev (a guidance embedding) or schnell."""
+    latent = shape_of(shapes, "final_layer.linear.weight", ID)[0] // 4
+    if is_fill(shape_of(shapes, "img_in.weight", ID)[1], latent, 2):
+        return FILL
     return DEV if "guidance_in.in_layer.weight" in shapes else SCHNELL
 
 

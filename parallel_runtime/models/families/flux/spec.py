@@ -7,7 +7,7 @@ from types import MappingProxyType
 
 from ....parallel.layout import LayoutHints
 from ..spec import FamilySpec, GGUFFacts, TextFacts
-from . import DEV, ID, SCHNELL
+from . import DEV, FILL, ID, SCHNELL
 from .comfy_inputs import COMFY_CONDITIONING
 from .latent import FLUX_PREVIEW
 
@@ -46,7 +46,7 @@ FAMILY = FamilySpec(
     adapter=_adapter,
     markers=("double_blocks.", "single_transformer_blocks.", "single_blocks."),
     detection_priority=2,  # SD3's markers: diffusers' Flux has context_embedder and transformer_blocks.N.ff_context
-    variants=(DEV, SCHNELL),
+    variants=(DEV, SCHNELL, FILL),
     folder=Path(__file__).resolve().parent,
     original_layout=_original_layout,
     text=TextFacts(
