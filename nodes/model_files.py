@@ -156,9 +156,10 @@ def text_encoder_choices(bridge: Bridge) -> list[str]:
     return [TEXT_ENCODER_OWN, *_files_under(bridge, "text_encoders", MODEL_FILE_SUFFIXES)]
 
 
-def resolve_text_encoder(name: str, bridge: Bridge) -> tuple[str, str] | None:
+def resolve_text_encoder(name: str, bridge: Bridge) -> tuple[str, str | None] | None:
     """None for the model's own encoders, else (the file, its tokenizer folder): a folder next to the file
-    named ``<file stem>_tokenizer`` or ``tokenizer``, else the one ComfyUI ships for that encoder."""
+    named ``<file stem>_tokenizer`` or ``tokenizer``, else the one ComfyUI ships for that encoder, else None
+    (files such as UMT5's carry their tokenizer; the family's reader says whether one is needed)."""
     name = (name or TEXT_ENCODER_OWN).strip()
     if name == TEXT_ENCODER_OWN:
         return None
@@ -175,10 +176,4 @@ def resolve_text_encoder(name: str, bridge: Bridge) -> tuple[str, str] | None:
     for root in bridge.folder_paths(SHIPPED_TOKENIZERS):
         candidates += [Path(root) / d for key, d in TOKENIZER_DIRS.items() if key in file.name.lower()]
     tokenizer = next((c for c in candidates if c.is_dir()), None)
-    if tokenizer is None:
-        raise ConfigError(
-            f"no tokenizer found for {file.name}",
-            "a text encoder needs its tokenizer (ComfyUI ships Qwen2.5-VL's in comfy/text_encoders/qwen25_tokenizer)",
-            f"put the tokenizer files in a folder {file.stem}_tokenizer next to the encoder file",
-        )
-    return str(file), str(tokenizer)
+    return str(file), None if tokenizer is None else str(tokenizer)

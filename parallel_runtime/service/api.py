@@ -30,7 +30,7 @@ from ..runtime.jobs import Job
 from ..runtime.pool import WorkerPool
 from ..runtime.pools import PoolRegistry
 from . import input_checks
-from .host_checks import check_load_request, check_pipefusion_request, host_geometry
+from .host_checks import check_load_request, check_pipefusion_request, check_text_encoder_file, host_geometry
 from .image_size import FittedSize, fit_image_size
 from .load_job import load_model
 from .load_request import LoadRequest
@@ -238,20 +238,23 @@ class ParallelModel:
     def encode_text(
         self,
         prompt: str | list[str],
-        text_encoder: tuple[str, str] | None = None,
+        text_encoder: tuple[str, str | None] | None = None,
         should_cancel: Callable[[], bool] | None = None,
     ) -> Conditioning:
         """Conditioning of ``prompt`` with the model's own text encoders, or with ``text_encoder`` = (a
-        text-encoder file from ComfyUI's models/text_encoders, its tokenizer folder)."""
+        text-encoder file from ComfyUI's models/text_encoders, its tokenizer folder or None when the file
+        carries its tokenizer)."""
         prompts = input_checks.prompts(prompt)
         if text_encoder is not None:
-            if family(self.family).text_encoder_file is None:
+            reader = family(self.family).text_encoder_file
+            if reader is None:
                 readers = [f"{f.label}'s {f.text_encoder_file().what}" for f in FAMILIES if f.text_encoder_file]
                 raise ConfigError(
                     f"a text-encoder file ({Path(text_encoder[0]).name}) for a {self.family} model",
                     f"Parallel Text Encode reads only {' and '.join(readers)} from models/text_encoders so far",
                     "choose \"(the model's own)\" with a diffusers folder, or ComfyUI's own text-encode nodes",
                 )
+            check_text_encoder_file(reader(), *text_encoder)
             return concat_conditioning(
                 *self._run(encode_text_file, text_encoder[0], text_encoder[1], prompts, should_cancel=should_cancel)
             )

@@ -179,7 +179,7 @@ def empty_latent(model: ParallelModel, width: int, height: int, batch_size: int,
     return {"samples": samples}
 
 
-def encode(model: ParallelModel, text: str, text_encoder: tuple[str, str] | None = None) -> list[list[Any]]:
+def encode(model: ParallelModel, text: str, text_encoder: tuple[str, str | None] | None = None) -> list[list[Any]]:
     """ComfyUI CONDITIONING of ``text`` with the model's own text encoders, or with ``text_encoder`` (a
     text-encoder file and its tokenizer folder)."""
     cond = model.encode_text(text) if text_encoder is None else model.encode_text(text, text_encoder)

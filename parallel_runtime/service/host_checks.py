@@ -180,3 +180,17 @@ def check_pipefusion_request(request: LoadRequest, config: ParallelConfig) -> No
             "each stage needs one weight (its relative share of the transformer blocks)",
             f"give {config.pp} positive numbers, or None for an equal split",
         )
+
+
+def check_text_encoder_file(reader: Any, encoder_path: str, tokenizer_dir: str | None) -> None:
+    """A text-encoder file and its tokenizer, on the host: the family's own check of the file, and a tokenizer
+    folder when the file does not carry its tokenizer (``reader``: the family's ``TextEncoderFile``)."""
+    name = Path(encoder_path).name
+    if reader.tokenizer is None and not tokenizer_dir:
+        raise ConfigError(
+            f"no tokenizer found for {name}",
+            f"a {reader.what} text encoder needs its tokenizer folder (ComfyUI ships some in comfy/text_encoders)",
+            f"put the tokenizer files in a folder {Path(encoder_path).stem}_tokenizer next to the encoder file",
+        )
+    if reader.check is not None:
+        reader.check(encoder_path)

@@ -67,13 +67,13 @@ def encode_text(
 def encode_text_file(
     ctx: JobContext,
     encoder_path: str,
-    tokenizer_dir: str,
+    tokenizer_dir: str | None,
     prompts: list[str],
     max_sequence_length: int | None = None,
     overrides: dict[str, Any] | None = None,
 ) -> list[Conditioning] | None:
     """Encode each prompt with a text-encoder FILE (ComfyUI's models/text_encoders, of a family that reads one:
-    Qwen-Image's Qwen2.5-VL, bf16 or fp8) on TEXT_RANK, in the model's dtype: on one device, or spread over
+    Qwen-Image's Qwen2.5-VL, Wan's UMT5, ...) on TEXT_RANK, in the model's dtype: on one device, or spread over
     the pool's GPUs by layers when larger than what any one has left (``load_job.text_file_placement``). The
     encoder stays loaded for the next prompts."""
     from transformers import AutoTokenizer
@@ -103,7 +103,11 @@ def encode_text_file(
             encoder = spread_by_layers(encoder, where)
         else:
             encoder = reader.load(encoder_path, where, model.adapter.dtype, overrides=overrides)
-        cached = (key, encoder, AutoTokenizer.from_pretrained(tokenizer_dir, local_files_only=True))
+        if reader.tokenizer is not None:  # the file carries its tokenizer
+            tokenizer = reader.tokenizer(encoder_path, tokenizer_dir)
+        else:
+            tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir, local_files_only=True)
+        cached = (key, encoder, tokenizer)
         ctx.state["text_file"] = cached
     _, encoder, tokenizer = cached
     with torch.no_grad():

@@ -87,6 +87,10 @@ class TextEncoderFile:
     load: Callable[..., nn.Module]  # (path, device, dtype, overrides=None) -> encoder
     encode: Callable[..., Conditioning]  # (encoder, tokenizer, prompts, max_sequence_length) -> Conditioning
     default_length: int
+    # (encoder file, tokenizer folder or None) -> tokenizer, for files that carry their own (None: the
+    # tokenizer is a folder, read with transformers' AutoTokenizer, and one is required)
+    tokenizer: Callable[[str, str | None], Any] | None = None
+    check: Callable[[str], None] | None = None  # (encoder file): a ConfigError on the host for a wrong file
 
 
 @dataclasses.dataclass(frozen=True)

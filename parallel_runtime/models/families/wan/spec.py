@@ -30,6 +30,12 @@ def _text_encoding():
     return ENCODING
 
 
+def _text_encoder_file():
+    from .text_file import ENCODER_FILE
+
+    return ENCODER_FILE
+
+
 def _vae_file():
     from .vae_file import FORMAT
 
@@ -78,6 +84,7 @@ FAMILY = FamilySpec(
     default_size=(832, 480, 81),  # WanPipeline's defaults (480p, 81 frames)
     lora_markers=("self_attn.q", "cross_attn"),
     vae_file=_vae_file,
+    text_encoder_file=_text_encoder_file,
     comfy_conditioning=COMFY_CONDITIONING,
     gguf=GGUF,
     expert_boundary=_expert_boundary,

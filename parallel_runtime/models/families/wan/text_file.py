@@ -1,0 +1,104 @@
+"""Wan's text encoder from ONE file, as ComfyUI's CLIPLoader (type "wan") reads it from ``models/text_encoders``:
+UMT5-XXL (``umt5_xxl_fp16.safetensors``, ``umt5_xxl_fp8_e4m3fn_scaled.safetensors``; the encoder itself is read
+by ``models.t5_text_file``).
+
+The tokenizer travels in the file: a SentencePiece model stored as the uint8 tensor ``spiece_model``. A prompt
+is encoded as ComfyUI does for Wan (no cleaning): its pieces, the end token (1), padded with 0 to at least 512
+tokens (a longer prompt is kept whole); the encoder sees the attention mask and the states of the padding are
+zeroed. ComfyUI's prompt-weight syntax ``(word:1.2)`` is not read: the text is encoded as written.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from ....errors import ConfigError
+from ...base import Conditioning
+from ...t5_text_file import load_t5_text_file, safetensors_shapes, t5_sizes
+from ..spec import TextEncoderFile
+
+TOKENIZER_KEY = "spiece_model"
+END, PAD = 1, 0
+MIN_LENGTH = 512  # ComfyUI pads Wan prompts to this many tokens
+WHAT = "UMT5 (Wan's text encoder)"
+
+
+class FileTokenizer:
+    """The SentencePiece tokenizer a UMT5 file carries: prompt -> piece ids (no end token)."""
+
+    def __init__(self, model_proto: bytes, source: str):
+        import sentencepiece
+
+        self.source = source
+        self.processor = sentencepiece.SentencePieceProcessor(model_proto=model_proto)
+
+    def ids(self, text: str) -> list[int]:
+        return list(self.processor.encode(text))
+
+
+def _no_tokenizer(name: str) -> ConfigError:
+    return ConfigError(
+        f"{name} holds no tokenizer ({TOKENIZER_KEY})",
+        "ComfyUI's UMT5 files for Wan carry their SentencePiece tokenizer as the tensor 'spiece_model'",
+        "use Comfy-Org's umt5_xxl_fp16.safetensors or umt5_xxl_fp8_e4m3fn_scaled.safetensors",
+    )
+
+
+def check_umt5_file(path: str) -> None:
+    """On the host, before any worker reads it: the file holds a UMT5 encoder and its tokenizer."""
+    if str(path).lower().endswith(".gguf"):
+        return
+    shapes = safetensors_shapes(path)
+    t5_sizes(shapes, Path(path).name, WHAT)
+    if TOKENIZER_KEY not in shapes:
+        raise _no_tokenizer(Path(path).name)
+
+
+def umt5_tokenizer(path: str, tokenizer_dir: str | None = None) -> FileTokenizer:
+    """The tokenizer stored in ``path`` (``tokenizer_dir`` is not needed)."""
+    from ...tensor_files import SafetensorsFile
+
+    file = SafetensorsFile(Path(path).expanduser())
+    if TOKENIZER_KEY not in file.entries:
+        raise _no_tokenizer(file.path.name)
+    with file:
+        data = file.read(TOKENIZER_KEY)
+    return FileTokenizer(data.to(torch.uint8).numpy().tobytes(), file.path.name)
+
+
+def comfy_tokens(
+    tokenizer: FileTokenizer, prompts: Sequence[str], min_length: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids, mask) [B, L]: each prompt's pieces + END, padded with PAD to max(min_length, longest)."""
+    rows = [tokenizer.ids(p) + [END] for p in prompts]
+    length = max(min_length, *(len(r) for r in rows))
+    ids = torch.full((len(rows), length), PAD, dtype=torch.long)
+    mask = torch.zeros((len(rows), length), dtype=torch.long)
+    for i, row in enumerate(rows):
+        ids[i, : len(row)] = torch.tensor(row)
+        mask[i, : len(row)] = 1
+    return ids, mask
+
+
+@torch.no_grad()
+def encode_wan_file(
+    encoder: nn.Module, tokenizer: FileTokenizer, prompts: Sequence[str], max_sequence_length: int = MIN_LENGTH
+) -> Conditioning:
+    """Wan conditioning of ``prompts`` (see the module doc; ``max_sequence_length``: the padded length)."""
+    ids, mask = comfy_tokens(tokenizer, prompts, max_sequence_length)
+    states = encoder(ids, mask)
+    return Conditioning(states * mask.to(states.device, states.dtype).unsqueeze(-1))
+
+
+def load_umt5_file(path, device="cpu", dtype=torch.bfloat16, storage="auto", overrides=None) -> nn.Module:
+    """The UMT5 encoder of ``path`` (.safetensors or .gguf)."""
+    return load_t5_text_file(path, device, dtype, storage, overrides, what=WHAT)
+
+
+ENCODER_FILE = TextEncoderFile(
+    "UMT5", load_umt5_file, encode_wan_file, MIN_LENGTH, tokenizer=umt5_tokenizer, check=check_umt5_file
+)
