@@ -72,6 +72,7 @@ TINY_STAND_INS: dict[str, tuple[str, str]] = {
     "vae/hunyuan_video_vae_bf16.safetensors": ("tiny-hunyuan-video", "vae/diffusion_pytorch_model.safetensors"),
     "text_encoders/llava_llama3_fp8_scaled.safetensors": ("tiny-hunyuan-video", "text_encoder/model.safetensors"),
     "diffusion_models/flux1-kontext-dev.safetensors": ("tiny-flux", "transformer/diffusion_pytorch_model.safetensors"),
+    "diffusion_models/flux1-fill-dev.safetensors": ("tiny-flux", "transformer/diffusion_pytorch_model.safetensors"),
     "diffusion_models/qwen_image_edit_2509_fp8_e4m3fn.safetensors": (
         "tiny-qwen-image",
         "transformer/diffusion_pytorch_model.safetensors",
@@ -86,7 +87,13 @@ TINY_STAND_INS: dict[str, tuple[str, str]] = {
     "diffusion_models/Chroma1-HD.safetensors": ("tiny-chroma", "transformer/diffusion_pytorch_model.safetensors"),
 }
 # LoadImage's files the shipped workflows name (ComfyUI's input/)
-INPUT_IMAGES = ("wan_start_image.png", "kontext_input.png", "qwen_edit_person.png", "qwen_edit_scene.png")
+INPUT_IMAGES = (
+    "wan_start_image.png",
+    "kontext_input.png",
+    "qwen_edit_person.png",
+    "qwen_edit_scene.png",
+    "fill_input.png",
+)
 
 # The LoRA files the shipped workflows name, stood in by the tiny LoRA test files (tests/data/lora).
 LORA_STAND_INS: dict[str, str] = {

@@ -75,7 +75,7 @@ def test_workflows_cover_the_layouts_and_mix_with_core_nodes(comfy_oracle):
     assert any(f == "wan" and l["ring"] > 1 for f, l in manual), "a Wan workflow with Ring"
     assert any(f == "wan" and l["cfg_parallel"] == 2 for f, l in manual), "a Wan workflow with CFG parallel"
     assert {"VAEDecode", "VAEEncode", "LatentUpscaleBy", "DualCLIPLoader", "CLIPTextEncode"} <= core_used
-    edit = {"ReferenceLatent", "FluxKontextImageScale", "TextEncodeQwenImageEditPlus"}
+    edit = {"ReferenceLatent", "FluxKontextImageScale", "TextEncodeQwenImageEditPlus", "InpaintModelConditioning"}
     assert edit <= core_used, "the edit workflows take ComfyUI's own reference-image nodes"
     video = {"EmptyHunyuanLatentVideo", "WanImageToVideo", "Wan22ImageToVideoLatent", "CLIPVisionEncode", "SaveVideo"}
     assert video <= core_used, "the Wan workflows take ComfyUI's own video nodes"
