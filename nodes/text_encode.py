@@ -25,7 +25,8 @@ class ParallelTextEncode(DeclaredNode):
                 "text_encoder",
                 "The model's own encoders (a diffusers folder's), or a file from models/text_encoders or "
                 "models/clip (qwen_2.5_vl_7b*.safetensors, or a Qwen2.5-VL GGUF as ComfyUI-GGUF's CLIPLoaderGGUF "
-                "reads it, for a Qwen-Image transformer file; umt5_xxl*.safetensors for Wan).",
+                "reads it, for a Qwen-Image transformer file; umt5_xxl*.safetensors for Wan; "
+                "mistral_3_small_flux2*.safetensors for FLUX.2).",
                 lambda: text_encoder_choices(shared_bridge()),
                 default=TEXT_ENCODER_OWN,
                 optional=True,

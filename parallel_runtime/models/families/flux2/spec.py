@@ -29,6 +29,12 @@ def _text_encoding():
     return ENCODING
 
 
+def _text_encoder_file():
+    from .text_file import ENCODER_FILE
+
+    return ENCODER_FILE
+
+
 GGUF = GGUFFacts(  # ComfyUI-GGUF's files; Q4_K_M upgrades BFL's fused img / txt q-k-v
     architecture=FLUX1_GGUF.architecture,  # ComfyUI-GGUF's converter files FLUX.2 under Flux.1's architecture
     required=MappingProxyType({}),
@@ -52,6 +58,7 @@ FAMILY = FamilySpec(
         max_length=512, comfy_nodes="CLIPLoader (the FLUX.2 Mistral text encoder, type flux2) with CLIPTextEncode"
     ),
     text_encoding=_text_encoding,
+    text_encoder_file=_text_encoder_file,
     layout=LayoutHints(default_cfg=1.0, text_tokens=512),
     head_dim=128,
     previews=(),  # ComfyUI 0.3.64 knows no FLUX.2 latent format (see latent.py)
