@@ -95,13 +95,15 @@ def test_prompt_text_is_kept_as_comfyui_keeps_it(reference):
     assert marked.count(image) == 1 and [t for t in marked if t != image] == plain
 
 
-def test_fp8_scaled_file_keeps_fp8_layers_and_computes_as_its_upcast_weights(tmp_path, reference, tekken):
-    """ComfyUI's scaled fp8 file: Linear layers kept in fp8 compute as the same file loaded upcast; not as bf16."""
+@pytest.mark.parametrize("kind", ["scaled", "comfy_quant", "plain"])
+def test_fp8_file_keeps_fp8_layers_and_computes_as_its_upcast_weights(tmp_path, reference, tekken, kind):
+    """ComfyUI's fp8 files (scaled_fp8 marker, per-layer comfy_quant, plain fp8): Linear layers kept in fp8
+    compute as the same file loaded upcast; not as the full-precision weights."""
     from parallel_runtime.models.fp8 import fp8_layers
 
     encoder, tokenizer = reference
     state = comfy_state(encoder, tekken)
-    fp8_state = {**to_fp8({k: v for k, v in state.items() if k != "tekken_model"}, "scaled")}
+    fp8_state = to_fp8({k: v for k, v in state.items() if k != "tekken_model"}, kind)
     fp8_state["tekken_model"] = state["tekken_model"]
     path = save(fp8_state, tmp_path / "mistral_3_small_flux2_fp8.safetensors")
     overrides = tiny_overrides(encoder)
