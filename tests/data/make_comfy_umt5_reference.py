@@ -2,10 +2,11 @@
 with ComfyUI's OWN CLIPLoader (type "wan") + CLIPTextEncode.
 
 Run by hand (not in CI) with the Python of ComfyUI's venv (tests/comfyui/comfy_env.py builds it; it has
-sentencepiece):
+sentencepiece and gguf) plus protobuf, which ComfyUI-GGUF's tokenizer rebuild imports
+(``pip install --target /tmp/pb protobuf``):
 
-    ~/.cache/dit-parallel/comfyui-venv-*/bin/python tests/data/make_comfy_umt5_reference.py \\
-        [--comfy /work/shared/ComfyUI]
+    PYTHONPATH=/tmp/pb ~/.cache/dit-parallel/comfyui-venv-*/bin/python tests/data/make_comfy_umt5_reference.py \\
+        [--comfy /work/shared/ComfyUI] [--gguf-nodes /work/shared/ComfyUI-GGUF]
 
 What it does, all on the CPU:
 1. Trains a tiny SentencePiece unigram model (UMT5's special ids: pad 0, end 1, unk 2, no start token) on a few
@@ -13,22 +14,29 @@ What it does, all on the CPU:
    position table per block) under the original checkpoints' names, its vocabulary the tokenizer's.
 2. Saves it as ComfyUI's Wan text-encoder files do: bf16 with the tokenizer as the uint8 tensor
    ``spiece_model`` (umt5_xxl_fp16's layout), and "fp8 scaled" (every Linear weight e4m3fn with a float32
-   ``scale_weight``, the ``scaled_fp8`` marker; umt5_xxl_fp8_e4m3fn_scaled's layout).
-3. Loads each with ``nodes.CLIPLoader().load_clip(name, "wan")`` and encodes the prompts with
-   ``nodes.CLIPTextEncode``; stores each CONDITIONING's shape, its token count and its rows up to there (the
-   rest is zeros, checked here).
+   ``scale_weight``, the ``scaled_fp8`` marker; umt5_xxl_fp8_e4m3fn_scaled's layout); and as a llama.cpp GGUF
+   (``write_gguf``: umt5-xxl-encoder-Q8_0.gguf's layout, the tokenizer as tokenizer.ggml.* metadata).
+3. Loads each with ``nodes.CLIPLoader().load_clip(name, "wan")`` (the GGUF with ComfyUI-GGUF's
+   ``CLIPLoaderGGUF``) and encodes the prompts with ``nodes.CLIPTextEncode``; stores each CONDITIONING's shape,
+   its token count (ComfyUI's tokens up to the end token) and its rows up to there (the rest is zeros, checked
+   here).
 
 Three things are patched, all sizes: ComfyUI recognises UMT5-XXL by a 24th block 4096 wide
 (``comfy.sd.detect_te_model``), so the tiny files are reported as T5-XXL; it reads the weight dtype and the
 fp8 marker only of a file with a 24th block (``comfy.sd.t5xxl_detect``), so they are read from the tiny file
 (by ComfyUI's own ``sd3_clip.t5_xxl_detect``); and Wan's encoder always reads
-``umt5_config_xxl.json``, so the tiny sizes are read from a config of the same form instead. Nothing from
-parallel_runtime is imported.
+``umt5_config_xxl.json``, so the tiny sizes are read from a config of the same form instead. ComfyUI-GGUF
+rebuilds the tokenizer from the metadata (and dequantises the token embedding to float16) only for a
+(256384, 4096) embedding, UMT5-XXL's: the tiny GGUF gets both steps, by ComfyUI-GGUF's own functions; and its
+``get_field`` is given a numpy-2 form of its scalar read (``int()`` of a 1-element array is refused there).
+Nothing from parallel_runtime is imported.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib.util
 import io
 import json
 import shutil
@@ -46,7 +54,11 @@ from comfy_setup import prepare_comfy, tensor_json  # noqa: E402 (the sibling he
 
 SEED = 20251126
 WIDTH, HEADS, HEAD_DIM, FF, BLOCKS, BUCKETS = 32, 2, 16, 64, 2, 32
-FILES = {"bf16": "tiny_umt5_bf16.safetensors", "fp8_scaled": "tiny_umt5_fp8_e4m3fn_scaled.safetensors"}
+FILES = {
+    "bf16": "tiny_umt5_bf16.safetensors",
+    "fp8_scaled": "tiny_umt5_fp8_e4m3fn_scaled.safetensors",
+    "Q8_0": "tiny_umt5_Q8_0.gguf",
+}
 PROMPTS = [
     "a red fox in the snow",
     "A lighthouse at dusk, waves crashing against the rocks.",
@@ -70,7 +82,7 @@ def train_tokenizer() -> bytes:
     sentencepiece.SentencePieceTrainer.train(
         sentence_iterator=iter(CORPUS),
         model_writer=out,
-        vocab_size=96,
+        vocab_size=320,  # 256 byte pieces + 3 special + the corpus's
         model_type="unigram",
         pad_id=0,
         eos_id=1,
@@ -78,6 +90,7 @@ def train_tokenizer() -> bytes:
         bos_id=-1,
         hard_vocab_limit=False,
         num_threads=1,
+        byte_fallback=True,  # as UMT5's: characters outside the pieces become byte pieces
         normalization_rule_name="identity",  # no NFKC table: keeps the files small (UMT5's own is ~240 KB)
         minloglevel=2,
     )
@@ -123,6 +136,42 @@ def scaled_fp8(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
+def write_gguf(tensors: dict[str, torch.Tensor], spiece: bytes, path: Path) -> None:
+    """The encoder as llama.cpp's converter + quantiser lay out a T5 encoder (general.architecture "t5encoder"):
+    its names from the ``gguf`` package's tensor map, Linear weights and the token embedding Q8_0, norms and
+    position tables F32; the tokenizer as tokenizer.ggml.* metadata (pieces, scores, types)."""
+    import gguf
+    import sentencepiece
+
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.T5ENCODER, BLOCKS)
+    writer = gguf.GGUFWriter(path=None, arch="t5encoder")
+    sp = sentencepiece.SentencePieceProcessor(model_proto=spiece)
+    pieces = range(sp.get_piece_size())
+    kinds = [
+        3 if sp.is_control(i) else 2 if sp.is_unknown(i) else 6 if sp.is_byte(i) else 5 if sp.is_unused(i) else 1
+        for i in pieces
+    ]
+    writer.add_tokenizer_model("t5")
+    writer.add_token_list([sp.id_to_piece(i) for i in pieces])
+    writer.add_token_scores([sp.get_score(i) for i in pieces])
+    writer.add_token_types(kinds)
+    writer.add_add_space_prefix(True)
+    writer.add_remove_extra_whitespaces(True)
+    writer.add_eos_token_id(1)
+    writer.add_pad_token_id(0)
+    writer.add_unk_token_id(2)
+    for name, value in tensors.items():
+        kind = gguf.GGMLQuantizationType.F32
+        if value.ndim == 2 and "relative_attention_bias" not in name:
+            kind = gguf.GGMLQuantizationType.Q8_0
+        packed = gguf.quants.quantize(value.float().numpy(), kind)
+        writer.add_tensor(names.get_name(name, try_suffixes=(".weight",)), packed, raw_dtype=kind)
+    writer.write_header_to_file(path=str(path))
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
 def comfy_config(vocab: int) -> dict:
     return {
         "d_ff": FF,
@@ -139,7 +188,42 @@ def comfy_config(vocab: int) -> dict:
     }
 
 
-def encode_all(nodes, name: str, config_path: Path) -> list[torch.Tensor]:
+def gguf_loader(gguf_nodes):
+    """ComfyUI-GGUF's CLIPLoaderGGUF, reading a tiny T5 GGUF the way it reads UMT5-XXL's: its size gate
+    (a (256384, 4096) token embedding) rebuilds the tokenizer from the metadata and dequantises the embedding to
+    float16; the tiny file gets both, by ComfyUI-GGUF's own functions."""
+    loader = sys.modules["comfyui_gguf.loader"]
+    original = loader.gguf_clip_loader
+    read_field = loader.get_field
+
+    def get_field(reader, name, kind):  # numpy 2 refuses int() of the 1-element array its scalars come as
+        if kind in (int, float, bool) and reader.get_field(name) is not None:
+            field = reader.get_field(name)
+            return kind(field.parts[field.data[-1]][0])
+        return read_field(reader, name, kind)
+
+    def clip_loader(path):
+        sd = original(path)
+        if "spiece_model" not in sd:
+            sd["spiece_model"] = loader.gguf_tokenizer_loader(path, (256384, 4096))
+            sd["shared.weight"] = loader.dequantize_tensor(sd["shared.weight"], dtype=torch.float16)
+        return sd
+
+    return _patches(
+        mock.patch.object(gguf_nodes, "gguf_clip_loader", clip_loader),
+        mock.patch.object(loader, "get_field", get_field),
+    )
+
+
+@contextlib.contextmanager
+def _patches(*patches):
+    with contextlib.ExitStack() as stack:
+        for patch in patches:
+            stack.enter_context(patch)
+        yield
+
+
+def encode_all(nodes, name: str, config_path: Path, gguf_nodes=None) -> list[torch.Tensor]:
     import comfy.sd
     import comfy.sd1_clip
 
@@ -157,12 +241,17 @@ def encode_all(nodes, name: str, config_path: Path) -> list[torch.Tensor]:
         mock.patch.object(comfy.sd, "t5xxl_detect", lambda data: comfy.text_encoders.sd3_clip.t5_xxl_detect(data[0])),
         mock.patch.object(comfy.sd1_clip.SDClipModel, "__init__", tiny_init),
     ):
-        (clip,) = nodes.CLIPLoader().load_clip(name, type="wan")
+        if gguf_nodes is None:
+            (clip,) = nodes.CLIPLoader().load_clip(name, type="wan")
+        else:
+            with gguf_loader(gguf_nodes):
+                (clip,) = gguf_nodes.CLIPLoaderGGUF().load_clip(name, type="wan")
     out = []
     for prompt in PROMPTS:
         (cond,) = nodes.CLIPTextEncode().encode(clip, prompt)
         assert len(cond) == 1 and cond[0][1].get("pooled_output") is None, cond[0][1].keys()
-        out.append(cond[0][0].float())
+        ids = [t[0] for t in clip.tokenize(prompt)["umt5xxl"][0]]
+        out.append((cond[0][0].float(), ids.index(1) + 1))  # tokens up to the end token
     return out
 
 
@@ -173,6 +262,14 @@ def run(args, base: Path) -> None:
     import comfy  # noqa: F401 (ComfyUI's package, on sys.path now)
 
     import nodes
+
+    spec = importlib.util.spec_from_file_location(
+        "comfyui_gguf", args.gguf_nodes / "__init__.py", submodule_search_locations=[str(args.gguf_nodes)]
+    )
+    package = importlib.util.module_from_spec(spec)
+    sys.modules["comfyui_gguf"] = package
+    spec.loader.exec_module(package)
+    gguf_nodes = sys.modules["comfyui_gguf.nodes"]
 
     spiece = train_tokenizer()
     import sentencepiece
@@ -191,22 +288,25 @@ def run(args, base: Path) -> None:
     config.write_text(json.dumps(comfy_config(vocab)))
     reference = {
         "comfyui_commit": _git(args.comfy),
-        "command": "~/.cache/dit-parallel/comfyui-venv-*/bin/python tests/data/make_comfy_umt5_reference.py",
+        "command": "PYTHONPATH=/tmp/pb ~/.cache/dit-parallel/comfyui-venv-*/bin/python "
+        "tests/data/make_comfy_umt5_reference.py",
         "prompts": PROMPTS,
-        "tokens": [len(processor.encode(p)) + 1 for p in PROMPTS],
         "cases": {},
     }
-    for case, state in layouts.items():
-        save_file({k: v.contiguous() for k, v in state.items()}, str(HERE / FILES[case]))
+    for case in FILES:
+        if case == "Q8_0":
+            write_gguf(tensors, spiece, HERE / FILES[case])
+        else:
+            save_file({k: v.contiguous() for k, v in layouts[case].items()}, str(HERE / FILES[case]))
         shutil.copy(HERE / FILES[case], folder / FILES[case])
-        conds = encode_all(nodes, FILES[case], config)
+        conds = encode_all(nodes, FILES[case], config, gguf_nodes if case == "Q8_0" else None)
         rows = []
-        for cond, count in zip(conds, reference["tokens"]):
+        for cond, count in conds:
             assert cond.shape == (1, max(512, count), WIDTH), cond.shape
             assert not cond[:, count:].any(), "ComfyUI zeroes the padding's states"
-            rows.append({"shape": list(cond.shape), "kept": tensor_json(cond[0, :count])})
+            rows.append({"shape": list(cond.shape), "tokens": count, "kept": tensor_json(cond[0, :count])})
         reference["cases"][case] = {"file": FILES[case], "conditioning": rows}
-        print(case, [c.shape for c in conds], [float(c.abs().max()) for c in conds])
+        print(case, [count for _, count in conds], [float(c.abs().max()) for c, _ in conds])
     (HERE / "comfy_umt5_reference.json").write_text(json.dumps(reference, indent=1) + "\n")
 
 
@@ -221,10 +321,9 @@ def _git(folder: Path) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--comfy", type=Path, default=HERE.parents[2] / "shared" / "ComfyUI")
+    parser.add_argument("--comfy", type=Path, default=Path("/work/shared/ComfyUI"))
+    parser.add_argument("--gguf-nodes", type=Path, default=Path("/work/shared/ComfyUI-GGUF"))
     args = parser.parse_args()
-    if not args.comfy.is_dir():
-        args.comfy = Path("/work/shared/ComfyUI")
     base = Path(tempfile.mkdtemp(prefix="comfy-umt5-ref-"))
     try:
         run(args, base)

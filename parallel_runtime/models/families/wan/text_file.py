@@ -1,8 +1,10 @@
 """Wan's text encoder from ONE file, as ComfyUI's CLIPLoader (type "wan") reads it from ``models/text_encoders``:
-UMT5-XXL (``umt5_xxl_fp16.safetensors``, ``umt5_xxl_fp8_e4m3fn_scaled.safetensors``; the encoder itself is read
-by ``models.t5_text_file``).
+UMT5-XXL (``umt5_xxl_fp16.safetensors``, ``umt5_xxl_fp8_e4m3fn_scaled.safetensors``), or a llama.cpp GGUF as
+ComfyUI-GGUF's CLIPLoaderGGUF reads it (``umt5-xxl-encoder-Q8_0.gguf``); the encoder itself is read by
+``models.t5_text_file`` / ``models.gguf.t5_file``.
 
-The tokenizer travels in the file: a SentencePiece model stored as the uint8 tensor ``spiece_model``. A prompt
+The tokenizer travels in the file: a SentencePiece model stored as the uint8 tensor ``spiece_model``, or in a
+GGUF the vocabulary as ``tokenizer.ggml.*`` metadata (rebuilt by ``models.gguf.spm_tokenizer``). A prompt
 is encoded as ComfyUI does for Wan (no cleaning): its pieces, the end token (1), padded with 0 to at least 512
 tokens (a longer prompt is kept whole); the encoder sees the attention mask and the states of the padding are
 zeroed. ComfyUI's prompt-weight syntax ``(word:1.2)`` is not read: the text is encoded as written.
@@ -18,7 +20,8 @@ from torch import nn
 
 from ....errors import ConfigError
 from ...base import Conditioning
-from ...t5_text_file import load_t5_text_file, safetensors_shapes, t5_sizes
+from ...t5_layout import t5_sizes
+from ...t5_text_file import load_t5_text_file, safetensors_shapes
 from ..spec import TextEncoderFile
 
 TOKENIZER_KEY = "spiece_model"
@@ -40,17 +43,32 @@ class FileTokenizer:
         return list(self.processor.encode(text))
 
 
-def _no_tokenizer(name: str) -> ConfigError:
+def _no_tokenizer(name: str, gguf: bool = False) -> ConfigError:
     return ConfigError(
-        f"{name} holds no tokenizer ({TOKENIZER_KEY})",
-        "ComfyUI's UMT5 files for Wan carry their SentencePiece tokenizer as the tensor 'spiece_model'",
-        "use Comfy-Org's umt5_xxl_fp16.safetensors or umt5_xxl_fp8_e4m3fn_scaled.safetensors",
+        f"{name} holds no tokenizer ({'tokenizer.ggml.* metadata' if gguf else TOKENIZER_KEY})",
+        "Wan's UMT5 files carry their SentencePiece tokenizer (ComfyUI's as the tensor 'spiece_model', llama.cpp's "
+        "GGUFs as tokenizer.ggml.* metadata)",
+        "use Comfy-Org's umt5_xxl_fp16.safetensors / umt5_xxl_fp8_e4m3fn_scaled.safetensors, or a UMT5 GGUF "
+        "converted by llama.cpp (umt5-xxl-encoder-Q8_0.gguf)",
     )
+
+
+def _is_gguf(path: str) -> bool:
+    return str(path).lower().endswith(".gguf")
 
 
 def check_umt5_file(path: str) -> None:
     """On the host, before any worker reads it: the file holds a UMT5 encoder and its tokenizer."""
-    if str(path).lower().endswith(".gguf"):
+    if _is_gguf(path):
+        from ...gguf.reader import GGUFFile
+        from ...gguf.t5_file import T5_ARCHITECTURES, t5_gguf_shapes
+        from ...gguf.text_model import check_text_architecture
+
+        file = GGUFFile(Path(path).expanduser())
+        check_text_architecture(file, T5_ARCHITECTURES, WHAT)
+        t5_sizes(t5_gguf_shapes(file)[1], file.path.name, WHAT)
+        if file.metadata.get("tokenizer.ggml.model") != "t5":
+            raise _no_tokenizer(file.path.name, gguf=True)
         return
     shapes = safetensors_shapes(path)
     t5_sizes(shapes, Path(path).name, WHAT)
@@ -59,8 +77,15 @@ def check_umt5_file(path: str) -> None:
 
 
 def umt5_tokenizer(path: str, tokenizer_dir: str | None = None) -> FileTokenizer:
-    """The tokenizer stored in ``path`` (``tokenizer_dir`` is not needed)."""
+    """The tokenizer stored in ``path`` (``tokenizer_dir`` is not needed): the ``spiece_model`` tensor, or a
+    GGUF's tokenizer metadata rebuilt as ComfyUI-GGUF does (``gguf.spm_tokenizer``)."""
     from ...tensor_files import SafetensorsFile
+
+    if _is_gguf(path):
+        from ...gguf.spm_tokenizer import spm_model_proto, tokenizer_metadata
+
+        name = Path(path).name
+        return FileTokenizer(spm_model_proto(tokenizer_metadata(Path(path).expanduser()), name), name)
 
     file = SafetensorsFile(Path(path).expanduser())
     if TOKENIZER_KEY not in file.entries:
