@@ -85,6 +85,8 @@ TINY_STAND_INS: dict[str, tuple[str, str]] = {
     ),
     "text_encoders/qwen_3_4b.safetensors": ("tiny-z-image", "text_encoder/model.safetensors"),
     "diffusion_models/Chroma1-HD.safetensors": ("tiny-chroma", "transformer/diffusion_pytorch_model.safetensors"),
+    "diffusion_models/sd3.5_large.safetensors": ("tiny-sd3", "transformer/diffusion_pytorch_model.safetensors"),
+    "text_encoders/clip_g.safetensors": ("tiny-sd3", "text_encoder_2/model.safetensors"),
 }
 # LoadImage's files the shipped workflows name (ComfyUI's input/)
 INPUT_IMAGES = (
