@@ -106,3 +106,25 @@ def test_every_layout_equals_single_device(cpu_pool, large, layout):
     expected = large.result()
     assert got.shape == expected.shape
     assert (got - expected).abs().max().item() <= 1e-4 * max(1.0, expected.abs().max().item())
+
+
+@pytest.mark.parametrize("variant", ["sd3.5-large", "sd3.5-medium"])
+def test_a_release_sized_file_reads_back_the_shipped_config(tmp_path, variant):
+    """Every tensor name and shape of Stability's sd3.5_large / sd3.5_medium.safetensors (computed from the shipped
+    diffusers config: 38 blocks x 2432 wide; 24 x 1536 with dual attention in blocks 0-12 and a 384-wide position
+    table), as a header-only file under ``model.diffusion_model.``: detection gives back that variant and config."""
+    from original_layout_files import same_config_value, write_header_only  # tests/ helpers
+
+    from parallel_runtime.models.families.sd3.keys import skeleton
+    from parallel_runtime.models.single_file import inspect_single_file, shipped_config
+
+    base, _ = shipped_config(variant)
+    shapes = {f"model.diffusion_model.{k}": s for k, s in skeleton(base).items()}
+    info = inspect_single_file(write_header_only(tmp_path / f"{variant.replace('-', '_')}.safetensors", shapes))
+    assert (info.family, info.variant, info.prefix) == ("sd3", variant, "model.diffusion_model.")
+    keys = ("num_layers", "num_attention_heads", "attention_head_dim", "caption_projection_dim", "joint_attention_dim")
+    keys += ("pooled_projection_dim", "pos_embed_max_size", "in_channels", "out_channels", "qk_norm")
+    for key in keys:
+        assert same_config_value(info.config[key], base[key]), key
+    dual = list(base.get("dual_attention_layers") or ())  # Large's config leaves it to diffusers' default: none
+    assert list(info.config["dual_attention_layers"]) == dual and (variant == "sd3.5-medium") == bool(dual)
