@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from .caches import ParallelBlockCache, ParallelEasyCache, ParallelLazyCache
 from .context import shared_bridge
+from .controlnet import ParallelControlNetLoader
 from .latent import ParallelEmptyLatent
 from .loader import ParallelModelLoader
 from .lora import ParallelLoraLoader
@@ -24,6 +25,7 @@ from .vae_decode import ParallelVAEDecode
 NODES = [
     ParallelModelLoader,
     ParallelLoraLoader,
+    ParallelControlNetLoader,
     ParallelTextEncode,
     ParallelEmptyLatent,
     ParallelSampler,

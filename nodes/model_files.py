@@ -11,7 +11,8 @@
   own (or at all, for a transformer-only file);
 - text-encoder files under ``models/text_encoders`` (Qwen-Image's Qwen2.5-VL, .safetensors or .gguf), for
   Parallel Text Encode;
-- LoRA ``.safetensors`` files under ``models/loras`` (the Parallel LoRA Loader's list).
+- LoRA ``.safetensors`` files under ``models/loras`` (the Parallel LoRA Loader's list);
+- ControlNet ``.safetensors`` files under ``models/controlnet`` (the Parallel ControlNet Loader's list).
 """
 
 from __future__ import annotations
@@ -177,3 +178,26 @@ def resolve_text_encoder(name: str, bridge: Bridge) -> tuple[str, str | None] | 
         candidates += [Path(root) / d for key, d in TOKENIZER_DIRS.items() if key in file.name.lower()]
     tokenizer = next((c for c in candidates if c.is_dir()), None)
     return str(file), None if tokenizer is None else str(tokenizer)
+
+
+def controlnet_choices(bridge: Bridge) -> list[str]:
+    """The .safetensors files in ComfyUI's models/controlnet folders."""
+    return _files_under(bridge, "controlnet")
+
+
+def resolve_controlnet(name: str, bridge: Bridge) -> str:
+    """The absolute path of the ControlNet file ``name`` (relative to a models/controlnet folder, or absolute)."""
+    name = (name or "").strip()
+    for root in bridge.folder_paths("controlnet"):
+        candidate = Path(root) / name
+        if name and candidate.is_file():
+            return str(candidate)
+    if os.path.isabs(name) and os.path.isfile(name):
+        return name
+    raise ConfigError(
+        f"ControlNet {name!r} was not found",
+        "the ControlNet loader looks for .safetensors files in models/controlnet (searched: "
+        + (", ".join(bridge.folder_paths("controlnet")) or "no controlnet folder is configured")
+        + ")",
+        "put the file there and refresh the page (R), or pick another ControlNet",
+    )

@@ -11,6 +11,7 @@ from ..models.base import BlockRunner, Conditioning, ModelAdapter
 from ..parallel.collectives import all_gather_cat
 from ..parallel.mesh import ParallelMesh
 from ..sampling import Guided, ModelSampling, cfg_combine, uses_uncond
+from .control import ActiveLinks, ControlChain, ControlRunner, chain_residuals, layout_tag, same_control
 from .entries import COUNT_FLOOR, ActiveWindow, Branch, CondEntry, as_branch, can_batch, concat_conditioning
 from .settings import embedded_guidance
 
@@ -51,6 +52,8 @@ class Denoiser:
         self.attention = SequenceParallelAttention(mesh, attention_backend)
         self.cfg_parallel = self.use_uncond and mesh.size("cfg") == 2
         self.denoise_mask: torch.Tensor | None = None  # a LATENT's noise mask (the model may read it)
+        self.controls: dict[str, ControlRunner] = {}  # the loaded ControlNets by file (entries' control chains)
+        self.active_links = ActiveLinks(model_sampling)
         self.evaluations = 0
 
     def _guidance(self, entry: CondEntry) -> float | None:
@@ -59,10 +62,18 @@ class Denoiser:
         return entry.guidance if entry.guidance is not None else self.guidance
 
     def _forward(
-        self, x: torch.Tensor, sigma: torch.Tensor, cond: Conditioning, guidance: torch.Tensor | None
+        self,
+        x: torch.Tensor,
+        sigma: torch.Tensor,
+        cond: Conditioning,
+        guidance: torch.Tensor | None,
+        control: ControlChain | None = None,
+        entries: int = 1,
     ) -> torch.Tensor:
-        """Denoised prediction of one batch of entries (``x`` repeated per entry)."""
-        out = self.model_output(self.model_input(x, sigma), x.shape, sigma, cond, guidance)
+        """Denoised prediction of one batch of ``entries`` entries (``x`` repeated per entry) sharing ``control``."""
+        out = self.model_output(
+            self.model_input(x, sigma), x.shape, sigma, cond, guidance, control=control, entries=entries
+        )
         return self.denoised(out, x, sigma)
 
     def model_input(self, x: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
@@ -81,16 +92,38 @@ class Denoiser:
         cond: Conditioning,
         guidance: torch.Tensor | None,
         blocks: BlockRunner | None = None,
+        control: ControlChain | None = None,
+        entries: int = 1,
     ) -> torch.Tensor:
-        """The network's output (model dtype) for the model input ``x_in`` of the latent batch ``shape``."""
+        """The network's output (model dtype) for the model input ``x_in`` of the latent batch ``shape``
+        (``entries`` conditionings sharing the ControlNets ``control``)."""
         adapter = self.adapter
         sigma_b = sigma.reshape(1).expand(shape[0])
         timestep = self.ms.timestep(sigma_b)
         if self.denoise_mask is not None:
             mask = self.denoise_mask.repeat(shape[0] // self.denoise_mask.shape[0], *([1] * (len(shape) - 1)))
             timestep = adapter.process_timestep(timestep, mask)
-        self.attention.begin_forward((tuple(shape), tuple(cond.prompt_embeds.shape)))
-        out = adapter.forward(x_in, timestep, cond, self.mesh, self.attention, guidance=guidance, blocks=blocks)
+        links = self.active_links(control, sigma)
+        self.attention.begin_forward((tuple(shape), tuple(cond.prompt_embeds.shape), layout_tag(links, self.controls)))
+        residuals = None
+        if links:  # the ControlNets run first, on the same split tokens; their residuals stay on this rank
+            main_blocks = [adapter.block(i)[0] for i in range(adapter.num_blocks)]
+            device_cond = cond.to(adapter.device, adapter.dtype)
+            residuals = chain_residuals(
+                links,
+                self.controls,
+                x_in,
+                self.ms.timestep(sigma_b),
+                device_cond,
+                guidance,
+                entries,
+                self.mesh,
+                self.attention,
+                main_blocks,
+            )
+        out = adapter.forward(
+            x_in, timestep, cond, self.mesh, self.attention, guidance=guidance, blocks=blocks, residuals=residuals
+        )
         self.evaluations += 1
         return out
 
@@ -101,13 +134,17 @@ class Denoiser:
         counts = [torch.full_like(x, COUNT_FLOOR) for _ in branches]
         while active:
             first = active[0][1].cond
-            group = [item for item in active if can_batch(item[1].cond, first)]
+            control = active[0][1].control
+            group = [
+                item for item in active if can_batch(item[1].cond, first) and same_control(item[1].control, control)
+            ]
             active = [item for item in active if not any(item is g for g in group)]
             cond = concat_conditioning(*(e.cond for _, e in group))
             guidance = None
             if self.adapter.plan.guidance_embed:
                 guidance = torch.tensor([self._guidance(e) for _, e in group for _ in range(x.shape[0])])
-            preds = self._forward(torch.cat([x] * len(group)), sigma, cond, guidance).chunk(len(group))
+            preds = self._forward(torch.cat([x] * len(group)), sigma, cond, guidance, control, len(group))
+            preds = preds.chunk(len(group))
             for (i, entry), pred in zip(group, preds):
                 sums[i] += pred * entry.strength
                 counts[i] += entry.strength

@@ -18,6 +18,7 @@ import torch
 from ..errors import ConfigError
 from ..models.base import Conditioning
 from ..sampling import ModelSampling
+from .control import ControlChain
 
 COUNT_FLOOR = 1e-37  # ComfyUI starts each branch's weight sum here, so an empty branch divides 0 by it
 
@@ -31,6 +32,7 @@ class CondEntry:
     strength: float = 1.0  # the entry's weight in its branch
     start_percent: float | None = None  # active from this fraction of the sampling (0 = start) ...
     end_percent: float | None = None  # ... until this one (1 = end)
+    control: ControlChain | None = None  # ControlNets applied to this entry (ControlNetApplyAdvanced)
 
     def __post_init__(self) -> None:
         for name in ("strength", "start_percent", "end_percent"):

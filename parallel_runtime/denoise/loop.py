@@ -7,7 +7,7 @@ split: tokens over "sp" (Ulysses x Ring, inside the adapter) and the cond/uncond
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import torch
 
@@ -26,6 +26,7 @@ from ..sampling import (
 )
 from .caching.cached_denoiser import CachedDenoiser
 from .caching.decisions import DecisionGroup
+from .control import ControlRunner, refuse_with_cache
 from .denoiser import Denoiser
 from .entries import Branch, as_branch, expand_branch
 from .settings import SamplingSettings
@@ -152,16 +153,19 @@ def denoise_latent(
     expert_2: tuple[ModelAdapter, float] | None = None,
     cache_report: CacheReport | None = None,
     decision_group: DecisionGroup | None = None,
+    controls: Mapping[str, ControlRunner] | None = None,
 ) -> torch.Tensor:
     """KSampler / KSamplerAdvanced on a raw VAE latent (ComfyUI's LATENT convention): returns the raw latent.
 
     ``positive`` / ``negative`` are a Conditioning or a branch of entries (``entries.CondEntry``).
     ``noise_mask``: the LATENT's noise mask (inpainting; Wan22ImageToVideoLatent keeps the first frame).
     ``expert_2``: (second expert, boundary sigma): it denoises below the boundary (Wan 2.2 A14B).
+    ``controls``: the loaded ControlNets (by file) the entries' control chains name (not with a cache).
     ``start_model_space`` replaces the noised start (for oracle tests that supply their own).
     The settings' ``step_cache`` / ``block_cache`` run the evaluations through those caches
     (``caching.CachedDenoiser``; ``decision_group`` replaces the ranks' decision group, for tests); then
     ``cache_report`` gets what they did."""
+    refuse_with_cache(tuple(controls or ()), settings.step_cache, settings.block_cache)
     fmt = adapter.plan.latent_format
     batch = latent_raw.shape[0]
     positive = expand_branch(as_branch(positive), batch)
@@ -192,6 +196,7 @@ def denoise_latent(
             )
             cached.append(inner)
         inner.denoise_mask = mask
+        inner.controls = dict(controls or {})
         if mask is None:
             return inner
         fill_noise = inpaint_noise(settings, noise)

@@ -16,6 +16,13 @@ def single_entry(branch: Branch | None, role: str) -> CondEntry | None:
     """The one plain entry PipeFusion runs per branch (its stale K/V buffers hold one text per branch)."""
     if branch is None:
         return None
+    if any(entry.control is not None for entry in branch):
+        raise ConfigError(
+            f"the {role} conditioning carries a ControlNet on a PipeFusion layout",
+            "PipeFusion runs the model patch by patch with stale activations; the ControlNet's residuals are "
+            "not computed per patch",
+            "use Ulysses / Ring / CFG parallelism for ControlNet graphs (a layout without PipeFusion)",
+        )
     if len(branch) != 1 or not branch[0].is_plain:
         raise ConfigError(
             f"the {role} conditioning has {len(branch)} entries or a strength / timestep range",

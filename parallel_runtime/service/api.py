@@ -30,6 +30,7 @@ from ..runtime.jobs import Job
 from ..runtime.pool import WorkerPool
 from ..runtime.pools import PoolRegistry
 from . import input_checks
+from .controlnets import check_controls
 from .host_checks import check_load_request, check_pipefusion_request, check_text_encoder_file, host_geometry
 from .image_size import FittedSize, fit_image_size
 from .load_job import load_model
@@ -335,6 +336,9 @@ class ParallelModel:
         if sigmas is None and denoise <= 0.0:  # KSampler: no sigmas, the input latent comes back
             return torch.zeros(shape) if latent is None else latent.float().clone()
         self.check_latent_size(shape[-2], shape[-1])
+        check_controls(
+            self.family, self.latent_channels, self.config, shape, positive_branch, negative_branch, caches=self.caches
+        )
         check_branches_for_layout(self.config, cfg, positive_branch, negative_branch, sampler_name)
         expected, negative_runs = self.expected_conditioning(), runs_negative(cfg, negative_branch, sampler_name)
         check_conditioning_fits(expected, positive_branch, shape[0], "positive", self.family)

@@ -4,8 +4,9 @@ ComfyUI's CONDITIONING is a list of entries ``[embeddings [B,T,D], {"pooled_outp
 "guidance": float, ...}]``. Every entry becomes a ``CondEntry`` with what KSampler honours of its
 options: Flux guidance (FluxGuidance), strength (ConditioningSetAreaStrength) and the timestep range
 (ConditioningSetTimestepRange); several entries (ConditioningCombine) are averaged as KSampler does.
-Options the parallel sampler cannot honour (areas, masks, ControlNet, ...) are refused instead of
-ignored.
+A ControlNet chain (ControlNetApplyAdvanced with Parallel ControlNet Loader) is read with its hints
+encoded at the latent's size (``comfy_control.read_control``). Options the parallel sampler cannot honour
+(areas, masks, ...) are refused instead of ignored.
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ if TYPE_CHECKING:
 UNSUPPORTED_KEYS = {
     "area": "an area (Conditioning Set Area)",
     "mask": "a mask (Conditioning Set Mask)",
-    "control": "a ControlNet",
     "gligen": "GLIGEN boxes",
     "hooks": "conditioning hooks",
     "reference_latents": "reference latents (Kontext / edit models)",
@@ -64,21 +64,37 @@ def _comfy_encoders(family: str, fallback: str) -> str:
 
 
 def to_branch(
-    conditioning: Any, expected: Mapping[str, int | None], family: str, role: str = "positive"
+    conditioning: Any,
+    expected: Mapping[str, int | None],
+    family: str,
+    role: str = "positive",
+    latent_shape: tuple[int, ...] | None = None,
 ) -> tuple[CondEntry, ...]:
     """One ComfyUI CONDITIONING -> its entries (``CondEntry``), each checked against the model.
 
-    ``expected`` is ``ParallelModel.expected_conditioning()``: ``{"embed_dim", "pooled_dim"}``."""
+    ``expected`` is ``ParallelModel.expected_conditioning()``: ``{"embed_dim", "pooled_dim"}``; ``latent_shape``
+    the sampled latent's (a ControlNet's hint is encoded at its size)."""
     if not isinstance(conditioning, (list, tuple)) or not conditioning:
         raise ConfigError(
             f"the {role} input is not a CONDITIONING (got {type(conditioning).__name__})",
             "the sampler needs ComfyUI conditioning: a list of [embeddings, options] pairs",
             f"connect a text encoder (Parallel Text Encode) to {role}",
         )
-    return tuple(_entry(entry, expected, family, role, i, len(conditioning)) for i, entry in enumerate(conditioning))
+    return tuple(
+        _entry(entry, expected, family, role, i, len(conditioning), latent_shape)
+        for i, entry in enumerate(conditioning)
+    )
 
 
-def _entry(entry: Any, expected: Mapping[str, int | None], family: str, role: str, index: int, count: int):
+def _entry(
+    entry: Any,
+    expected: Mapping[str, int | None],
+    family: str,
+    role: str,
+    index: int,
+    count: int,
+    latent_shape: tuple[int, ...] | None = None,
+):
     import torch
 
     from ..denoise.entries import CondEntry
@@ -150,12 +166,18 @@ def _entry(entry: Any, expected: Mapping[str, int | None], family: str, role: st
     if mask is not None and mask.shape[1] != embeds.shape[1]:
         mask = None  # a mask for other tokens (e.g. a padded encoder) cannot be applied: run unmasked
     guidance = options.get("guidance")
+    control = options.get("control")
+    if control is not None:
+        from .comfy_control import read_control
+
+        control = read_control(control, latent_shape, where)
     return CondEntry(
         Conditioning(embeds.float().cpu(), pooled, mask, extras),
         guidance=None if guidance is None else float(guidance),
         strength=float(options.get("strength", 1.0)),
         start_percent=None if options.get("start_percent") is None else float(options["start_percent"]),
         end_percent=None if options.get("end_percent") is None else float(options["end_percent"]),
+        control=control,
     )
 
 

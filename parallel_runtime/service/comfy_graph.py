@@ -91,8 +91,9 @@ def sample(
     if sampler is not None:
         sampler_name, options = sampler_from_input(sampler)
     expected, family = model.expected_conditioning(), model.family
-    pos = to_branch(positive, expected, family, "positive")
-    neg = to_branch(negative, expected, family, "negative") if negative is not None else None
+    shape = tuple(samples.shape)  # a ControlNet's hint is encoded at the latent's size
+    pos = to_branch(positive, expected, family, "positive", shape)
+    neg = to_branch(negative, expected, family, "negative", shape) if negative is not None else None
     h, w = samples.shape[-2:]
     f = model.spatial_factor
     kwargs: dict[str, Any] = dict(

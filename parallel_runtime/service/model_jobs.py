@@ -14,7 +14,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..denoise.entries import Branch
+from ..denoise.entries import Branch, as_branch
 from ..denoise.loop import denoise_latent
 from ..denoise.model_sampling import model_sampling_for
 from ..denoise.settings import SamplingSettings
@@ -25,6 +25,7 @@ from ..models.lora.patcher import StackEntry
 from ..models.preview import plan_preview
 from ..runtime.cancel_points import BlockCancel
 from ..runtime.jobs import JobContext
+from .controlnets import control_files, loaded_controlnets
 from .load_job import TEXT_RANK, LoadedModel, loaded_model, text_file_placement
 from .lora_state import bring_to_stack
 
@@ -146,6 +147,8 @@ def generate(
     bring_to_stack(model, loras, "transformer")
     memory = _MemoryReports(ctx)
     adapter = model.adapter
+    files = control_files(as_branch(positive), as_branch(negative))
+    controls = loaded_controlnets(ctx, adapter, files) if files and model.stages is None else {}
     ms = model_sampling_for(adapter, settings.model_sampling)
     if model.stages is not None:
         from ..pipefusion.pipeline import PipeFusionSettings, run_pipefusion
@@ -218,6 +221,7 @@ def generate(
             noise_mask=None if noise_mask is None else noise_mask.to(ctx.device),
             expert_2=model.expert_2,
             cache_report=lambda summaries: ctx.emit("cache", summaries),
+            controls=controls,
         )
     finally:
         for expert in experts:

@@ -1,0 +1,229 @@
+"""Flux ControlNets in the InstantX / Union layout (diffusers' FluxControlNetModel file), run split like the
+main model.
+
+What ComfyUI 0.3.64 computes for such a file (numbers matched, see tests/test_controlnet_flux.py):
+- the noisy latent and the hint latent are each padded to whole 2x2 patches (circularly) and packed like the
+  main model's input; the image tokens are ``x_embedder(x) + controlnet_x_embedder(hint)``;
+- time, guidance and pooled text embed as in the main model; a union file's mode (SetUnionControlNetType)
+  is one more text token in front of the text (``controlnet_mode_embedder``, position id 0); no mode, no token;
+- after each double block the image tokens pass ``controlnet_blocks[i]``, after each single block
+  ``controlnet_single_blocks[i]``; ComfyUI spreads them over the 19 double / 38 single blocks of a full-size
+  FLUX.1 (each ControlNet block serves ``ceil(19 / its double blocks)`` consecutive main blocks, likewise for
+  single blocks), whatever the main model's depth, and a main block past those counts gets nothing.
+
+On a mesh the ControlNet's token sequences are split over "sp" exactly as the main model's (its image tokens
+with the same split sizes), its joint attention goes through the same sequence-parallel attention, and each
+rank returns the residuals of the image tokens it holds: nothing is gathered.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+
+from ....errors import ConfigError
+from ...base import Activations, AttentionScope, Conditioning, LatentFormat, ModelAdapter, ModelPlan, shard_activations
+from ...controlnet_kind import FLUX_INSTANTX, ControlNetFile
+from . import ID
+from .adapter import FluxAdapter, image_ids
+from .latent import latent_format as flux_latent_format
+
+FULL_DOUBLE, FULL_SINGLE = 19, 38  # FLUX.1's blocks, over which ComfyUI spreads a ControlNet's residuals
+DOUBLE_LIST, SINGLE_LIST = "transformer_blocks", "single_transformer_blocks"
+
+
+class _ControlBlocks(FluxAdapter):
+    """The ControlNet's Flux blocks driven like the main model's (plan, patchify, joint attention per block)."""
+
+    @classmethod
+    def make_plan(cls, config: Any, latent_format: LatentFormat | None) -> ModelPlan:
+        fields = {k: config[k] for k in ("patch_size", "in_channels", "guidance_embeds")}
+        return super().make_plan(SimpleNamespace(out_channels=None, **fields), latent_format)
+
+
+def config_from_state(state: dict[str, Any], axes_dims_rope: Sequence[int]) -> dict[str, Any]:
+    """FluxControlNetModel's config read from a state dict's shapes (``state`` values need ``.shape`` only)."""
+
+    def count(prefix: str) -> int:
+        pattern = re.compile(re.escape(prefix) + r"\.(\d+)\.")
+        return len({m.group(1) for k in state if (m := pattern.match(k))})
+
+    inner, in_channels = state["x_embedder.weight"].shape
+    head_dim = state["transformer_blocks.0.attn.norm_q.weight"].shape[0]
+    mode = state.get("controlnet_mode_embedder.weight")
+    return {
+        "patch_size": 1,
+        "in_channels": int(in_channels),
+        "num_layers": count(DOUBLE_LIST),
+        "num_single_layers": count(SINGLE_LIST),
+        "attention_head_dim": int(head_dim),
+        "num_attention_heads": int(inner) // int(head_dim),
+        "joint_attention_dim": int(state["context_embedder.weight"].shape[1]),
+        "pooled_projection_dim": int(state["time_text_embed.text_embedder.linear_1.weight"].shape[1]),
+        "guidance_embeds": "time_text_embed.guidance_embedder.linear_1.weight" in state,
+        "axes_dims_rope": [int(a) for a in axes_dims_rope],
+        "num_mode": None if mode is None else int(mode.shape[0]),
+    }
+
+
+class FluxControlNet:
+    """A loaded InstantX / Union Flux ControlNet beside a Flux main model (``ControlRunner``)."""
+
+    def __init__(self, model: torch.nn.Module, main: ModelAdapter):
+        self.model = model
+        self.blocks = _ControlBlocks(model, main.plan.latent_format)
+        self.main = main
+        self.union = getattr(model, "controlnet_mode_embedder", None) is not None
+
+    @classmethod
+    def load(cls, path: str | Path, main: ModelAdapter) -> FluxControlNet:
+        from diffusers.models.controlnets.controlnet_flux import FluxControlNetModel
+        from safetensors.torch import load_file
+
+        state = load_file(str(path))
+        config = config_from_state(state, main.transformer.config.axes_dims_rope)
+        if config["attention_head_dim"] != sum(config["axes_dims_rope"]):
+            raise ConfigError(
+                f"the ControlNet {Path(path).name} has {config['attention_head_dim']}-wide attention heads, the "
+                f"model's rotary axes cover {sum(config['axes_dims_rope'])}",
+                "a Flux ControlNet runs the main model's block layout and position encoding",
+                "use a ControlNet made for this Flux model",
+            )
+        with torch.device("meta"):
+            model = FluxControlNetModel(**config)
+        model.load_state_dict(state, strict=True, assign=True)
+        model = model.to(main.device, main.dtype).eval().requires_grad_(False)
+        return cls(model, main)
+
+    def layout_tag(self, control_type: Sequence[int]) -> tuple:
+        return ("flux-controlnet", len(control_type) if self.union else 0)
+
+    def _embed(
+        self,
+        x: torch.Tensor,
+        timestep: torch.Tensor,
+        cond: Conditioning,
+        guidance: torch.Tensor | None,
+        hint: torch.Tensor,
+        control_type: Sequence[int],
+    ) -> Activations:
+        m, blocks = self.model, self.blocks
+        rows, cols = blocks.grid_of(x)
+        img = m.x_embedder(blocks.patchify(x)) + m.controlnet_x_embedder(blocks.patchify(hint))
+        ts = timestep.to(img.dtype) * 1000
+        if blocks.plan.guidance_embed:  # ComfyUI's Flux default 3.5 when the main model takes no guidance
+            g = torch.full_like(ts, 3500.0) if guidance is None else guidance.to(img.dtype) * 1000
+            temb = m.time_text_embed(ts, g, cond.pooled)
+        else:
+            temb = m.time_text_embed(ts, cond.pooled)
+        txt = m.context_embedder(cond.prompt_embeds)
+        if self.union and len(control_type):
+            modes = torch.tensor(list(control_type), device=txt.device)
+            mode = m.controlnet_mode_embedder(modes).to(txt.dtype)
+            txt = torch.cat([mode.unsqueeze(0).expand(txt.shape[0], -1, -1), txt], dim=1)
+        return Activations(
+            img=img,
+            txt=txt,
+            temb=temb,
+            temb_out=temb,
+            grid=(rows, cols),
+            txt_tokens=txt.shape[1],
+            img_rope=m.pos_embed(image_ids(rows, cols, x.device)),
+            txt_rope=m.pos_embed(torch.zeros(txt.shape[1], 3, device=x.device)),
+        )
+
+    def residuals(
+        self,
+        x: torch.Tensor,
+        timestep: torch.Tensor,
+        cond: Conditioning,
+        guidance: torch.Tensor | None,
+        hint: torch.Tensor,
+        control_type: Sequence[int],
+        mesh: Any,
+        attention: AttentionScope,
+        main_blocks: Sequence[str],
+    ) -> list[torch.Tensor | None]:
+        """Residuals of this rank's image tokens after each of ``main_blocks`` (the main model's block lists,
+        in execution order); ``x`` is the model input (ComfyUI's ``calculate_input``), ``timestep`` the sigma."""
+        blocks = self.blocks
+        dtype, device = blocks.dtype, blocks.device
+        hint = hint.to(device, dtype)
+        if hint.shape[-2:] != x.shape[-2:]:
+            raise ConfigError(
+                f"a ControlNet hint of {hint.shape[-2]}x{hint.shape[-1]} for a {x.shape[-2]}x{x.shape[-1]} latent",
+                "the hint image is scaled to the latent's size before it is encoded",
+                "encode the hint at the latent's size (the sampler node does this)",
+            )
+        x = blocks.pad_to_patch(x.to(device, dtype))
+        hint = blocks.pad_to_patch(hint)
+        acts = self._embed(
+            x,
+            timestep.to(device),
+            cond.to(device, dtype),
+            None if guidance is None else guidance.to(device),
+            hint,
+            control_type,
+        )
+        acts = shard_activations(acts, blocks.plan.splits, mesh)
+        doubles: list[torch.Tensor] = []
+        singles: list[torch.Tensor] = []
+        for i in range(blocks.num_blocks):
+            name, _ = blocks.block(i)
+            acts = blocks.run_block(acts, i, attention)
+            if name == DOUBLE_LIST:
+                doubles.append(self.model.controlnet_blocks[len(doubles)](acts.img))
+            else:
+                singles.append(self.model.controlnet_single_blocks[len(singles)](acts.img))
+        return spread(doubles, singles, main_blocks)
+
+
+def spread(doubles: list[torch.Tensor], singles: list[torch.Tensor], main_blocks: Sequence[str]) -> list:
+    """Each main block's residual: ControlNet block ``i // ceil(19 / len(doubles))`` for double block i < 19,
+    likewise over 38 single blocks (ComfyUI's spread over a full-size FLUX.1)."""
+    out: list[torch.Tensor | None] = []
+    d = s = 0
+    for name in main_blocks:
+        if name == DOUBLE_LIST:
+            repeat = math.ceil(FULL_DOUBLE / len(doubles)) if doubles else 0
+            out.append(doubles[d // repeat] if doubles and d < FULL_DOUBLE else None)
+            d += 1
+        else:
+            repeat = math.ceil(FULL_SINGLE / len(singles)) if singles else 0
+            out.append(singles[s // repeat] if singles and s < FULL_SINGLE else None)
+            s += 1
+    return out
+
+
+def describe_instantx(path: Path, shapes: dict[str, list[int]]) -> ControlNetFile:
+    """A Flux InstantX / Union file's facts from its tensor shapes (a 17-channel inpainting one refused)."""
+    _, in_channels = shapes["x_embedder.weight"]
+    hint_in = shapes["controlnet_x_embedder.weight"][1]
+    if hint_in != in_channels:
+        raise ConfigError(
+            f"ControlNet file {path.name} takes {hint_in // 4} hint channels (the model's latent has "
+            f"{in_channels // 4})",
+            "a 17-channel Flux ControlNet is an inpainting ControlNet: its hint carries a mask channel",
+            "use a Flux ControlNet whose hint is the plain latent (Union, canny, depth)",
+        )
+    mode = shapes.get("controlnet_mode_embedder.weight")
+
+    def count(prefix: str) -> int:
+        return len({k.split(".")[1] for k in shapes if k.startswith(prefix + ".")})
+
+    return ControlNetFile(
+        path=str(path),
+        kind=FLUX_INSTANTX,
+        family=ID,
+        union_modes=0 if mode is None else int(mode[0]),
+        hint_channels=int(hint_in) // 4,
+        double_blocks=count("transformer_blocks"),
+        single_blocks=count("single_transformer_blocks"),
+        hint_format=flux_latent_format(int(hint_in) // 4),  # ComfyUI: latent_formats.Flux() for these files
+    )

@@ -1,0 +1,43 @@
+"""A ControlNet hint image made into the latent the ControlNet reads, as ComfyUI 0.3.64 prepares it at
+sampling time: the image is cropped to the latent's aspect ratio about its centre, resized (nearest-exact)
+to the latent's size times the VAE's downscale, encoded with the VAE given to the apply node, and put in
+the ControlNet's model space (its latent format)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import ConfigError
+
+
+def fit_to(image: Any, width: int, height: int) -> Any:
+    """``image`` [B, C, H, W] cropped symmetrically to the aspect ratio ``width / height`` (the longer side
+    loses ``round(excess / 2)`` on each end) and resized to ``height x width`` by nearest-exact sampling."""
+    import torch.nn.functional as F
+
+    h, w = image.shape[-2:]
+    have, want = w / h, width / height
+    cut_w = round((w - w * (want / have)) / 2) if have > want else 0
+    cut_h = round((h - h * (have / want)) / 2) if have < want else 0
+    kept = image[..., cut_h : h - cut_h, cut_w : w - cut_w]
+    return F.interpolate(kept, size=(height, width), mode="nearest-exact")
+
+
+def encode_hint(image: Any, vae: Any, latent_shape: tuple[int, ...], hint_format: Any) -> Any:
+    """The hint latent [B, C, h, w] in model space for a latent of ``latent_shape`` ([B, C, h, w])."""
+    import torch
+
+    if not isinstance(image, torch.Tensor) or image.ndim != 4:
+        raise ConfigError(
+            f"a ControlNet hint of {type(image).__name__} {tuple(getattr(image, 'shape', ()))}",
+            "the hint is an IMAGE, which the apply node hands on as [batch, channels, height, width]",
+            "connect an IMAGE to Apply ControlNet",
+        )
+    factor = int(vae.spacial_compression_encode()) if hasattr(vae, "spacial_compression_encode") else 8
+    h, w = latent_shape[-2:]
+    with torch.no_grad():
+        pixels = fit_to(image.float(), w * factor, h * factor)
+        latent = vae.encode(pixels.movedim(1, -1))
+    if latent.ndim == 5:  # a video VAE's one frame
+        latent = latent[:, :, 0]
+    return hint_format.to_model(latent.float().cpu()).contiguous()

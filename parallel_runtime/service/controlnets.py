@@ -1,0 +1,99 @@
+"""ControlNets of a sampling job: checked on the host before anything is sent, loaded on the workers.
+
+Each worker keeps the ControlNets the last job used (keyed by file and the main model they sit beside) and
+loads the ones a new job names; a ControlNet no job names any more is dropped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from ..denoise.caching.specs import Caches
+from ..denoise.control import ControlRunner, refuse_with_cache
+from ..denoise.entries import Branch
+from ..errors import ConfigError
+from ..models.controlnet_files import describe_controlnet, load_controlnet
+from ..models.controlnet_kind import ControlNetFile
+from ..parallel.config import ParallelConfig
+from ..runtime.jobs import JobContext
+
+STATE_KEY = "controlnets"
+
+
+def control_files(*branches: Branch | None) -> tuple[str, ...]:
+    """Every ControlNet file the branches' entries name, once each, in order."""
+    files: dict[str, None] = {}
+    for branch in branches:
+        for entry in branch or ():
+            if entry.control is not None:
+                files.update(dict.fromkeys(entry.control.files))
+    return tuple(files)
+
+
+def check_controls(
+    family: str,
+    latent_channels: int,
+    config: ParallelConfig,
+    shape: tuple[int, ...],
+    *branches: Branch | None,
+    caches: Caches | None = None,
+) -> dict[str, ControlNetFile]:
+    """Each ControlNet against the model, the layout, the model's caches and the latent (what, why, fix)
+    before any job."""
+    infos: dict[str, ControlNetFile] = {}
+    files = control_files(*branches)
+    if caches is not None:
+        refuse_with_cache(files, caches.step, caches.block)
+    for file in files:
+        info = describe_controlnet(file)
+        if info.family != family:
+            raise ConfigError(
+                f"the ControlNet {info.name} controls {info.family} models, this model is {family}",
+                "a ControlNet adds residuals to the blocks of the model family it was trained with",
+                f"use a ControlNet made for {family}",
+            )
+        if config.pp > 1:
+            raise ConfigError(
+                f"a ControlNet ({info.name}) on a PipeFusion layout",
+                "PipeFusion runs the model patch by patch with stale activations; the ControlNet's residuals are "
+                "not computed per patch",
+                "use Ulysses / Ring / CFG parallelism for ControlNet graphs (a layout without PipeFusion)",
+            )
+        infos[file] = info
+    for branch in branches:
+        for entry in branch or ():
+            for link in entry.control.links if entry.control is not None else ():
+                _check_link(infos[link.file], link, latent_channels, shape)
+    return infos
+
+
+def _check_link(info: ControlNetFile, link: Any, latent_channels: int, shape: tuple[int, ...]) -> None:
+    hint = link.hint
+    if hint.shape[1] != info.hint_channels or tuple(hint.shape[-2:]) != tuple(shape[-2:]):
+        raise ConfigError(
+            f"the ControlNet {info.name} got a hint latent of shape {list(hint.shape)} for a latent of "
+            f"shape {list(shape)}",
+            f"the hint is the control image encoded at the latent's size into {info.hint_channels} channels",
+            "connect the model's VAE to the ControlNet apply node (the sampler encodes the image at the latent's size)",
+        )
+    for value in link.control_type:
+        if not 0 <= value < info.union_modes:
+            raise ConfigError(
+                f"control type {value} for the ControlNet {info.name}, which has "
+                f"{info.union_modes or 'no'} control types",
+                "a union ControlNet embeds its control type; other ControlNets take none",
+                "set SetUnionControlNetType to a type the file knows (or 'auto')",
+            )
+
+
+def loaded_controlnets(ctx: JobContext, main: Any, files: Iterable[str]) -> dict[str, ControlRunner]:
+    """The runners of ``files`` on this worker beside the main adapter ``main`` (loaded when missing)."""
+    cache: dict[tuple[str, int], ControlRunner] = ctx.state.setdefault(STATE_KEY, {})
+    wanted = {(file, id(main)) for file in files}
+    for key in [k for k in cache if k not in wanted]:
+        del cache[key]
+    for file, owner in wanted:
+        if (file, owner) not in cache:
+            cache[(file, owner)] = load_controlnet(describe_controlnet(file), main)
+    return {file: cache[(file, id(main))] for file in files}

@@ -1,0 +1,159 @@
+"""Regenerate tests/data/comfy_controlnet_reference.json with ComfyUI 0.3.64's OWN ControlNet graph.
+
+Run by hand (not in CI) with the Python that imports ComfyUI:
+
+    PYTHONDONTWRITEBYTECODE=1 ~/.cache/dit-parallel/comfyui-venv-*/bin/python \
+        tests/data/make_comfy_controlnet_reference.py --comfy /work/shared/ComfyUI
+
+The graph per case: ``UNETLoader`` (tests/data/comfy_ref_flux_dev.safetensors, the tiny FLUX.1-dev of
+make_comfy_ksampler_reference.py, fp32) -> ``ControlNetLoader`` (tests/data/tiny_flux_controlnet_union
+.safetensors, the tiny InstantX Union file tests/controlnet_files.py builds, copied into a private
+models/controlnet) -> ``SetUnionControlNetType`` -> ``ControlNetApplyAdvanced`` (image, strength, start/end
+percent, VAE) on positive and negative, chained when a case applies two -> ``KSampler``. The VAE on the
+apply node is tests/data/controlnet_hint_vae.py's stand-in (ComfyUI's Flux VAE is full size). The same
+detection overrides as the KSampler reference let ComfyUI's detection read the tiny widths (it hard-codes
+FLUX.1's). Nothing from this repository's engine is imported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from comfy_reference_models import detection_overrides, import_comfy, randn  # noqa: E402
+from comfy_setup import tensor_json  # noqa: E402
+from controlnet_hint_vae import HintVAE, hint_image  # noqa: E402
+
+COMFY_COMMIT = "a125cd84b054a57729b5eecab930ca9408719832"  # /work/shared/COMFYUI.md
+JSON_NAME = "comfy_controlnet_reference.json"
+MODEL_FILE = "comfy_ref_flux_dev.safetensors"
+CONTROLNET_FILE = "tiny_flux_controlnet_union.safetensors"
+HINTS = {"edges": (1, 36, 60), "depth": (2, 40, 40)}  # name -> (seed, height, width): other sizes than the latent's
+
+# name, what, positive tokens, negative tokens, cfg, steps, [(hint, union type, strength, start, end)]
+CASES = (
+    (
+        "union_canny",
+        "Union canny 0.8, cfg 2, texts of 5 and 3 tokens (branches run apart)",
+        5,
+        3,
+        2.0,
+        4,
+        [("edges", "canny/lineart/anime_lineart/mlsd", 0.8, 0.0, 1.0)],
+    ),
+    (
+        "union_depth_batched",
+        "Union depth 1.0, cfg 2, both texts 4 tokens (one batch, one ControlNet call)",
+        4,
+        4,
+        2.0,
+        4,
+        [("depth", "depth", 1.0, 0.0, 1.0)],
+    ),
+    (
+        "chained",
+        "depth 0.7 over 0..0.6, then the same file without a type 0.5 over 0.3..1",
+        5,
+        3,
+        1.5,
+        5,
+        [("depth", "depth", 0.7, 0.0, 0.6), ("edges", "auto", 0.5, 0.3, 1.0)],
+    ),
+    (
+        "union_cfg1",
+        "Union canny 1.2, cfg 1 (the negative never runs)",
+        5,
+        3,
+        1.0,
+        3,
+        [("edges", "canny/lineart/anime_lineart/mlsd", 1.2, 0.0, 1.0)],
+    ),
+)
+LATENT = (48, 32)  # EmptyLatentImage width, height -> a [1, 16, 4, 6] latent
+
+
+def text(name: str, tokens: int) -> list:
+    return [[randn(f"cond/{name}", (1, tokens, 32)), {"pooled_output": randn(f"pooled/{name}", (1, 24))}]]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--comfy", type=Path, default=Path("/work/shared/ComfyUI"))
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    tensors: dict[str, torch.Tensor] = {}
+    records = []
+    with tempfile.TemporaryDirectory(prefix="comfy-base-") as base:
+        (Path(base) / "models" / "controlnet").mkdir(parents=True)
+        shutil.copy(HERE / CONTROLNET_FILE, Path(base) / "models" / "controlnet" / CONTROLNET_FILE)
+        c = import_comfy(args.comfy.resolve(), Path(base))
+        overrides = detection_overrides(c)
+        import comfy_extras.nodes_controlnet as nodes_controlnet
+
+        model = c.comfy.sd.load_diffusion_model(str(HERE / MODEL_FILE), model_options={"dtype": torch.float32})
+        (controlnet,) = c.nodes.ControlNetLoader().load_controlnet(CONTROLNET_FILE)
+        control_dtype = str(controlnet.control_model.dtype)
+        images = {name: hint_image(*spec) for name, spec in HINTS.items()}
+        for name, image in images.items():
+            tensors[f"hint.{name}"] = image
+        for name, what, pos_tokens, neg_tokens, cfg, steps, applies in CASES:
+            positive, negative = text(f"{name}/pos", pos_tokens), text(f"{name}/neg", neg_tokens)
+            tensors[f"{name}.pos"], tensors[f"{name}.pos_pooled"] = positive[0][0], positive[0][1]["pooled_output"]
+            tensors[f"{name}.neg"], tensors[f"{name}.neg_pooled"] = negative[0][0], negative[0][1]["pooled_output"]
+            vae = HintVAE()
+            for hint, union_type, strength, start, end in applies:
+                (typed,) = nodes_controlnet.SetUnionControlNetType().set_controlnet_type(controlnet, union_type)
+                positive, negative = c.nodes.ControlNetApplyAdvanced().apply_controlnet(
+                    positive, negative, typed, images[hint], strength, start, end, vae=vae
+                )
+            (latent,) = c.nodes.EmptyLatentImage().generate(*LATENT, 1)
+            with torch.no_grad():
+                (out,) = c.nodes.KSampler().sample(
+                    model, 7, steps, cfg, "euler", "simple", positive, negative, latent, denoise=1.0
+                )
+            tensors[f"{name}.expected"] = out["samples"]
+            records.append(
+                {
+                    "name": name,
+                    "what": what,
+                    "cfg": cfg,
+                    "steps": steps,
+                    "seed": 7,
+                    "sampler_name": "euler",
+                    "scheduler": "simple",
+                    "latent": list(LATENT),
+                    "applies": [
+                        dict(zip(("hint", "type", "strength", "start_percent", "end_percent"), a)) for a in applies
+                    ],
+                    "vae_encode_calls": vae.calls,
+                }
+            )
+            print(f"{name:24s} ok {tuple(out['samples'].shape)} vae calls {vae.calls}")
+    reference = {
+        "generator": "tests/data/make_comfy_controlnet_reference.py",
+        "comfyui": {"version": "0.3.64", "commit": COMFY_COMMIT},
+        "torch": torch.__version__,
+        "model_file": MODEL_FILE,
+        "controlnet_file": CONTROLNET_FILE,
+        "controlnet_dtype": control_dtype,
+        "detection_overrides": overrides,
+        "cases": records,
+        "tensors": {k: tensor_json(v) for k, v in sorted(tensors.items())},
+    }
+    out_path = HERE / JSON_NAME
+    out_path.write_text(json.dumps(reference, indent=1) + "\n", encoding="utf-8")
+    print(f"wrote {out_path} ({out_path.stat().st_size} bytes)")
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONDONTWRITEBYTECODE", "1")
+    main()
