@@ -24,7 +24,7 @@ from typing import Protocol
 import torch
 
 from ..errors import ConfigError
-from ..models.base import AttentionScope, Conditioning
+from ..models.base import Activations, AttentionScope, Conditioning, ModelAdapter
 from ..parallel.mesh import ParallelMesh
 from ..sampling import ModelSampling
 from .caching.specs import BlockCacheSpec, StepCacheSpec
@@ -189,6 +189,32 @@ def chain_residuals(
         else:
             total = [a if b is None else b if a is None else a + b for a, b in zip(total, scaled)]
     return total
+
+
+@dataclasses.dataclass(frozen=True)
+class AddResiduals:
+    """A ``BlockRunner`` for ``ModelAdapter.forward``: every block in order, adding ``residuals[i]`` (this
+    rank's share of the image tokens, or None) to the image tokens after block ``i``."""
+
+    residuals: Sequence[torch.Tensor | None]
+
+    def __call__(self, adapter: ModelAdapter, acts: Activations, attention: AttentionScope) -> Activations:
+        if acts.ref_tokens:
+            raise ConfigError(
+                f"{adapter.family}: a ControlNet together with {acts.ref_tokens} reference-image tokens",
+                "the ControlNet's tokens are split like the image's alone; with reference images in the sequence "
+                "the shards would not line up",
+                "sample reference images (Kontext / edit models) or a ControlNet, not both in one sampler",
+            )
+        hook = adapter.block_hook
+        for i in range(adapter.num_blocks):
+            acts = adapter.run_block(acts, i, attention)
+            residual = self.residuals[i]
+            if residual is not None:
+                acts = acts.replace(img=acts.img + residual.to(acts.img.dtype))
+            if hook is not None:
+                hook()
+        return acts
 
 
 def layout_tag(links: Sequence[ControlLink], runners: Mapping[str, ControlRunner]) -> tuple:

@@ -11,7 +11,7 @@ from ..models.base import BlockRunner, Conditioning, ModelAdapter
 from ..parallel.collectives import all_gather_cat
 from ..parallel.mesh import ParallelMesh
 from ..sampling import Guided, ModelSampling, cfg_combine, uses_uncond
-from .control import ActiveLinks, ControlChain, ControlRunner, chain_residuals, layout_tag, same_control
+from .control import ActiveLinks, AddResiduals, ControlChain, ControlRunner, chain_residuals, layout_tag, same_control
 from .entries import COUNT_FLOOR, ActiveWindow, Branch, CondEntry, as_branch, can_batch, concat_conditioning
 from .settings import embedded_guidance
 
@@ -121,9 +121,9 @@ class Denoiser:
                 self.attention,
                 main_blocks,
             )
-        out = adapter.forward(
-            x_in, timestep, cond, self.mesh, self.attention, guidance=guidance, blocks=blocks, residuals=residuals
-        )
+        if residuals is not None:  # added after their blocks (a cache's runner is refused with a ControlNet)
+            blocks = AddResiduals(residuals)
+        out = adapter.forward(x_in, timestep, cond, self.mesh, self.attention, guidance=guidance, blocks=blocks)
         self.evaluations += 1
         return out
 

@@ -405,26 +405,6 @@ class ModelAdapter(abc.ABC):
                 hook()
         return acts
 
-    def run_blocks_with(
-        self, acts: Activations, attention: AttentionScope, residuals: Sequence[torch.Tensor | None]
-    ) -> Activations:
-        """All blocks, adding ``residuals[i]`` (this rank's image tokens' share, or None) after block ``i``."""
-        if acts.ref_tokens:
-            raise ConfigError(
-                f"{self.family}: a ControlNet together with {acts.ref_tokens} reference-image tokens",
-                "the ControlNet's tokens are split like the image's alone; with reference images in the sequence "
-                "the shards would not line up",
-                "sample reference images (Kontext / edit models) or a ControlNet, not both in one sampler",
-            )
-        hook = self.block_hook
-        for i in range(self.num_blocks):
-            acts = self.run_block(acts, i, attention)
-            if residuals[i] is not None:
-                acts = acts.replace(img=acts.img + residuals[i].to(acts.img.dtype))
-            if hook is not None:
-                hook()
-        return acts
-
     def final(self, acts: Activations, mesh: ParallelMesh) -> torch.Tensor:
         """Prediction [B, latent_channels, (T,) H, W] in model space (the stacked view for a band's 2-D grid
         of a video family), gathered on every sp rank."""
@@ -442,20 +422,15 @@ class ModelAdapter(abc.ABC):
         attention: AttentionScope,
         guidance: torch.Tensor | float | None = None,
         blocks: BlockRunner | None = None,
-        residuals: Sequence[torch.Tensor | None] | None = None,
     ) -> torch.Tensor:
         """embed + all blocks + final. A latent that is not a multiple of the patch size is padded
         circularly to the next multiple and the prediction cropped back (ComfyUI's models do the same,
         ``comfy.ldm.common_dit.pad_to_patch_size``) when the plan allows it (``pads_to_patch``).
-        ``blocks`` runs the blocks instead of :meth:`run_blocks` (e.g. a block cache); ``residuals``: per block, a
-        tensor added to this rank's image tokens after it (a ControlNet's; not together with ``blocks``)."""
+        ``blocks`` runs the blocks instead of :meth:`run_blocks` (e.g. a block cache)."""
         h, w = x.shape[-2:]
         x = self.pad_to_patch(x)
         acts = self.embed(x, timestep, cond, mesh, guidance)
-        if residuals is not None:
-            acts = self.run_blocks_with(acts, attention, residuals)
-        else:
-            acts = self.run_blocks(acts, attention) if blocks is None else blocks(self, acts, attention)
+        acts = self.run_blocks(acts, attention) if blocks is None else blocks(self, acts, attention)
         return self.final(acts, mesh)[..., :h, :w]
 
     def pad_to_patch(self, x: torch.Tensor) -> torch.Tensor:
