@@ -43,6 +43,13 @@ def conditioning_keys(family_id: str) -> tuple[str, ...]:
     return spec.comfy_conditioning.keys if spec is not None and spec.comfy_conditioning is not None else ()
 
 
+def check_extras(family_id: str, extras: Any, expected: Mapping[str, int | None], where: str) -> None:
+    """The family's check that one entry's ``Conditioning.extras`` suit the model (raises ConfigError)."""
+    spec = find_family(family_id)
+    if spec is not None and spec.comfy_conditioning is not None and spec.comfy_conditioning.check_extras:
+        spec.comfy_conditioning.check_extras(extras, expected, where)
+
+
 def conditioning_extras(family_id: str, options: Mapping[str, Any], expected: Mapping[str, int | None], where: str):
     """What the family adds to the runtime Conditioning from one entry's ``options`` (``Conditioning.extras``;
     None when it adds nothing)."""

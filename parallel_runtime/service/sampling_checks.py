@@ -19,6 +19,7 @@ from ..pipefusion.block_cache_stage import STEP_CACHE_UNDER_PIPEFUSION
 from ..pipefusion.branches import single_entry
 from ..pipefusion.schedule import require_per_patch
 from ..sampling import SAMPLER_NAMES, SCHEDULER_NAMES, sampler_spec, uses_uncond
+from .families import check_extras
 from .input_checks import schedule
 
 
@@ -191,6 +192,7 @@ def _check_entry(expected: Mapping[str, int | None], entry: CondEntry, batch: in
             "the mask holds one value (1 keep, 0 drop) per text token of each prompt: [batch, tokens]",
             "pass the mask the text encoder made with these embeddings, or none",
         )
+    check_extras(family, cond.extras, expected, where)
     sizes = {name: t.shape[0] for name, t in cond.tensors().items() if t is not None}
     if any(size not in (1, batch) for size in sizes.values()):
         raise ConfigError(

@@ -38,6 +38,7 @@ HERE = Path(__file__).resolve().parent
 COMFY_COMMIT = "a125cd84b054a57729b5eecab930ca9408719832"  # /work/shared/COMFYUI.md (the snapshot has no .git)
 JSON_NAME = "comfy_fill_reference.json"
 DEV_FILE = "comfy_ref_flux_dev.safetensors"
+SIZES = ((64, 48), (72, 56))  # pixels (height, width): 8 x 6 and 9 x 7 latent pixels
 FILL_IN = 96 * 4  # Fill's img_in features: (16 + 16 + 64) channels x 2x2
 
 
@@ -94,7 +95,7 @@ def main() -> None:
         model = c.comfy.sd.load_diffusion_model(str(path), model_options={"dtype": torch.float32})
         assert type(model.model.model_config).__name__ == "FluxInpaint", type(model.model.model_config)
         vae = StandInVAE()
-        pixels = torch.rand(1, 64, 48, 3, generator=torch.Generator().manual_seed(3))  # 8 x 6 latent pixels
+        pixels = {size: torch.rand(1, *size, 3, generator=torch.Generator().manual_seed(3)) for size in SIZES}
         tensors: dict[str, torch.Tensor] = {}
         pos, neg = text("pos", 5), text("neg", 3)
         base = {"seed": 7, "steps": 3, "sampler_name": "euler", "scheduler": "simple", "denoise": 1.0}
@@ -104,13 +105,15 @@ def main() -> None:
             {**base, "name": "fill_cfg", "what": "cfg 2 (both conditionings through the node), pixel-size mask, "
              "dpmpp_2m, denoise 0.8", "cfg": 2.0, "guidance": 10.0, "mask": soft_mask(64, 48),
              "sampler_name": "dpmpp_2m", "denoise": 0.8},
+            {**base, "name": "fill_odd_size", "what": "72x56 px: a 9x7 latent, padded to whole patches with the "
+             "Fill channels", "cfg": 1.0, "guidance": 30.0, "mask": soft_mask(72, 56), "pixels": (72, 56)},
         ]  # fmt: skip
         records = []
         for case in cases:
             name = case["name"]
             (positive,) = c.nodes_flux.FluxGuidance.execute(pos, case["guidance"]).result
             positive, negative, latent = c.nodes.InpaintModelConditioning().encode(
-                positive, neg, pixels, vae, case["mask"], noise_mask=True
+                positive, neg, pixels[case.get("pixels", SIZES[0])], vae, case["mask"], noise_mask=True
             )
             with torch.no_grad():
                 (out,) = c.nodes.KSampler().sample(

@@ -110,6 +110,8 @@ class ComfyConditioning:
     keys: tuple[str, ...]  # option names the family uses (others beyond text are refused)
     to_extras: Callable[[Mapping[str, Any], Mapping[str, Any], str], ConditioningExtras | None]  # options, expected,
     # where -> the family's Conditioning.extras (None when the options hold none of its keys)
+    check_extras: Callable[[ConditioningExtras | None, Mapping[str, Any], str], None] | None = None  # extras,
+    # expected, where: raises when a conditioning's extras do not suit the model (the API's, which no parse saw)
 
 
 @dataclasses.dataclass(frozen=True)

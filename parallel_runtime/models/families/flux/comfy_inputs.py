@@ -104,4 +104,28 @@ def _fill_inputs(options: Mapping[str, Any], given: list[str], where: str):
     return FluxFillInputs(image.float().cpu(), mask.float().cpu())
 
 
-COMFY_CONDITIONING = ComfyConditioning(KEYS, flux_extras)
+def fill_extras_fit(extras: Any, expected: Mapping[str, int | None], where: str) -> None:
+    """A Fill model's entries carry Fill's inputs and no other FLUX.1 model's do (``expected["in_channels"]``
+    tells a Fill model apart; nothing is checked when it is unknown)."""
+    from .fill import FluxFillInputs, is_fill
+
+    in_channels, latent = expected.get("in_channels"), expected.get("latent_channels")
+    if not (in_channels and latent):
+        return
+    fill_model, has_inputs = is_fill(in_channels, latent, PACK), isinstance(extras, FluxFillInputs)
+    if fill_model and not has_inputs:
+        raise ConfigError(
+            f"the {where} conditioning has no inpainting image and mask for a FLUX.1 Fill model",
+            "Fill reads the image to complete and the mask of what to repaint as extra input channels",
+            "give each conditioning FluxFillInputs (InpaintModelConditioning's concat_latent_image and concat_mask)",
+        )
+    if has_inputs and not fill_model:
+        raise ConfigError(
+            f"the {where} conditioning carries an inpainting image and mask for a FLUX.1 model without extra "
+            "input channels",
+            "only FLUX.1 Fill (384 input features) reads them; this model would ignore them",
+            "load flux1-fill-dev, or inpaint with the noise mask only",
+        )
+
+
+COMFY_CONDITIONING = ComfyConditioning(KEYS, flux_extras, fill_extras_fit)
