@@ -17,6 +17,9 @@ import torch
 
 DATA = Path(__file__).resolve().parent / "data"
 FLUX_UNION = DATA / "tiny_flux_controlnet_union.safetensors"
+FLUX_XLABS = DATA / "tiny_flux_controlnet_xlabs.safetensors"
+XLABS_DOUBLE_BLOCKS = 2  # XLabs' released Flux ControlNets: 2 double blocks, no single blocks
+HINT_CONVS = 8  # the pixel hint's conv stack: 3 -> 16, then 16 -> 16 (strides 1 2 1 2 1 2 1 after the first)
 FLUX_UNION_CONFIG = {
     "patch_size": 1,
     "in_channels": 64,
@@ -35,7 +38,7 @@ FLUX_UNION_CONFIG = {
 def _value(name: str, shape: tuple[int, ...]) -> torch.Tensor:
     g = torch.Generator().manual_seed(zlib.crc32(name.encode()))
     t = torch.randn(shape, generator=g)
-    if name.endswith("norm_q.weight") or name.endswith("norm_k.weight"):
+    if name.endswith(("norm_q.weight", "norm_k.weight", "_norm.scale")):
         return 1.0 + 0.1 * t  # RMS-norm scales
     if len(shape) == 1:
         return 0.02 * t
@@ -53,6 +56,30 @@ def flux_union_state() -> dict[str, torch.Tensor]:
     return {k: _value(k, s).to(torch.float16).contiguous() for k, s in sorted(shapes.items())}
 
 
+def flux_xlabs_state() -> dict[str, torch.Tensor]:
+    """The tiny XLabs Flux ControlNet in the layout ComfyUI detects (Black Forest Labs' block names,
+    ``controlnet_blocks.N``, ``pos_embed_input``, a pixel-hint conv stack ``input_hint_block.2k``), as fp16."""
+    from parallel_runtime.models.families.flux.keys import skeleton
+
+    config = {**FLUX_UNION_CONFIG, "num_layers": XLABS_DOUBLE_BLOCKS, "num_single_layers": 0}
+    hidden = config["num_attention_heads"] * config["attention_head_dim"]
+    shapes = {k: v for k, v in skeleton(config).items() if not k.startswith("final_layer.")}
+    for i in range(XLABS_DOUBLE_BLOCKS):
+        shapes[f"controlnet_blocks.{i}.weight"], shapes[f"controlnet_blocks.{i}.bias"] = (hidden, hidden), (hidden,)
+    shapes["pos_embed_input.weight"], shapes["pos_embed_input.bias"] = (hidden, config["in_channels"]), (hidden,)
+    for k in range(HINT_CONVS):
+        shapes[f"input_hint_block.{2 * k}.weight"] = (16, 3 if k == 0 else 16, 3, 3)
+        shapes[f"input_hint_block.{2 * k}.bias"] = (16,)
+    return {k: _value(k, tuple(s)).to(torch.float16).contiguous() for k, s in sorted(shapes.items())}
+
+
+def write_flux_xlabs(path: Path = FLUX_XLABS) -> Path:
+    from safetensors.torch import save_file
+
+    save_file(flux_xlabs_state(), str(path))
+    return path
+
+
 def write_flux_union(path: Path = FLUX_UNION) -> Path:
     from safetensors.torch import save_file
 
@@ -61,4 +88,4 @@ def write_flux_union(path: Path = FLUX_UNION) -> Path:
 
 
 if __name__ == "__main__":
-    sys.exit(print(write_flux_union()))
+    sys.exit(print(write_flux_union(), write_flux_xlabs()))

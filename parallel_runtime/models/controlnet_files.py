@@ -2,7 +2,8 @@
 ``load_controlnet_state_dict`` tells them apart by their tensor names) and loading it beside a main model.
 
 Runs today: Flux InstantX / Union files (diffusers' FluxControlNetModel layout: ``controlnet_blocks.N.weight``
-and ``controlnet_x_embedder.weight``). The other kinds ComfyUI reads are named in a clear refusal.
+and ``controlnet_x_embedder.weight``) and XLabs Flux files (Black Forest Labs' ``double_blocks`` beside
+``controlnet_blocks.N.weight``). The other kinds ComfyUI reads are named in a clear refusal.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
-from .controlnet_kind import FLUX_INSTANTX, ControlNetFile
+from .controlnet_kind import FLUX_INSTANTX, FLUX_XLABS, ControlNetFile
 from .safetensors_header import read_header
 
 _OTHER_KINDS = (  # (a tensor only that kind has, what it is), in ComfyUI's order of tests
@@ -52,13 +53,17 @@ def describe_controlnet(path: str | Path) -> ControlNetFile:
         from .families.flux.controlnet import describe_instantx
 
         return describe_instantx(path, shapes)
+    if "controlnet_blocks.0.weight" in shapes and "double_blocks.0.img_attn.norm.key_norm.scale" in shapes:
+        from .families.flux.controlnet_xlabs import describe_xlabs
+
+        return describe_xlabs(path, shapes)
     what = next((w for k, w in _OTHER_KINDS if k in shapes), "not a ControlNet kind ComfyUI 0.3.64 detects")
     raise ConfigError(
         f"ControlNet file {path.name} is {what}",
         "the Parallel Sampler runs Flux ControlNets of the InstantX / Union layout (diffusers' FluxControlNetModel "
-        "file) so far",
-        "use a Flux InstantX / Union ControlNet (e.g. FLUX.1-dev-ControlNet-Union), or ComfyUI's own KSampler for "
-        "this ControlNet",
+        "file) and XLabs Flux ControlNets so far",
+        "use a Flux InstantX / Union or XLabs ControlNet (e.g. FLUX.1-dev-ControlNet-Union), or ComfyUI's own "
+        "KSampler for this ControlNet",
     )
 
 
@@ -69,4 +74,10 @@ def load_controlnet(info: ControlNetFile, main: Any) -> Any:
         from .families.flux.controlnet import FluxControlNet
 
         return FluxControlNet.load(info.path, main)
-    raise ConfigError(f"ControlNet kind {info.kind!r}", "no runner for it", "use a Flux InstantX / Union ControlNet")
+    if info.kind == FLUX_XLABS:
+        from .families.flux.controlnet_xlabs import XLabsFluxControlNet
+
+        return XLabsFluxControlNet.load(info.path, main)
+    raise ConfigError(
+        f"ControlNet kind {info.kind!r}", "no runner for it", "use a Flux InstantX / Union or XLabs ControlNet"
+    )

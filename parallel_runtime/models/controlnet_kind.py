@@ -9,6 +9,7 @@ from pathlib import Path
 from .latent_formats import LatentFormat
 
 FLUX_INSTANTX = "instantx-union"
+FLUX_XLABS = "xlabs"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -16,13 +17,20 @@ class ControlNetFile:
     """What the host knows of a ControlNet file before any worker loads it."""
 
     path: str
-    kind: str  # FLUX_INSTANTX (Flux's InstantX / Union layout)
+    kind: str  # FLUX_INSTANTX (Flux's InstantX / Union layout) or FLUX_XLABS
     family: str  # the model family it controls
     union_modes: int  # a union file's control types (0: not a union file)
-    hint_channels: int  # latent channels of the encoded hint
+    hint_channels: int  # channels of the hint the ControlNet reads (the encoded latent's, or 3 for an image)
     double_blocks: int
     single_blocks: int
-    hint_format: LatentFormat  # the hint's VAE latent -> model space (ComfyUI's ``latent_format.process_in``)
+    hint_format: LatentFormat | None  # the hint's VAE latent -> model space (``latent_format.process_in``);
+    # None: the hint is the IMAGE itself, scaled to ``pixel_scale`` x the latent (no VAE)
+    pixel_scale: int = 8
+
+    @property
+    def hint_scale(self) -> int:
+        """The hint's size over the latent's: 1 for a VAE latent, ``pixel_scale`` for an image."""
+        return 1 if self.hint_format is not None else self.pixel_scale
 
     @property
     def name(self) -> str:

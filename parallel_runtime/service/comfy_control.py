@@ -99,7 +99,8 @@ class ParallelControlNet:
 
 
 def read_control(control: Any, latent_shape: tuple[int, ...] | None, where: str) -> ControlChain:
-    """The chain on a conditioning entry, each hint scaled to the latent, VAE-encoded and put in model space."""
+    """The chain on a conditioning entry, each hint scaled to the latent, VAE-encoded and put in model space
+    (or, for a ControlNet that reads the image itself, scaled to its multiple of the latent's size)."""
     from ..denoise.control import ControlChain, ControlLink
 
     key = None if latent_shape is None else tuple(latent_shape[-2:])
@@ -136,7 +137,7 @@ def read_control(control: Any, latent_shape: tuple[int, ...] | None, where: str)
 
 def _link(node: ParallelControlNet, latent_shape: tuple[int, ...], where: str):
     from ..denoise.control import ControlLink
-    from .control_hint import encode_hint
+    from .control_hint import encode_hint, image_hint
 
     info = node.info
     if node.cond_hint_original is None:
@@ -145,13 +146,16 @@ def _link(node: ParallelControlNet, latent_shape: tuple[int, ...], where: str):
             "a ControlNet follows a hint image (canny edges, depth, pose ...)",
             "apply it with ComfyUI's Apply ControlNet node and connect an IMAGE",
         )
-    if node.vae is None:
+    if info.hint_format is None:  # the image itself (an XLabs file): ComfyUI leaves the apply node's VAE unused
+        hint = image_hint(node.cond_hint_original, latent_shape, info.hint_scale)
+    elif node.vae is None:
         raise ConfigError(
             f"the ControlNet {info.name} on the {where} conditioning has no VAE",
             "this ControlNet reads its hint as a latent, encoded with the model's VAE (ComfyUI refuses it too)",
             "connect the model's VAE to the vae input of Apply ControlNet",
         )
-    hint = encode_hint(node.cond_hint_original, node.vae, latent_shape, info.hint_format)
+    else:
+        hint = encode_hint(node.cond_hint_original, node.vae, latent_shape, info.hint_format)
     start, end = node.timestep_percent_range
     control_type = tuple(int(v) for v in (node.extra_args.get("control_type") or ()))
     return ControlLink(info.path, hint, float(node.strength), float(start), float(end), control_type)

@@ -1,7 +1,8 @@
 """A ControlNet hint image made into the latent the ControlNet reads, as ComfyUI 0.3.64 prepares it at
 sampling time: the image is cropped to the latent's aspect ratio about its centre, resized (nearest-exact)
 to the latent's size times the VAE's downscale, encoded with the VAE given to the apply node, and put in
-the ControlNet's model space (its latent format)."""
+the ControlNet's model space (its latent format). A ControlNet that reads the image itself (XLabs) takes the
+cropped and resized image, at its multiple of the latent's size."""
 
 from __future__ import annotations
 
@@ -23,8 +24,7 @@ def fit_to(image: Any, width: int, height: int) -> Any:
     return F.interpolate(kept, size=(height, width), mode="nearest-exact")
 
 
-def encode_hint(image: Any, vae: Any, latent_shape: tuple[int, ...], hint_format: Any) -> Any:
-    """The hint latent [B, C, h, w] in model space for a latent of ``latent_shape`` ([B, C, h, w])."""
+def _check_image(image: Any) -> None:
     import torch
 
     if not isinstance(image, torch.Tensor) or image.ndim != 4:
@@ -33,6 +33,13 @@ def encode_hint(image: Any, vae: Any, latent_shape: tuple[int, ...], hint_format
             "the hint is an IMAGE, which the apply node hands on as [batch, channels, height, width]",
             "connect an IMAGE to Apply ControlNet",
         )
+
+
+def encode_hint(image: Any, vae: Any, latent_shape: tuple[int, ...], hint_format: Any) -> Any:
+    """The hint latent [B, C, h, w] in model space for a latent of ``latent_shape`` ([B, C, h, w])."""
+    import torch
+
+    _check_image(image)
     factor = int(vae.spacial_compression_encode()) if hasattr(vae, "spacial_compression_encode") else 8
     h, w = latent_shape[-2:]
     with torch.no_grad():
@@ -41,3 +48,13 @@ def encode_hint(image: Any, vae: Any, latent_shape: tuple[int, ...], hint_format
     if latent.ndim == 5:  # a video VAE's one frame
         latent = latent[:, :, 0]
     return hint_format.to_model(latent.float().cpu()).contiguous()
+
+
+def image_hint(image: Any, latent_shape: tuple[int, ...], scale: int) -> Any:
+    """The hint IMAGE [B, 3, H, W] cropped and resized to ``scale`` x the latent's size, 0..1 as given."""
+    import torch
+
+    _check_image(image)
+    h, w = latent_shape[-2:]
+    with torch.no_grad():
+        return fit_to(image.float(), w * scale, h * scale).cpu().contiguous()

@@ -69,13 +69,21 @@ def check_controls(
 
 
 def _check_link(info: ControlNetFile, link: Any, latent_channels: int, shape: tuple[int, ...]) -> None:
-    hint = link.hint
-    if hint.shape[1] != info.hint_channels or tuple(hint.shape[-2:]) != tuple(shape[-2:]):
+    hint, scale = link.hint, info.hint_scale
+    if hint.shape[1] != info.hint_channels or tuple(hint.shape[-2:]) != (shape[-2] * scale, shape[-1] * scale):
+        what = "the control image encoded at the latent's size" if scale == 1 else f"the control image at {scale}x"
         raise ConfigError(
-            f"the ControlNet {info.name} got a hint latent of shape {list(hint.shape)} for a latent of "
-            f"shape {list(shape)}",
-            f"the hint is the control image encoded at the latent's size into {info.hint_channels} channels",
-            "connect the model's VAE to the ControlNet apply node (the sampler encodes the image at the latent's size)",
+            f"the ControlNet {info.name} got a hint of shape {list(hint.shape)} for a latent of shape {list(shape)}",
+            f"the hint is {what} the latent's size, in {info.hint_channels} channels",
+            "connect an RGB IMAGE (and for a ControlNet that reads latents the model's VAE) to the ControlNet apply "
+            "node; the sampler scales the image to the latent",
+        )
+    if scale != 1 and (shape[-2] % 2 or shape[-1] % 2):
+        raise ConfigError(
+            f"the ControlNet {info.name} with a latent of {shape[-2]}x{shape[-1]}",
+            "this ControlNet packs its image hint in 2x2 patches of the latent's size without padding (ComfyUI's "
+            "fails there too)",
+            "use an image size that is a multiple of 16 px",
         )
     for value in link.control_type:
         if not 0 <= value < info.union_modes:

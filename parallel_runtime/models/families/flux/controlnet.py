@@ -75,6 +75,8 @@ def config_from_state(state: dict[str, Any], axes_dims_rope: Sequence[int]) -> d
 class FluxControlNet:
     """A loaded InstantX / Union Flux ControlNet beside a Flux main model (``ControlRunner``)."""
 
+    HINT_SCALE = 1  # the hint's size over the latent's (1: a VAE latent)
+
     def __init__(self, model: torch.nn.Module, main: ModelAdapter):
         self.model = model
         self.blocks = _ControlBlocks(model, main.plan.latent_format)
@@ -83,23 +85,11 @@ class FluxControlNet:
 
     @classmethod
     def load(cls, path: str | Path, main: ModelAdapter) -> FluxControlNet:
-        from diffusers.models.controlnets.controlnet_flux import FluxControlNetModel
         from safetensors.torch import load_file
 
         state = load_file(str(path))
         config = config_from_state(state, main.transformer.config.axes_dims_rope)
-        if config["attention_head_dim"] != sum(config["axes_dims_rope"]):
-            raise ConfigError(
-                f"the ControlNet {Path(path).name} has {config['attention_head_dim']}-wide attention heads, the "
-                f"model's rotary axes cover {sum(config['axes_dims_rope'])}",
-                "a Flux ControlNet runs the main model's block layout and position encoding",
-                "use a ControlNet made for this Flux model",
-            )
-        with torch.device("meta"):
-            model = FluxControlNetModel(**config)
-        model.load_state_dict(state, strict=True, assign=True)
-        model = model.to(main.device, main.dtype).eval().requires_grad_(False)
-        return cls(model, main)
+        return cls(build_model(state, config, Path(path).name, main), main)
 
     def layout_tag(self, control_type: Sequence[int]) -> tuple:
         return ("flux-controlnet", len(control_type) if self.union else 0)
@@ -115,7 +105,7 @@ class FluxControlNet:
     ) -> Activations:
         m, blocks = self.model, self.blocks
         rows, cols = blocks.grid_of(x)
-        img = m.x_embedder(blocks.patchify(x)) + m.controlnet_x_embedder(blocks.patchify(hint))
+        img = m.x_embedder(blocks.patchify(x)) + m.controlnet_x_embedder(blocks.patchify(self.hint_latent(hint)))
         ts = timestep.to(img.dtype) * 1000
         if blocks.plan.guidance_embed:  # ComfyUI's Flux default 3.5 when the main model takes no guidance
             g = torch.full_like(ts, 3500.0) if guidance is None else guidance.to(img.dtype) * 1000
@@ -155,14 +145,16 @@ class FluxControlNet:
         blocks = self.blocks
         dtype, device = blocks.dtype, blocks.device
         hint = hint.to(device, dtype)
-        if hint.shape[-2:] != x.shape[-2:]:
+        scale = self.HINT_SCALE
+        if tuple(hint.shape[-2:]) != (x.shape[-2] * scale, x.shape[-1] * scale):
             raise ConfigError(
                 f"a ControlNet hint of {hint.shape[-2]}x{hint.shape[-1]} for a {x.shape[-2]}x{x.shape[-1]} latent",
-                "the hint image is scaled to the latent's size before it is encoded",
-                "encode the hint at the latent's size (the sampler node does this)",
+                f"the hint image is scaled to {scale}x the latent's size (and encoded when the ControlNet reads "
+                "latents)",
+                "prepare the hint at the latent's size (the sampler node does this)",
             )
         x = blocks.pad_to_patch(x.to(device, dtype))
-        hint = blocks.pad_to_patch(hint)
+        hint = blocks.pad_to_patch(hint) if scale == 1 else hint
         acts = self._embed(
             x,
             timestep.to(device),
@@ -181,7 +173,33 @@ class FluxControlNet:
                 doubles.append(self.model.controlnet_blocks[len(doubles)](acts.img))
             else:
                 singles.append(self.model.controlnet_single_blocks[len(singles)](acts.img))
+        return self.spread(doubles, singles, main_blocks)
+
+    def hint_latent(self, hint: torch.Tensor) -> torch.Tensor:
+        """The hint as the latent-sized map the ControlNet embeds (an InstantX file takes the VAE latent as is)."""
+        return hint
+
+    @staticmethod
+    def spread(doubles: list[torch.Tensor], singles: list[torch.Tensor], main_blocks: Sequence[str]) -> list:
         return spread(doubles, singles, main_blocks)
+
+
+def build_model(state: dict[str, torch.Tensor], config: dict[str, Any], name: str, main: ModelAdapter) -> Any:
+    """diffusers' FluxControlNetModel of ``config`` holding ``state`` (its names), on the main model's device
+    and dtype."""
+    from diffusers.models.controlnets.controlnet_flux import FluxControlNetModel
+
+    if config["attention_head_dim"] != sum(config["axes_dims_rope"]):
+        raise ConfigError(
+            f"the ControlNet {name} has {config['attention_head_dim']}-wide attention heads, the "
+            f"model's rotary axes cover {sum(config['axes_dims_rope'])}",
+            "a Flux ControlNet runs the main model's block layout and position encoding",
+            "use a ControlNet made for this Flux model",
+        )
+    with torch.device("meta"):
+        model = FluxControlNetModel(**config)
+    model.load_state_dict(state, strict=True, assign=True)
+    return model.to(main.device, main.dtype).eval().requires_grad_(False)
 
 
 def spread(doubles: list[torch.Tensor], singles: list[torch.Tensor], main_blocks: Sequence[str]) -> list:
