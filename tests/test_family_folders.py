@@ -28,6 +28,7 @@ COMFY_MODELS = {
     "wan": ("WAN21_T2V", "WAN21_I2V", "WAN22_T2V"),
     "hunyuan-video": ("HunyuanVideo", "HunyuanVideoI2V"),
     "hunyuan-video-1.5": (),  # ComfyUI 0.3.64 has no HunyuanVideo 1.5
+    "ltx-video": ("LTXV",),
     "z-image": ("Flux",),  # 0.3.64 has no Z-Image; later ComfyUI's ZImage takes latent_formats.Flux, as Flux does
     "chroma": ("Chroma",),
 }

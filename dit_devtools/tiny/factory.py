@@ -35,6 +35,7 @@ TINY_VIDEO_MODELS: tuple[str, ...] = (
     "tiny-hunyuan-video",
     "tiny-hunyuan-video-i2v",
     "tiny-hunyuan-video-1.5",
+    "tiny-ltx-video",
 )
 CACHE_ENV = "DIT_PARALLEL_TINY_ROOT"
 # Widened tiny models for speed measurements (``bench families``): 512 wide (8 heads x 64), a few blocks.
@@ -46,13 +47,14 @@ WIDENED: dict[str, dict[str, Any]] = {
 
 
 def _builders() -> dict[str, Callable[[dict[str, Any]], dict[str, Any]]]:
-    from . import big, chroma, hunyuan_video, hunyuan_video15, image, video, z_image
+    from . import big, chroma, hunyuan_video, hunyuan_video15, image, ltx_video, video, z_image
 
     builders = {**image.BUILDERS, "tiny-qwen-image": big.qwen_image, "tiny-flux2": big.flux2, **video.BUILDERS}
     return {
         **builders,
         **hunyuan_video.BUILDERS,
         **hunyuan_video15.BUILDERS,
+        **ltx_video.BUILDERS,
         "tiny-z-image": z_image.z_image,
         **chroma.BUILDERS,
     }

@@ -7,7 +7,7 @@ nothing else), e.g. the project's venv:
 
 For every latent format ComfyUI gives the models this project runs (``comfy.supported_models``: Flux, SD3,
 PixArt-alpha / sigma, Qwen-Image, Wan 2.1 / 2.2,
-HunyuanVideo, Chroma, HiDream), it stores the format's numbers: scale and shift (or per-channel
+HunyuanVideo, Chroma, HiDream, LTX-Video), it stores the format's numbers: scale and shift (or per-channel
 mean and std) and the latent -> RGB preview factors and bias. ``tests/test_family_folders.py`` checks every
 family folder's ``latent.py`` against them. Nothing from parallel_runtime is imported.
 """
@@ -37,6 +37,7 @@ MODELS = (
     "HunyuanVideoI2V",
     "Chroma",
     "HiDream",
+    "LTXV",
 )
 
 

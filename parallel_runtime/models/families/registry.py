@@ -14,6 +14,7 @@ from .flux.spec import FAMILY as FLUX
 from .flux2.spec import FAMILY as FLUX2
 from .hunyuan_video.spec import FAMILY as HUNYUAN_VIDEO
 from .hunyuan_video15.spec import FAMILY as HUNYUAN_VIDEO15
+from .ltx_video.spec import FAMILY as LTX_VIDEO
 from .pixart.spec import FAMILY as PIXART
 from .qwen_image.spec import FAMILY as QWEN_IMAGE
 from .sd3.spec import FAMILY as SD3
@@ -30,6 +31,7 @@ FAMILIES: tuple[FamilySpec, ...] = (
     WAN,
     HUNYUAN_VIDEO,
     HUNYUAN_VIDEO15,
+    LTX_VIDEO,
     Z_IMAGE,
     CHROMA,
 )  # the order users see them in

@@ -1,0 +1,65 @@
+"""LTX-Video 0.9's declaration: see ``families.spec.FamilySpec`` for what each field means."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ....parallel.layout import LayoutHints
+from ..spec import FamilySpec, TextFacts
+from . import ID, LTXV_2B
+from .comfy_inputs import COMFY_CONDITIONING
+from .latent import LTXV_PREVIEW
+
+
+def _adapter():
+    from .adapter import LTXVideoAdapter
+
+    return LTXVideoAdapter
+
+
+def _original_layout():
+    from .keys import LAYOUT
+
+    return LAYOUT
+
+
+def _text_encoding():
+    from .text import ENCODING
+
+    return ENCODING
+
+
+def _video_vae():
+    from .vae_bands import VIDEO_VAE
+
+    return VIDEO_VAE
+
+
+def geometry(latent_channels: int | None) -> tuple[int, int]:
+    """(pixels per token side, frames per latent frame): VAE 32x x patch 1, 8 frames per latent frame."""
+    return 32, 8
+
+
+FAMILY = FamilySpec(
+    id=ID,
+    label="LTX-Video",
+    transformer_class="LTXVideoTransformer3DModel",
+    pipeline_class="LTXPipeline",
+    adapter=_adapter,
+    markers=("patchify_proj.",),
+    detection_priority=1,  # before PixArt: its files hold adaln_single. and caption_projection. too
+    variants=(LTXV_2B,),
+    folder=Path(__file__).resolve().parent,
+    original_layout=_original_layout,
+    text=TextFacts(max_length=128, comfy_nodes="CLIPLoader (t5xxl, type ltxv) with CLIPTextEncode + LTXVConditioning"),
+    text_encoding=_text_encoding,
+    layout=LayoutHints(default_cfg=3.0, text_tokens=0),  # cross-attention: the text is not in the sequence
+    head_dim=64,
+    previews=(LTXV_PREVIEW,),
+    geometry=geometry,
+    generate_cfg=3.0,
+    lora_markers=("patchify_proj", "adaln_single"),
+    default_size=(768, 512, 97),
+    video_vae=_video_vae,
+    comfy_conditioning=COMFY_CONDITIONING,
+)
