@@ -10,16 +10,51 @@ import pytest
 import torch
 
 from dit_devtools.tiny import ensure_tiny_model
+from parallel_runtime.errors import ConfigError
 from parallel_runtime.models.conversion_plan import plan_conversion
 from parallel_runtime.models.families.ltx_video import LTXV_2B
 from parallel_runtime.models.families.ltx_video.keys import LAYOUT
+from parallel_runtime.models.families.ltx_video.vae_file import LATER, MARKER
 from parallel_runtime.models.loading import load_pipeline_components
 from parallel_runtime.models.single_file import inspect_single_file, load_single_file_components
+from parallel_runtime.vae.file import inspect_vae_file, load_vae_file
 
 PREFIX = "model.diffusion_model."
 # Lightricks' names -> diffusers' (written from the two layouts; diffusers' converter is checked against it below)
 ORIGINAL = (("proj_in.", "patchify_proj."), ("time_embed.", "adaln_single."), (".norm_q.", ".q_norm."),
             (".norm_k.", ".k_norm."))  # fmt: skip
+
+
+# the VAE's diffusers pieces -> Lightricks' 0.9.0 pieces (most specific first)
+VAE_PIECES = (
+    ("decoder.mid_block.", "decoder.up_blocks.0."), ("decoder.up_blocks.0.", "decoder.up_blocks.1."),
+    ("decoder.up_blocks.1.upsamplers.0.", "decoder.up_blocks.2."), ("decoder.up_blocks.1.", "decoder.up_blocks.3."),
+    ("decoder.up_blocks.2.conv_in.", "decoder.up_blocks.4."), ("decoder.up_blocks.2.upsamplers.0.", "decoder.up_blocks.5."),
+    ("decoder.up_blocks.2.", "decoder.up_blocks.6."), ("decoder.up_blocks.3.conv_in.", "decoder.up_blocks.7."),
+    ("decoder.up_blocks.3.upsamplers.0.", "decoder.up_blocks.8."), ("decoder.up_blocks.3.", "decoder.up_blocks.9."),
+    ("encoder.down_blocks.0.downsamplers.0.", "encoder.down_blocks.1."), ("encoder.down_blocks.0.conv_out.", "encoder.down_blocks.2."),
+    ("encoder.down_blocks.0.", "encoder.down_blocks.0."), ("encoder.down_blocks.1.downsamplers.0.", "encoder.down_blocks.4."),
+    ("encoder.down_blocks.1.conv_out.", "encoder.down_blocks.5."), ("encoder.down_blocks.1.", "encoder.down_blocks.3."),
+    ("encoder.down_blocks.2.downsamplers.0.", "encoder.down_blocks.7."), ("encoder.down_blocks.2.", "encoder.down_blocks.6."),
+    ("encoder.down_blocks.3.", "encoder.down_blocks.8."), ("encoder.mid_block.", "encoder.down_blocks.9."),
+)  # fmt: skip
+VAE_NAMES = ((".resnets.", ".res_blocks."), (".conv_shortcut.conv.", ".conv_shortcut."), (".norm3.", ".norm3.norm."))
+STATISTICS = {
+    "latents_mean": "per_channel_statistics.mean-of-means",
+    "latents_std": "per_channel_statistics.std-of-means",
+}
+
+
+def original_vae_name(name: str) -> str:
+    if name in STATISTICS:
+        return STATISTICS[name]
+    for diffusers, original in VAE_PIECES:
+        if name.startswith(diffusers):
+            name = original + name[len(diffusers) :]
+            break
+    for diffusers, original in VAE_NAMES:
+        name = name.replace(diffusers, original)
+    return name
 
 
 def original_name(name: str) -> str:
@@ -30,16 +65,18 @@ def original_name(name: str) -> str:
 
 @pytest.fixture(scope="module")
 def folder():
-    return load_pipeline_components(ensure_tiny_model("tiny-ltx-video"), "cpu", torch.float32, parts=("transformer",))
+    return load_pipeline_components(
+        ensure_tiny_model("tiny-ltx-video"), "cpu", torch.float32, parts=("transformer", "vae")
+    )
 
 
 @pytest.fixture(scope="module")
 def checkpoint(folder, tmp_path_factory):
-    """A full checkpoint: the transformer in Lightricks' names and a VAE tensor beside it."""
+    """A full checkpoint: the transformer and the VAE in Lightricks' names."""
     from safetensors.torch import save_file
 
     state = {PREFIX + original_name(k): v.contiguous() for k, v in folder.transformer.state_dict().items()}
-    state["vae.decoder.conv_in.conv.weight"] = torch.zeros(8, 128, 3, 3, 3)
+    state.update({"vae." + original_vae_name(k): v.contiguous() for k, v in folder.vae.state_dict().items()})
     path = tmp_path_factory.mktemp("ltx-files") / "ltx-video-tiny.safetensors"
     save_file(state, str(path))
     return path, state
@@ -75,3 +112,31 @@ def test_conversion_only_renames(folder, checkpoint):
     plan = plan_conversion(lambda s: LAYOUT.to_diffusers(s, folder.transformer.config), shapes)
     assert not plan.unused and set(plan.pieces) == set(folder.transformer.state_dict())
     assert all(len(p) == 1 and p[0].r0 == 0 and p[0].r1 == shapes[p[0].key][0] for p in plan.pieces.values())
+
+
+def test_the_checkpoints_vae_loads_as_the_folders(folder, checkpoint):
+    from diffusers.loaders.single_file_utils import convert_ltx_vae_checkpoint_to_diffusers
+
+    path, state = checkpoint
+    vae_state = {k: v for k, v in state.items() if k.startswith("vae.")}
+    theirs = convert_ltx_vae_checkpoint_to_diffusers(dict(vae_state))  # the names written here are Lightricks'
+    assert set(theirs) == set(folder.vae.state_dict())
+    info = inspect_vae_file(path)
+    assert (info.prefix, info.layout) == ("vae.", "ltx-video")
+    vae = load_vae_file(path)
+    assert type(vae) is type(folder.vae)
+    listed = lambda config: {
+        k: list(v) if isinstance(v, (tuple, list)) else v for k, v in config.items() if k[0] != "_"
+    }  # noqa: E731
+    assert listed(vae.config) == listed(folder.vae.config)
+    ours, expected = vae.state_dict(), folder.vae.state_dict()
+    assert set(ours) == set(expected) and all(torch.equal(ours[k], expected[k]) for k in ours)
+
+
+def test_a_later_vae_layout_is_refused(tmp_path):
+    from safetensors.torch import save_file
+
+    path = tmp_path / "ltx-video-2b-v0.9.1.safetensors"
+    save_file({"vae." + MARKER: torch.zeros(1), "vae." + LATER: torch.zeros(1)}, str(path))
+    with pytest.raises(ConfigError, match="0.9.1 or newer"):
+        load_vae_file(path)

@@ -22,14 +22,15 @@ LATENT_CHANNELS = 128  # the released VAE's; the transformer's in/out channels
 
 
 def ltx_video_vae():
-    """Tiny AutoencoderKLLTXVideo: patch 4, three spatio-temporal upsamplings (32x, 8x), RMS norms per pixel."""
+    """Tiny AutoencoderKLLTXVideo: patch 4, three spatio-temporal upsamplings (32x, 8x), RMS norms per pixel; the
+    levels shaped like the released VAE's, so Lightricks' 0.9.0 file layout holds it."""
     from diffusers import AutoencoderKLLTXVideo
 
     torch.manual_seed(SEED)
     vae = AutoencoderKLLTXVideo(
         latent_channels=LATENT_CHANNELS,
-        block_out_channels=(8, 8, 16, 16),
-        decoder_block_out_channels=(8, 8, 16, 16),
+        block_out_channels=(8, 16, 32, 32),  # the released widths' pattern (128, 256, 512, 512)
+        decoder_block_out_channels=(8, 16, 32, 32),
         layers_per_block=(1, 1, 1, 1, 1),
         decoder_layers_per_block=(1, 1, 1, 1, 1),
     )

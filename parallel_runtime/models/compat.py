@@ -37,6 +37,7 @@ _LORA_CONVERSION = "diffusers.loaders.lora_conversion_utils"
 _WAN_VAE = "diffusers.models.autoencoders.autoencoder_kl_wan"
 _HUNYUAN_VIDEO_VAE = "diffusers.models.autoencoders.autoencoder_kl_hunyuan_video"
 _HUNYUAN_VIDEO15_VAE = "diffusers.models.autoencoders.autoencoder_kl_hunyuanvideo15"
+_LTX_VAE = "diffusers.models.autoencoders.autoencoder_kl_ltx"
 
 DIFFUSERS_INTERNALS: tuple[tuple[str, str, str], ...] = (
     # (module, name, what it is used for)
@@ -65,6 +66,8 @@ DIFFUSERS_INTERNALS: tuple[tuple[str, str, str], ...] = (
     (_HUNYUAN_VIDEO15_VAE, "HunyuanVideo15AttnBlock", "HunyuanVideo 1.5's VAE mid-block attention (vae.causal3d)"),
     ("diffusers.models.transformers.transformer_z_image", Z_IMAGE_ATTN_PROCESSOR, "Z-Image's attention processor"),
     (_SINGLE_FILE, "convert_z_image_transformer_checkpoint_to_diffusers", "single-file Z-Image transformers"),
+    (_SINGLE_FILE, "convert_ltx_vae_checkpoint_to_diffusers", "LTX-Video VAEs inside Lightricks' checkpoints"),
+    (_LTX_VAE, "LTXVideoCausalConv3d", "LTX-Video's VAE convs (band versions, vae.causal3d)"),
 )
 """Every diffusers name outside its public API that this module uses."""
 
@@ -155,6 +158,20 @@ def causal_vae_layer_classes() -> tuple[tuple[type, ...], tuple[type, ...]]:
     from diffusers.models.autoencoders.autoencoder_kl_wan import WanAttentionBlock, WanCausalConv3d
 
     return (WanCausalConv3d, QwenImageCausalConv3d), (WanAttentionBlock, QwenImageAttentionBlock)
+
+
+def convert_ltx_vae(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """diffusers' converter of a Lightricks LTX-Video VAE (names under ``vae.``) to AutoencoderKLLTXVideo names."""
+    from diffusers.loaders.single_file_utils import convert_ltx_vae_checkpoint_to_diffusers
+
+    return convert_ltx_vae_checkpoint_to_diffusers(state)
+
+
+def ltx_video_vae_conv_class() -> type:
+    """LTXVideoCausalConv3d of diffusers' AutoencoderKLLTXVideo."""
+    from diffusers.models.autoencoders.autoencoder_kl_ltx import LTXVideoCausalConv3d
+
+    return LTXVideoCausalConv3d
 
 
 def hunyuan_video_vae_layer_classes() -> tuple[type, type]:

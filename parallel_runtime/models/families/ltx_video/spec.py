@@ -29,6 +29,12 @@ def _text_encoding():
     return ENCODING
 
 
+def _vae_file():
+    from .vae_file import FORMAT
+
+    return FORMAT
+
+
 def _video_vae():
     from .vae_bands import VIDEO_VAE
 
@@ -60,6 +66,7 @@ FAMILY = FamilySpec(
     generate_cfg=3.0,
     lora_markers=("patchify_proj", "adaln_single"),
     default_size=(768, 512, 97),
+    vae_file=_vae_file,
     video_vae=_video_vae,
     comfy_conditioning=COMFY_CONDITIONING,
 )

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ....errors import ConfigError
+from ... import compat
 from ...video_vae import BandLayers, CausalConv, VideoVae
 
 VAE_CLASS = "AutoencoderKLLTXVideo"
@@ -46,9 +47,10 @@ def band_layers(vae: nn.Module) -> BandLayers:
             "its random spatial noise and timestep modulation are not split over row bands yet",
             _FIX,
         )
+    conv_class = compat.ltx_video_vae_conv_class()
     convs = []
     for name, module in vae.decoder.named_modules():
-        if type(module).__name__ != "LTXVideoCausalConv3d":
+        if not isinstance(module, conv_class):
             if isinstance(module, (nn.Conv2d, nn.Conv3d, nn.GroupNorm)) and not name.endswith(".conv"):
                 raise ConfigError(f"the parallel LTX-Video VAE decode cannot split decoder.{name}", "", _FIX)
             continue
