@@ -125,9 +125,10 @@ def test_the_checkpoints_vae_loads_as_the_folders(folder, checkpoint):
     assert (info.prefix, info.layout) == ("vae.", "ltx-video")
     vae = load_vae_file(path)
     assert type(vae) is type(folder.vae)
-    listed = lambda config: {
-        k: list(v) if isinstance(v, (tuple, list)) else v for k, v in config.items() if k[0] != "_"
-    }  # noqa: E731
+
+    def listed(config) -> dict:
+        return {k: list(v) if isinstance(v, (tuple, list)) else v for k, v in config.items() if k[0] != "_"}
+
     assert listed(vae.config) == listed(folder.vae.config)
     ours, expected = vae.state_dict(), folder.vae.state_dict()
     assert set(ours) == set(expected) and all(torch.equal(ours[k], expected[k]) for k in ours)
