@@ -141,3 +141,35 @@ def test_a_later_vae_layout_is_refused(tmp_path):
     save_file({"vae." + MARKER: torch.zeros(1), "vae." + LATER: torch.zeros(1)}, str(path))
     with pytest.raises(ConfigError, match="0.9.1 or newer"):
         load_vae_file(path)
+
+
+def test_the_checkpoint_runs_with_its_own_vae_on_ulysses(cpu_pool, folder, checkpoint):
+    """Loaded on two worker processes, the checkpoint's transformer samples as the folder's on one device and its
+    own VAE (found beside the transformer) decodes band-parallel as diffusers' decode of the folder's VAE."""
+    from parallel_runtime.denoise import SamplingSettings, denoise_latent, model_sampling_for
+    from parallel_runtime.models.base import Conditioning
+    from parallel_runtime.parallel.config import ParallelConfig
+    from parallel_runtime.parallel.mesh import ParallelMesh
+    from parallel_runtime.service.load_job import load_model
+    from parallel_runtime.service.model_jobs import decode, generate
+
+    path, _ = checkpoint
+    g = torch.Generator().manual_seed(2)
+    pos = Conditioning(torch.randn(1, 6, 32, generator=g), None, torch.tensor([[1.0, 1, 1, 1, 0, 0]]))
+    latent = torch.zeros(1, 128, 2, 3, 2)
+    settings = SamplingSettings(seed=1, steps=2, cfg=1.0, sampler="euler", scheduler="simple")
+    adapter = folder.adapter()
+    with torch.no_grad():
+        expected = denoise_latent(
+            adapter, ParallelMesh.single(), model_sampling_for(adapter), pos, None, latent, settings
+        )
+    pool = cpu_pool(ParallelConfig(ulysses=2))
+    pool.submit(load_model, str(path), "fp32", "sdpa").result(300)
+    got = pool.submit(generate, pos, None, latent, settings).result(600)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    image = pool.submit(decode, expected).result(300)
+    vae = folder.vae
+    with torch.no_grad():
+        own = vae.decode(expected * vae.latents_std.view(1, -1, 1, 1, 1) + vae.latents_mean.view(1, -1, 1, 1, 1)).sample
+    assert image.shape == (9, 96, 64, 3)
+    torch.testing.assert_close(image, ((own + 1) / 2).clamp(0, 1)[0].movedim(0, -1), atol=2e-5, rtol=0)

@@ -71,6 +71,10 @@ TINY_STAND_INS: dict[str, tuple[str, str]] = {
     ),
     "vae/hunyuan_video_vae_bf16.safetensors": ("tiny-hunyuan-video", "vae/diffusion_pytorch_model.safetensors"),
     "text_encoders/llava_llama3_fp8_scaled.safetensors": ("tiny-hunyuan-video", "text_encoder/model.safetensors"),
+    "diffusion_models/ltx-video-2b-v0.9.safetensors": (
+        "tiny-ltx-video",
+        "transformer/diffusion_pytorch_model.safetensors",
+    ),
     "diffusion_models/flux1-kontext-dev.safetensors": ("tiny-flux", "transformer/diffusion_pytorch_model.safetensors"),
     "diffusion_models/flux1-fill-dev.safetensors": ("tiny-flux", "transformer/diffusion_pytorch_model.safetensors"),
     "diffusion_models/qwen_image_edit_2509_fp8_e4m3fn.safetensors": (
