@@ -1,17 +1,19 @@
 """``python -m parallel_runtime bench edit``: a Kontext-structure edit (one reference image) on 1 rank and Ulysses 2.
 
-Model: a wider tiny FLUX.1 dev (random fp32 weights, a real diffusers folder; FLUX.1 Kontext [dev] has the same
-tensors). The job: one reference image of the output's size rides in the sequence after the image's tokens, so the
-image part of the sequence is twice a plain generation's. Each figure is the median seconds per sampling step of
-``generate`` jobs on a warm pool (euler, cfg 1), timed on the host over a few steps: the edit on one CPU rank (the
-baseline), the edit with Ulysses 2 on two CPU ranks (the reference tokens split with the image's), and, for scale,
-the plain generation on one rank. ``speedup`` = 1 rank / Ulysses 2. PipeFusion's kept reference K/V: not measured,
-reference images are refused under PipeFusion (README "Not supported yet").
+Model (``config``): a wider tiny FLUX.1 dev (random fp32 weights, a real diffusers folder; FLUX.1 Kontext [dev] has
+the same tensors). The job: one reference image of the output's size rides in the sequence after the image's tokens,
+so the image part of the sequence is twice a plain generation's (``sequence`` counts the tokens). Both pools stay
+warm side by side (one CPU rank x 1 thread; Ulysses 2 on two CPU ranks x 1 thread) and the contenders run
+interleaved, round after round, in rotating order (tools/measure.py): the edit on 1 rank (the baseline), the edit on
+Ulysses 2 (the reference tokens split with the image's), and, for scale, the plain generation on 1 rank. Each figure
+is seconds per sampling step of a ``generate`` job (euler, cfg 1), timed on the host; medians with their spread.
+``speedup_ulysses2`` = edit on 1 rank / edit on Ulysses 2 (median over median, and the per-round range);
+``reference_cost`` = edit / plain, both on 1 rank. PipeFusion's kept reference K/V: measured only if the host checks
+accept reference images under PipeFusion; while they refuse them, the result says so with the refusal's message.
 """
 
 from __future__ import annotations
 
-import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -20,33 +22,54 @@ from typing import Any
 import torch
 
 from ..checkout import devtools_module
+from ..denoise.entries import as_branch
 from ..denoise.settings import SamplingSettings
+from ..errors import ConfigError
 from ..models.base import Conditioning
 from ..models.families.flux.comfy_inputs import reference_images
 from ..parallel.config import ParallelConfig
 from ..runtime.pool import WorkerPool
 from ..service.load_job import load_model
 from ..service.model_jobs import generate
+from ..service.sampling_checks import check_branches_for_layout
+from .measure import interleave, ratio
+from .report import machine
+
+BASELINE = "edit, 1 rank x 1 thread"
+ULYSSES = "edit, ulysses 2 ranks x 1 thread"
+PLAIN = "plain (no reference), 1 rank x 1 thread"
 
 
-def _step_seconds(pool: WorkerPool, cond: Conditioning, latent: torch.Tensor, steps: int, repeats: int) -> list[float]:
-    settings = SamplingSettings(seed=1, steps=steps, cfg=1.0, sampler="euler", guidance=2.5)
-    pool.submit(generate, cond, None, latent, SamplingSettings(seed=1, steps=1, cfg=1.0, sampler="euler")).result(600)
-    out = []
-    for _ in range(repeats):
+class _StepTimer:
+    """One contender: ``generate`` of one conditioning on one warm pool; returns seconds per step."""
+
+    def __init__(self, pool: WorkerPool, cond: Conditioning, latent: torch.Tensor, steps: int) -> None:
+        self.pool, self.cond, self.latent, self.steps = pool, cond, latent, steps
+        self.settings = SamplingSettings(seed=1, steps=steps, cfg=1.0, sampler="euler", guidance=2.5)
+
+    def __call__(self) -> float:
         t0 = time.perf_counter()
-        pool.submit(generate, cond, None, latent, settings, preview=False).result(3600)
-        out.append((time.perf_counter() - t0) / steps)
-    return out
+        self.pool.submit(generate, self.cond, None, self.latent, self.settings, preview=False).result(3600)
+        return (time.perf_counter() - t0) / self.steps
+
+
+def pipefusion_reference_kv(edit: Conditioning) -> dict[str, Any]:
+    """Whether the kept-vs-recomputed reference K/V under PipeFusion can be measured: asks the host checks."""
+    try:
+        check_branches_for_layout(ParallelConfig(pp=2), 1.0, as_branch(edit), None)
+    except ConfigError as exc:
+        return {"measured": False, "reason": f"PipeFusion refuses reference images on the host: {exc}"}
+    return {"measured": False, "reason": "PipeFusion accepts reference images now; this bench does not time it yet"}
 
 
 def run(quick: bool = False) -> dict[str, Any]:
     """Run the benchmark; ``quick`` uses a smaller model and image (a smoke test)."""
     import json
 
+    torch.set_num_threads(1)
     build_tiny_pipeline = devtools_module("tiny", "bench edit").build_tiny_pipeline
     heads, layers, singles = (4, 1, 2) if quick else (8, 2, 4)
-    pixels, steps, repeats = (128, 1, 1) if quick else (384, 2, 3)
+    pixels, steps, repeats = (128, 1, 2) if quick else (384, 2, 5)
     with tempfile.TemporaryDirectory(prefix="edit-bench-") as tmp:
         folder = build_tiny_pipeline(
             "tiny-flux", Path(tmp) / "tiny-flux", num_attention_heads=heads, attention_head_dim=64, num_layers=layers,
@@ -56,31 +79,49 @@ def run(quick: bool = False) -> dict[str, Any]:
         gen = torch.Generator().manual_seed(0)
         side = pixels // 8
         latent = torch.zeros(1, config["in_channels"] // 4, side, side)
-        text = torch.randn(1, 16, config["joint_attention_dim"], generator=gen)
+        text_tokens = 16
+        text = torch.randn(1, text_tokens, config["joint_attention_dim"], generator=gen)
         pooled = torch.randn(1, config["pooled_projection_dim"], generator=gen)
         refs = reference_images({"reference_latents": [torch.randn(latent.shape, generator=gen)]}, {}, "positive")
         plain, edit = Conditioning(text, pooled), Conditioning(text, pooled, None, refs)
         tokens = (side // 2) ** 2
+        config_name = (
+            f"tiny-flux widened (FLUX.1 dev / Kontext structure), random fp32 weights: hidden {heads * 64} "
+            f"({heads} heads x 64), {layers} double + {singles} single blocks, {pixels}x{pixels} px, one reference "
+            f"image of the same size, euler, cfg 1, {steps} steps a job"
+        )
         results: dict[str, Any] = {
-            "model": f"tiny FLUX.1 dev structure (Kontext's tensors), random fp32 weights: hidden {heads * 64} "
-            f"({heads} heads x 64), {layers} double + {singles} single blocks",
-            "baseline": "edit_1rank_step_s: the same edit job on one CPU rank",
-            "image": f"{pixels}x{pixels} px: {tokens} image tokens + {tokens} reference tokens + 16 text tokens",
+            "model": config_name,
+            "config": f"tiny-flux widened {heads * 64} ({layers}+{singles} blocks), {pixels} px + 1 reference",
+            "baseline": f"'{BASELINE}': the same edit job on one CPU rank (so Ulysses 2 ranks x 1 thread models 2 "
+            "devices against 1); median of interleaved rounds",
+            "sequence": {
+                "image_tokens": tokens,
+                "reference_tokens": tokens,
+                "text_tokens": text_tokens,
+                "image_plus_reference_tokens": 2 * tokens,
+                "total_tokens": 2 * tokens + text_tokens,
+            },
+            "method": f"both pools warm side by side; contenders interleaved in rotating order, {repeats} rounds after "
+            "1 untimed warm-up round; seconds per sampling step timed on the host",
             "steps_per_job": steps,
             "repeats": repeats,
+            "machine": machine(),
         }
-        timings: dict[str, list[float]] = {}
-        with WorkerPool("cpu:1", ParallelConfig(), threads_per_worker=1) as pool:
-            pool.submit(load_model, str(folder), "fp32", "sdpa").result(600)
-            timings["edit_1rank"] = _step_seconds(pool, edit, latent, steps, repeats)
-            timings["plain_1rank"] = _step_seconds(pool, plain, latent, steps, repeats)
-        with WorkerPool("cpu:2", ParallelConfig(ulysses=2), threads_per_worker=1) as pool:
-            pool.submit(load_model, str(folder), "fp32", "sdpa").result(600)
-            timings["edit_ulysses2"] = _step_seconds(pool, edit, latent, steps, repeats)
-    for name, values in timings.items():
-        results[f"{name}_step_s"] = statistics.median(values)
-        results[f"{name}_samples_s"] = values
-    results["speedup"] = results["edit_1rank_step_s"] / results["edit_ulysses2_step_s"]
-    results["reference_cost"] = results["edit_1rank_step_s"] / results["plain_1rank_step_s"]
-    results["pipefusion_kept_reference_kv"] = "not measured: reference images are refused under PipeFusion"
+        with (
+            WorkerPool("cpu:1", ParallelConfig(), threads_per_worker=1) as single,
+            WorkerPool("cpu:2", ParallelConfig(ulysses=2), threads_per_worker=1) as pair,
+        ):
+            for pool in (single, pair):
+                pool.submit(load_model, str(folder), "fp32", "sdpa").result(600)
+            contenders = {
+                BASELINE: _StepTimer(single, edit, latent, steps),
+                ULYSSES: _StepTimer(pair, edit, latent, steps),
+                PLAIN: _StepTimer(single, plain, latent, steps),
+            }
+            times = interleave(contenders, repeats=repeats, warmup=1)
+    results["seconds_per_step"] = {name: s.summary() for name, s in times.items()}
+    results["speedup_ulysses2"] = ratio(times, BASELINE, ULYSSES)
+    results["reference_cost"] = {**ratio(times, BASELINE, PLAIN), "meaning": "edit step / plain step, both on 1 rank"}
+    results["pipefusion_reference_kv"] = pipefusion_reference_kv(edit)
     return results
