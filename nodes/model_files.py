@@ -149,7 +149,11 @@ def resolve_model(name: str, bridge: Bridge) -> str:
 
 
 TEXT_ENCODER_OWN = "(the model's own)"
-TOKENIZER_DIRS = {"qwen": "qwen25_tokenizer"}  # ComfyUI's bundled tokenizers (comfy/text_encoders/<name>)
+TOKENIZER_DIRS = {  # file-name fragment -> ComfyUI's bundled tokenizer (comfy/text_encoders/<name>)
+    "qwen": "qwen25_tokenizer",
+    "t5xxl": "t5_tokenizer",
+    "t5-v1_1": "t5_tokenizer",
+}
 
 
 def text_encoder_choices(bridge: Bridge) -> list[str]:

@@ -16,7 +16,7 @@ class ParallelTextEncode(DeclaredNode):
         display_name="Parallel Text Encode",
         description=(
             "Encodes a prompt into ComfyUI conditioning with the model's own text encoders (CLIP / T5 / Qwen2.5-VL "
-            "/ Mistral of a diffusers folder), or with a text-encoder file (Qwen-Image's Qwen2.5-VL, Z-Image's Qwen3, Wan's UMT5)."
+            "/ Mistral of a diffusers folder), or with a text-encoder file (Qwen-Image's Qwen2.5-VL, Z-Image's Qwen3, Wan's UMT5, Chroma's / SD3's T5-XXL)."
         ),
         inputs=(
             Socket("parallel_model", PARALLEL_MODEL, "From Parallel Model Loader."),
@@ -25,7 +25,7 @@ class ParallelTextEncode(DeclaredNode):
                 "text_encoder",
                 "The model's own encoders (a diffusers folder's), or a file from models/text_encoders or "
                 "models/clip (qwen_2.5_vl_7b*.safetensors, or a Qwen2.5-VL GGUF as ComfyUI-GGUF's CLIPLoaderGGUF "
-                "reads it, for a Qwen-Image transformer file; umt5_xxl*.safetensors for Wan; "
+                "reads it, for a Qwen-Image transformer file; umt5_xxl* for Wan; t5xxl* for Chroma / SD3; "
                 "mistral_3_small_flux2*.safetensors for FLUX.2).",
                 lambda: text_encoder_choices(shared_bridge()),
                 default=TEXT_ENCODER_OWN,

@@ -111,5 +111,7 @@ def test_text_encoder_files_and_their_tokenizers_are_found(tmp_path):
     )
     # no folder: (file, None); the family's reader decides on the host whether the file carries its tokenizer
     assert resolve_text_encoder("t5xxl.safetensors", bridge) == (str(encoders / "t5xxl.safetensors"), None)
+    (shipped / "t5_tokenizer").mkdir()  # ComfyUI's own T5 tokenizer serves t5xxl*.safetensors
+    assert resolve_text_encoder("t5xxl.safetensors", bridge)[1] == str(shipped / "t5_tokenizer")
     with pytest.raises(ConfigError, match="was not found"):
         resolve_text_encoder("missing.safetensors", bridge)

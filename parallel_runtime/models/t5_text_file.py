@@ -18,7 +18,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from .t5_encoder import T5TextEncoder
+from ..errors import ConfigError
+from .t5_encoder import T5Sizes, T5TextEncoder
 from .t5_layout import t5_sizes
 from .weights import TensorSource, load_tensors, parameters_on_meta
 
@@ -86,3 +87,67 @@ def load_t5_text_file(
 
         return load_t5_gguf(Path(path).expanduser(), device, dtype, storage, what)
     return load_t5_safetensors(path, device, dtype, storage, what)
+
+
+END, PAD = 1, 0  # T5's end and padding token ids
+
+
+def padded_tokens(rows: list[list[int]], min_length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids, mask) [B, L] of token rows that already end with END: padded with PAD to max(min_length, longest)
+    (a longer prompt is kept whole); mask 1 over each row's tokens."""
+    length = max(min_length, *(len(r) for r in rows))
+    ids = torch.full((len(rows), length), PAD, dtype=torch.long)
+    mask = torch.zeros((len(rows), length), dtype=torch.long)
+    for i, row in enumerate(rows):
+        ids[i, : len(row)] = torch.tensor(row, dtype=torch.long)
+        mask[i, : len(row)] = 1
+    return ids, mask
+
+
+def folder_tokenizer_rows(tokenizer, prompts: list[str]) -> list[list[int]]:
+    """Each prompt's T5 tokens from a tokenizer folder's tokenizer (e.g. ComfyUI's ``t5_tokenizer``), ending with
+    one END token, as ComfyUI's T5 tokenizers give them (no truncation)."""
+    rows = []
+    for prompt in prompts:
+        ids = list(tokenizer(prompt, truncation=False).input_ids)
+        rows.append((ids[:-1] if ids and ids[-1] == END else ids) + [END])
+    return rows
+
+
+def file_t5_sizes(path: str | os.PathLike, what: str = "T5") -> T5Sizes:
+    """The encoder sizes of a .safetensors or .gguf T5 / UMT5 file (headers only; a ConfigError when it is not
+    one)."""
+    if str(path).lower().endswith(".gguf"):
+        from .gguf.reader import GGUFFile
+        from .gguf.t5_file import T5_ARCHITECTURES, t5_gguf_shapes
+        from .gguf.text_model import check_text_architecture
+
+        file = GGUFFile(Path(path).expanduser())
+        check_text_architecture(file, T5_ARCHITECTURES, what)
+        return t5_sizes(t5_gguf_shapes(file)[1], file.path.name, what)
+    return t5_sizes(safetensors_shapes(path), Path(path).name, what)
+
+
+def check_t5xxl_file(path: str, what: str) -> None:
+    """On the host: ``path`` holds a T5 v1.1 encoder (T5-XXL's kind: one position table), not UMT5."""
+    if file_t5_sizes(path, what).bias_per_block:
+        raise ConfigError(
+            f"{Path(path).name} is a UMT5 encoder (a position table in every block)",
+            f"{what} is T5-XXL (t5xxl_fp16.safetensors, t5-v1_1-xxl-encoder GGUFs); UMT5 is Wan's encoder",
+            "pick t5xxl_fp16.safetensors / t5xxl_fp8_e4m3fn_scaled.safetensors (or a T5-XXL encoder GGUF)",
+        )
+
+
+def final_norm_dtype(path: str | os.PathLike) -> torch.dtype:
+    """The dtype the file stores ``encoder.final_layer_norm.weight`` in (a GGUF's F32 / F16 / BF16 as torch's),
+    which ComfyUI takes as the weight dtype of a UMT5 encoder (its ``t5xxl_detect``)."""
+    if str(path).lower().endswith(".gguf"):
+        from .gguf.reader import GGUFFile
+        from .gguf.t5_file import t5_gguf_shapes
+
+        file = GGUFFile(Path(path).expanduser())
+        kind = file.tensors[t5_gguf_shapes(file)[0]["encoder.final_layer_norm.weight"]].kind.name
+        return {"F16": torch.float16, "BF16": torch.bfloat16}.get(kind, torch.float32)
+    from .tensor_files import SafetensorsFile
+
+    return SafetensorsFile(Path(path).expanduser()).entries["encoder.final_layer_norm.weight"].dtype

@@ -97,8 +97,9 @@ def train_tokenizer() -> bytes:
     return out.getvalue()
 
 
-def tiny_umt5(vocab: int) -> dict[str, torch.Tensor]:
-    """Seeded random UMT5 encoder tensors under the original names (float32)."""
+def tiny_umt5(vocab: int, table_per_block: bool = True) -> dict[str, torch.Tensor]:
+    """Seeded random UMT5 encoder tensors under the original names (float32); ``table_per_block`` False: T5 v1.1's
+    single position table, in the first block."""
     g = torch.Generator().manual_seed(SEED)
     inner = HEADS * HEAD_DIM
 
@@ -111,7 +112,8 @@ def tiny_umt5(vocab: int) -> dict[str, torch.Tensor]:
         for p in "qkv":
             sd[f"{a}SelfAttention.{p}.weight"] = rand(inner, WIDTH, scale=WIDTH**-0.5)
         sd[f"{a}SelfAttention.o.weight"] = rand(WIDTH, inner, scale=inner**-0.5)
-        sd[f"{a}SelfAttention.relative_attention_bias.weight"] = rand(BUCKETS, HEADS)
+        if table_per_block or i == 0:
+            sd[f"{a}SelfAttention.relative_attention_bias.weight"] = rand(BUCKETS, HEADS)
         sd[f"{a}layer_norm.weight"] = 1 + rand(WIDTH, scale=0.1)
         sd[f"{f}DenseReluDense.wi_0.weight"] = rand(FF, WIDTH, scale=WIDTH**-0.5)
         sd[f"{f}DenseReluDense.wi_1.weight"] = rand(FF, WIDTH, scale=WIDTH**-0.5)
@@ -136,16 +138,31 @@ def scaled_fp8(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
-def write_gguf(tensors: dict[str, torch.Tensor], spiece: bytes, path: Path) -> None:
+def write_gguf(tensors: dict[str, torch.Tensor], spiece: bytes | None, path: Path, blocks: int = BLOCKS) -> None:
     """The encoder as llama.cpp's converter + quantiser lay out a T5 encoder (general.architecture "t5encoder"):
     its names from the ``gguf`` package's tensor map, Linear weights and the token embedding Q8_0, norms and
     position tables F32; the tokenizer as tokenizer.ggml.* metadata (pieces, scores, types)."""
     import gguf
     import sentencepiece
 
-    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.T5ENCODER, BLOCKS)
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.T5ENCODER, blocks)
     writer = gguf.GGUFWriter(path=None, arch="t5encoder")
-    sp = sentencepiece.SentencePieceProcessor(model_proto=spiece)
+    if spiece is not None:
+        add_tokenizer(writer, sentencepiece.SentencePieceProcessor(model_proto=spiece))
+    for name, value in tensors.items():
+        kind = gguf.GGMLQuantizationType.F32
+        if value.ndim == 2 and "relative_attention_bias" not in name:
+            kind = gguf.GGMLQuantizationType.Q8_0
+        packed = gguf.quants.quantize(value.float().numpy(), kind)
+        writer.add_tensor(names.get_name(name, try_suffixes=(".weight",)), packed, raw_dtype=kind)
+    writer.write_header_to_file(path=str(path))
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def add_tokenizer(writer, sp) -> None:
+    """A SentencePiece model as llama.cpp's T5 converter stores it: tokenizer.ggml.* metadata."""
     pieces = range(sp.get_piece_size())
     kinds = [
         3 if sp.is_control(i) else 2 if sp.is_unknown(i) else 6 if sp.is_byte(i) else 5 if sp.is_unused(i) else 1
@@ -160,16 +177,6 @@ def write_gguf(tensors: dict[str, torch.Tensor], spiece: bytes, path: Path) -> N
     writer.add_eos_token_id(1)
     writer.add_pad_token_id(0)
     writer.add_unk_token_id(2)
-    for name, value in tensors.items():
-        kind = gguf.GGMLQuantizationType.F32
-        if value.ndim == 2 and "relative_attention_bias" not in name:
-            kind = gguf.GGMLQuantizationType.Q8_0
-        packed = gguf.quants.quantize(value.float().numpy(), kind)
-        writer.add_tensor(names.get_name(name, try_suffixes=(".weight",)), packed, raw_dtype=kind)
-    writer.write_header_to_file(path=str(path))
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
 
 
 def comfy_config(vocab: int) -> dict:
@@ -188,10 +195,10 @@ def comfy_config(vocab: int) -> dict:
     }
 
 
-def gguf_loader(gguf_nodes):
+def gguf_loader(gguf_nodes, umt5_size: bool = True):
     """ComfyUI-GGUF's CLIPLoaderGGUF, reading a tiny T5 GGUF the way it reads UMT5-XXL's: its size gate
     (a (256384, 4096) token embedding) rebuilds the tokenizer from the metadata and dequantises the embedding to
-    float16; the tiny file gets both, by ComfyUI-GGUF's own functions."""
+    float16; the tiny file gets both, by ComfyUI-GGUF's own functions (``umt5_size`` False: a T5 file, neither)."""
     loader = sys.modules["comfyui_gguf.loader"]
     original = loader.gguf_clip_loader
     read_field = loader.get_field
@@ -204,7 +211,7 @@ def gguf_loader(gguf_nodes):
 
     def clip_loader(path):
         sd = original(path)
-        if "spiece_model" not in sd:
+        if umt5_size and "spiece_model" not in sd:
             sd["spiece_model"] = loader.gguf_tokenizer_loader(path, (256384, 4096))
             sd["shared.weight"] = loader.dequantize_tensor(sd["shared.weight"], dtype=torch.float16)
         return sd

@@ -39,7 +39,7 @@ def t5_gguf_shapes(file: GGUFFile) -> tuple[dict[str, str], dict[str, tuple[int,
 def load_t5_gguf(path: Path, device, dtype: torch.dtype, storage: str = "auto", what: str = "T5") -> nn.Module:
     """The T5 / UMT5 encoder of a GGUF file (see the module doc), on ``device``."""
     file = GGUFFile(path)
-    check_text_architecture(file, T5_ARCHITECTURES, f"a {what} encoder")
+    check_text_architecture(file, T5_ARCHITECTURES, what)
     names, shapes = t5_gguf_shapes(file)
     with parameters_on_meta():
         model = T5TextEncoder(t5_sizes(shapes, file.path.name, what))

@@ -24,6 +24,12 @@ def _original_layout():
     return LAYOUT
 
 
+def _text_encoder_file():
+    from .text_file import ENCODER_FILE
+
+    return ENCODER_FILE
+
+
 def _text_encoding():
     from .text import ENCODING
 
@@ -55,6 +61,7 @@ FAMILY = FamilySpec(
         lora_roles=MappingProxyType({"text_encoder": "t5xxl"}),
     ),
     text_encoding=_text_encoding,
+    text_encoder_file=_text_encoder_file,
     layout=LayoutHints(default_cfg=4.0, text_tokens=128),  # real CFG; the prompt's own tokens, unpadded
     head_dim=128,
     previews=(FLUX_PREVIEW,),  # ComfyUI's supported_models.Chroma: latent_formats.Flux

@@ -23,6 +23,12 @@ def _original_layout():
     return LAYOUT
 
 
+def _text_encoder_file():
+    from .text_file import ENCODER_FILE
+
+    return ENCODER_FILE
+
+
 def _text_encoding():
     from .text import ENCODING
 
@@ -54,6 +60,7 @@ FAMILY = FamilySpec(
         lora_roles=MappingProxyType({"text_encoder": "clip_l", "text_encoder_2": "clip_g", "text_encoder_3": "t5xxl"}),
     ),
     text_encoding=_text_encoding,
+    text_encoder_file=_text_encoder_file,
     layout=LayoutHints(default_cfg=4.5, text_tokens=333),
     head_dim=64,
     previews=(SD3_PREVIEW,),

@@ -20,12 +20,17 @@ from torch import nn
 
 from ....errors import ConfigError
 from ...base import Conditioning
-from ...t5_layout import t5_sizes
-from ...t5_text_file import load_t5_text_file, safetensors_shapes
+from ...t5_text_file import (
+    END,
+    file_t5_sizes,
+    final_norm_dtype,
+    load_t5_text_file,
+    padded_tokens,
+    safetensors_shapes,
+)
 from ..spec import TextEncoderFile
 
 TOKENIZER_KEY = "spiece_model"
-END, PAD = 1, 0
 MIN_LENGTH = 512  # ComfyUI pads Wan prompts to this many tokens
 WHAT = "UMT5 (Wan's text encoder)"
 
@@ -59,20 +64,13 @@ def _is_gguf(path: str) -> bool:
 
 def check_umt5_file(path: str) -> None:
     """On the host, before any worker reads it: the file holds a UMT5 encoder and its tokenizer."""
+    file_t5_sizes(path, WHAT)
     if _is_gguf(path):
         from ...gguf.reader import GGUFFile
-        from ...gguf.t5_file import T5_ARCHITECTURES, t5_gguf_shapes
-        from ...gguf.text_model import check_text_architecture
 
-        file = GGUFFile(Path(path).expanduser())
-        check_text_architecture(file, T5_ARCHITECTURES, WHAT)
-        t5_sizes(t5_gguf_shapes(file)[1], file.path.name, WHAT)
-        if file.metadata.get("tokenizer.ggml.model") != "t5":
-            raise _no_tokenizer(file.path.name, gguf=True)
-        return
-    shapes = safetensors_shapes(path)
-    t5_sizes(shapes, Path(path).name, WHAT)
-    if TOKENIZER_KEY not in shapes:
+        if GGUFFile(Path(path).expanduser()).metadata.get("tokenizer.ggml.model") != "t5":
+            raise _no_tokenizer(Path(path).name, gguf=True)
+    elif TOKENIZER_KEY not in safetensors_shapes(path):
         raise _no_tokenizer(Path(path).name)
 
 
@@ -99,14 +97,7 @@ def comfy_tokens(
     tokenizer: FileTokenizer, prompts: Sequence[str], min_length: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(ids, mask) [B, L]: each prompt's pieces + END, padded with PAD to max(min_length, longest)."""
-    rows = [tokenizer.ids(p) + [END] for p in prompts]
-    length = max(min_length, *(len(r) for r in rows))
-    ids = torch.full((len(rows), length), PAD, dtype=torch.long)
-    mask = torch.zeros((len(rows), length), dtype=torch.long)
-    for i, row in enumerate(rows):
-        ids[i, : len(row)] = torch.tensor(row)
-        mask[i, : len(row)] = 1
-    return ids, mask
+    return padded_tokens([tokenizer.ids(p) + [END] for p in prompts], min_length)
 
 
 @torch.no_grad()
@@ -120,8 +111,10 @@ def encode_wan_file(
 
 
 def load_umt5_file(path, device="cpu", dtype=torch.bfloat16, storage="auto", overrides=None) -> nn.Module:
-    """The UMT5 encoder of ``path`` (.safetensors or .gguf)."""
-    return load_t5_text_file(path, device, dtype, storage, overrides, what=WHAT)
+    """The UMT5 encoder of ``path`` (.safetensors or .gguf), its weights held as ComfyUI's CLIPLoader type wan
+    holds them: in the dtype of the file's final norm (``dtype``, the model's, is not used; T5 computes in
+    float32 either way)."""
+    return load_t5_text_file(path, device, final_norm_dtype(path), storage, overrides, what=WHAT)
 
 
 ENCODER_FILE = TextEncoderFile(
