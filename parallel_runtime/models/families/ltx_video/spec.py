@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from pathlib import Path
+from types import MappingProxyType
 
 from ....parallel.layout import LayoutHints
-from ..spec import FamilySpec, TextFacts
+from ..spec import FamilySpec, GGUFFacts, TextFacts
 from . import ID, LTXV_2B
 from .comfy_inputs import COMFY_CONDITIONING
 from .latent import LTXV_PREVIEW
@@ -46,6 +47,15 @@ def geometry(latent_channels: int | None) -> tuple[int, int]:
     return 32, 8
 
 
+# ComfyUI-GGUF's files (architecture "ltxv", Lightricks' names): its quantiser keeps the time, caption, input and
+# output layers and every scale_shift_table (F32); Q4_K_M upgrades the value and feed-forward output projections
+GGUF = GGUFFacts(
+    architecture="ltxv",
+    quantiser_keeps=("time_embed.", "caption_projection.", "proj_in.", "proj_out.", "scale_shift_table"),
+    q4_k_m=MappingProxyType({r".*\.attn[12]\.to_v\.weight": "Q6_K", r".*\.ff\.net\.2\.weight": "Q6_K"}),
+)
+
+
 FAMILY = FamilySpec(
     id=ID,
     label="LTX-Video",
@@ -69,4 +79,5 @@ FAMILY = FamilySpec(
     vae_file=_vae_file,
     video_vae=_video_vae,
     comfy_conditioning=COMFY_CONDITIONING,
+    gguf=GGUF,
 )
