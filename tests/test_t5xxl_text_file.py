@@ -2,7 +2,8 @@
 run on the workers by Parallel Text Encode, against ComfyUI's own CLIPLoader (type chroma / sd3; ComfyUI-GGUF's
 CLIPLoaderGGUF for the GGUF) + CLIPTextEncode output from the same tiny files (tests/data/comfy_t5xxl_reference.json,
 made by tests/data/make_comfy_t5xxl_reference.py): Chroma's unpadded tokens, SD3's 77 padded tokens with zero
-pooled output, the weights held in float16 as ComfyUI holds them. Wrong files are refused on the host."""
+pooled output, ComfyUI's (word:1.3) prompt weights, the weights held in float16 as ComfyUI holds them. Wrong files
+are refused on the host."""
 
 from __future__ import annotations
 

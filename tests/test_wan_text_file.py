@@ -2,7 +2,8 @@
 run on the workers by Parallel Text Encode, against ComfyUI's own CLIPLoader + CLIPTextEncode output from the
 same tiny files (tests/data/comfy_umt5_reference.json, made by tests/data/make_comfy_umt5_reference.py):
 bf16 and "fp8 scaled" layouts, and a llama.cpp GGUF (Q8_0) against ComfyUI-GGUF's CLIPLoaderGGUF; the tokenizer
-the file carries (a GGUF's rebuilt from its metadata), 512-token padding with zeroed padding states.
+the file carries (a GGUF's rebuilt from its metadata), 512-token padding with zeroed padding states, ComfyUI's
+(word:1.3) prompt weights.
 Wrong files are refused on the host with what / why / fix."""
 
 from __future__ import annotations

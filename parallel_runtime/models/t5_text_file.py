@@ -11,7 +11,7 @@ the family that reads them. Families combine this with their tokenizer and promp
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -104,14 +104,45 @@ def padded_tokens(rows: list[list[int]], min_length: int) -> tuple[torch.Tensor,
     return ids, mask
 
 
-def folder_tokenizer_rows(tokenizer, prompts: list[str]) -> list[list[int]]:
-    """Each prompt's T5 tokens from a tokenizer folder's tokenizer (e.g. ComfyUI's ``t5_tokenizer``), ending with
-    one END token, as ComfyUI's T5 tokenizers give them (no truncation)."""
-    rows = []
-    for prompt in prompts:
-        ids = list(tokenizer(prompt, truncation=False).input_ids)
-        rows.append((ids[:-1] if ids and ids[-1] == END else ids) + [END])
-    return rows
+def folder_tokenizer_ids(tokenizer) -> Callable[[str], list[int]]:
+    """A run of text -> its T5 tokens without the end token, from a tokenizer folder's tokenizer (e.g. ComfyUI's
+    ``t5_tokenizer``; no truncation)."""
+
+    def ids_of(text: str) -> list[int]:
+        ids = list(tokenizer(text, truncation=False).input_ids)
+        return ids[:-1] if ids and ids[-1] == END else ids
+
+    return ids_of
+
+
+@torch.no_grad()
+def encode_weighted(
+    encoder: nn.Module,
+    ids_of: Callable[[str], list[int]],
+    prompts: Sequence[str],
+    min_length: int,
+    masked: bool,
+    empty_row: Callable[[int], list[int]],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(states [B, L, D], mask [B, L]) of ``prompts`` in ComfyUI's weight syntax (``prompt_weights``): tokens + END
+    padded to ``min_length``; ``masked``: the encoder sees the mask and the padding's states are zeroed;
+    ``empty_row(L)``: the empty prompt's tokens weighted tokens are measured from (a family's rule)."""
+    from .prompt_weights import apply_weights, weighted_tokens
+
+    rows, weights = zip(*(weighted_tokens(p, ids_of, END) for p in prompts))
+    ids, mask = padded_tokens(list(rows), min_length)
+
+    def run(ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        if not masked:
+            return encoder(ids)
+        states = encoder(ids, mask)
+        return states * mask.to(states.device, states.dtype).unsqueeze(-1)
+
+    states = run(ids, mask)
+    if any(w != 1.0 for row in weights for w in row):
+        empty = torch.tensor([empty_row(ids.shape[1])])
+        states = apply_weights(states, run(empty, (torch.arange(empty.shape[1]) < 1).long()[None]), list(weights))
+    return states, mask
 
 
 def file_t5_sizes(path: str | os.PathLike, what: str = "T5") -> T5Sizes:

@@ -47,7 +47,13 @@ FILES = {
     "Q8_0": "tiny_t5_Q8_0.gguf",
 }
 CASES = [("chroma", "bf16"), ("chroma", "fp8_scaled"), ("chroma", "Q8_0"), ("sd3", "bf16"), ("sd3", "Q8_0")]
-PROMPTS = ["a red fox in the snow", "A lighthouse at dusk, waves crashing against the rocks at night.", ""]
+PROMPTS = [
+    "a red fox in the snow",
+    "A lighthouse at dusk, waves crashing against the rocks at night.",
+    "",
+    "a (red:1.3) fox in the ((snow)), \\(literal\\) parentheses",  # ComfyUI's weight syntax
+    "(a lighthouse:0.8) at dusk (unclosed",
+]
 
 
 def tiny_patches(config: Path):

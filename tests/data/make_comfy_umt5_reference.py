@@ -64,6 +64,8 @@ PROMPTS = [
     "A lighthouse at dusk, waves crashing against the rocks.",
     "",
     "Zebra crossing   with  double spaces\nand a new line; ünïcödé 漢字",
+    "a (red:1.3) fox in the ((snow)), \\(literal\\) parentheses",  # ComfyUI's weight syntax
+    "(a lighthouse:0.8) at dusk (unclosed",
 ]
 CORPUS = [
     "a red fox runs in the white snow at dawn",

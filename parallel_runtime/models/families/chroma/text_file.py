@@ -2,7 +2,7 @@
 (``t5xxl_fp16.safetensors``, ``t5xxl_fp8_e4m3fn_scaled.safetensors``, or a T5-XXL encoder GGUF as ComfyUI-GGUF's
 CLIPLoaderGGUF reads it; the encoder itself is read by ``models.t5_text_file``). The tokenizer is ComfyUI's own
 ``t5_tokenizer`` folder. A prompt is encoded as ComfyUI does for Chroma: its tokens and the end token, no padding,
-no attention mask; no pooled output.
+no attention mask; no pooled output; ComfyUI's ``(word:1.2)`` weights as it reads them.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from ...base import Conditioning
-from ...t5_text_file import check_t5xxl_file, folder_tokenizer_rows, load_t5_text_file, padded_tokens
+from ...t5_text_file import PAD, check_t5xxl_file, encode_weighted, folder_tokenizer_ids, load_t5_text_file
 from ..spec import TextEncoderFile
 
 WHAT = "T5-XXL (Chroma's text encoder)"
@@ -21,9 +21,10 @@ WHAT = "T5-XXL (Chroma's text encoder)"
 
 @torch.no_grad()
 def encode_chroma_file(encoder: nn.Module, tokenizer, prompts: Sequence[str], max_sequence_length: int = 1):
-    """Chroma conditioning of ``prompts`` (``max_sequence_length``: the least padded length, 1 = none)."""
-    ids, mask = padded_tokens(folder_tokenizer_rows(tokenizer, list(prompts)), max_sequence_length)
-    states = encoder(ids)  # ComfyUI runs Chroma's T5 without a mask
+    """Chroma conditioning of ``prompts`` (``max_sequence_length``: the least padded length, 1 = none). ComfyUI runs
+    Chroma's T5 without a mask; weighted tokens are measured from an empty prompt of padding only (its rule)."""
+    ids_of = folder_tokenizer_ids(tokenizer)
+    states, mask = encode_weighted(encoder, ids_of, prompts, max_sequence_length, False, lambda n: [PAD] * n)
     return Conditioning(states, None, None if bool(mask.all()) else mask.to(states.device))
 
 

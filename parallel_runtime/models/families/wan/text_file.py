@@ -7,7 +7,7 @@ The tokenizer travels in the file: a SentencePiece model stored as the uint8 ten
 GGUF the vocabulary as ``tokenizer.ggml.*`` metadata (rebuilt by ``models.gguf.spm_tokenizer``). A prompt
 is encoded as ComfyUI does for Wan (no cleaning): its pieces, the end token (1), padded with 0 to at least 512
 tokens (a longer prompt is kept whole); the encoder sees the attention mask and the states of the padding are
-zeroed. ComfyUI's prompt-weight syntax ``(word:1.2)`` is not read: the text is encoded as written.
+zeroed; ComfyUI's prompt-weight syntax ``(word:1.2)`` is read as ComfyUI reads it (``models.prompt_weights``).
 """
 
 from __future__ import annotations
@@ -22,10 +22,11 @@ from ....errors import ConfigError
 from ...base import Conditioning
 from ...t5_text_file import (
     END,
+    PAD,
+    encode_weighted,
     file_t5_sizes,
     final_norm_dtype,
     load_t5_text_file,
-    padded_tokens,
     safetensors_shapes,
 )
 from ..spec import TextEncoderFile
@@ -93,21 +94,16 @@ def umt5_tokenizer(path: str, tokenizer_dir: str | None = None) -> FileTokenizer
     return FileTokenizer(data.to(torch.uint8).numpy().tobytes(), file.path.name)
 
 
-def comfy_tokens(
-    tokenizer: FileTokenizer, prompts: Sequence[str], min_length: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(ids, mask) [B, L]: each prompt's pieces + END, padded with PAD to max(min_length, longest)."""
-    return padded_tokens([tokenizer.ids(p) + [END] for p in prompts], min_length)
-
-
 @torch.no_grad()
 def encode_wan_file(
     encoder: nn.Module, tokenizer: FileTokenizer, prompts: Sequence[str], max_sequence_length: int = MIN_LENGTH
 ) -> Conditioning:
-    """Wan conditioning of ``prompts`` (see the module doc; ``max_sequence_length``: the padded length)."""
-    ids, mask = comfy_tokens(tokenizer, prompts, max_sequence_length)
-    states = encoder(ids, mask)
-    return Conditioning(states * mask.to(states.device, states.dtype).unsqueeze(-1))
+    """Wan conditioning of ``prompts`` (see the module doc; ``max_sequence_length``: the padded length). Weighted
+    tokens are measured from the empty prompt (END, then padding)."""
+    states, _ = encode_weighted(
+        encoder, tokenizer.ids, prompts, max_sequence_length, True, lambda n: [END] + [PAD] * (n - 1)
+    )
+    return Conditioning(states)
 
 
 def load_umt5_file(path, device="cpu", dtype=torch.bfloat16, storage="auto", overrides=None) -> nn.Module:
