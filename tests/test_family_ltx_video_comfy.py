@@ -1,6 +1,7 @@
 """LTX-Video 0.9 against ComfyUI's own code: the outputs stored by tests/data/make_comfy_ltx_video_reference.py
 (ComfyUI 0.3.64 loading a tiny Lightricks-layout file and running KSampler on EmptyLTXVLatentVideo, with and
-without LTXVConditioning's frame rate, CONDITIONING tensors with attention masks given directly) equal our engine
+without LTXVConditioning's frame rate, CONDITIONING tensors with attention masks given directly; SamplerCustom on
+LTXVScheduler's SIGMAS) equal our engine
 on the same file, loaded through our single-file loader, to 1e-4 relative (L2): on one device and on Ulysses 2,
 CFG 2 and PipeFusion 2 in real worker processes; the model sampling and latent format are ComfyUI's."""
 
@@ -87,6 +88,17 @@ def test_text_to_video_equals_comfyui_ksampler(checkpoint, index):
     assert LTXV.channels == REF["latent_format"]["channels"]
     pos, neg, latent, settings, expected = inputs(index)
     close(denoise_latent(adapter, ParallelMesh.single(), ms, pos, neg, latent, settings), expected)
+
+
+def test_ltxv_scheduler_sigmas_equal_comfyui_sampler_custom(checkpoint):
+    """LTXVScheduler's SIGMAS (a SIGMAS input of the Parallel Sampler) sample as ComfyUI's SamplerCustom does."""
+    case, run = REF["t2v"], REF["t2v"]["ltxv_scheduler"]
+    adapter = load_single_file_components(checkpoint, "cpu", torch.float32).adapter()
+    settings = SamplingSettings(seed=run["seed"], cfg=run["cfg"], sampler=run["sampler"], sigmas=tensor(run["sigmas"]))
+    pos, neg = (conditioning(case[side], run["frame_rate"]) for side in ("positive", "negative"))
+    out = denoise_latent(adapter, ParallelMesh.single(), model_sampling_for(adapter), pos, neg, tensor(case["latent"]),
+                         settings)  # fmt: skip
+    close(out, tensor(run["output"]))
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))

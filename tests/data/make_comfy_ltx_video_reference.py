@@ -37,11 +37,12 @@ PREFIX = "model.diffusion_model."
 def import_comfy(comfy_dir: Path, base: Path) -> SimpleNamespace:
     prepare_comfy(comfy_dir, base, stub_missing=False)
     import comfy.sd
+    import comfy_extras.nodes_custom_sampler as custom
     import comfy_extras.nodes_lt as lt
 
     import nodes
 
-    return SimpleNamespace(sd=comfy.sd, nodes=nodes, lt=lt)
+    return SimpleNamespace(sd=comfy.sd, nodes=nodes, lt=lt, custom=custom)
 
 
 def load_model(c: SimpleNamespace, folder: Path, cfg: TinyLTXVideo, salt: str) -> tuple[object, dict]:
@@ -98,6 +99,14 @@ def case_t2v(c, folder: Path) -> dict:
             {"seed": seed, "steps": steps, "cfg": scale, "sampler": sampler, "scheduler": scheduler,
              "frame_rate": frame_rate, "output": tensor_json(out["samples"])}
         )  # fmt: skip
+    # LTXVScheduler's SIGMAS (its token-count shift, stretched to the terminal) through SamplerCustom
+    (sigmas,) = node(c.lt.LTXVScheduler, 4, 2.05, 0.95, True, 0.1, latent)
+    positive, negative = node(c.lt.LTXVConditioning, pos, neg, 24.0)
+    (sampler,) = c.custom.KSamplerSelect().get_sampler("euler")
+    out, _ = c.custom.SamplerCustom().sample(model, True, 11, 3.0, positive, negative, sampler, sigmas, latent)
+    scheduled = {"seed": 11, "cfg": 3.0, "sampler": "euler", "frame_rate": 24.0, "sigmas": tensor_json(sigmas),
+                 "ltxv_scheduler": {"steps": 4, "max_shift": 2.05, "base_shift": 0.95, "stretch": True,
+                                    "terminal": 0.1}, "output": tensor_json(out["samples"])}  # fmt: skip
     return {
         "model": info,
         "latent": tensor_json(latent["samples"]),
@@ -105,6 +114,7 @@ def case_t2v(c, folder: Path) -> dict:
         "positive": pos_recipe,
         "negative": neg_recipe,
         "runs": runs,
+        "ltxv_scheduler": scheduled,
     }
 
 

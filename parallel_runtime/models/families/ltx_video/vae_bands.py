@@ -52,7 +52,11 @@ def band_layers(vae: nn.Module) -> BandLayers:
     for name, module in vae.decoder.named_modules():
         if not isinstance(module, conv_class):
             if isinstance(module, (nn.Conv2d, nn.Conv3d, nn.GroupNorm)) and not name.endswith(".conv"):
-                raise ConfigError(f"the parallel LTX-Video VAE decode cannot split decoder.{name}", "", _FIX)
+                raise ConfigError(
+                    f"the parallel LTX-Video VAE decode cannot split decoder.{name} ({type(module).__name__})",
+                    "each rank decodes a band of rows: exact when only the decoder's LTX convs look beyond a row",
+                    _FIX,
+                )
             continue
         conv = module.conv
         kt, _, _ = conv.kernel_size
