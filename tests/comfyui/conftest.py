@@ -99,12 +99,14 @@ INPUT_IMAGES = (
     "qwen_edit_person.png",
     "qwen_edit_scene.png",
     "fill_input.png",
+    "controlnet_canny_input.png",
 )
 
-# The LoRA files the shipped workflows name, stood in by the tiny LoRA test files (tests/data/lora).
+# The LoRA and ControlNet files the shipped workflows name, stood in by tiny test files (under tests/data).
 LORA_STAND_INS: dict[str, str] = {
-    "loras/flux_style_lora.safetensors": "flux_kohya.safetensors",
-    "loras/flux_character_lora.safetensors": "flux_peft.safetensors",
+    "loras/flux_style_lora.safetensors": "lora/flux_kohya.safetensors",
+    "loras/flux_character_lora.safetensors": "lora/flux_peft.safetensors",
+    "controlnet/FLUX.1-dev-ControlNet-Union-Pro.safetensors": "tiny_flux_controlnet_union.safetensors",
 }
 
 
@@ -144,7 +146,7 @@ def _lay_out_models(models: Path) -> None:
     for rel, name in LORA_STAND_INS.items():
         link = models / rel
         link.parent.mkdir(parents=True, exist_ok=True)
-        link.symlink_to(REPO / "tests" / "data" / "lora" / name)
+        link.symlink_to(REPO / "tests" / "data" / name)
 
 
 def _put_input_images(folder: Path) -> None:
