@@ -71,3 +71,19 @@ def test_layer_plan_keeps_decoder_layers_whole_in_order_within_each_budget():
         assert 0 < held <= budget[gpu], (gpu, held, budget)
     with pytest.raises(ConfigError, match="does not fit the GPUs' free memory"):
         layer_device_map(encoder, {"cuda:0": total // 4, "cuda:1": total // 4})
+
+
+def test_t5_encoder_files_are_planned_by_whole_blocks():
+    """The T5 / UMT5 encoder of a text-encoder file (``models.t5_encoder``), shaped like T5-XXL: blocks whole and in
+    order over the GPUs, the token table on the first."""
+    from parallel_runtime.models.t5_encoder import T5Sizes, T5TextEncoder
+
+    encoder = T5TextEncoder(T5Sizes(vocab=64, width=32, inner=32, heads=2, ff=96, blocks=8)).eval()
+    sizes = {n: p.numel() * p.element_size() for n, p in encoder.named_parameters()}
+    total = sum(sizes.values())
+    plan = layer_device_map(encoder, {"cuda:0": total * 7 // 10, "cuda:1": total * 7 // 10})
+    assert _device_of(plan, "shared.weight") == "cuda:0" and set(plan.values()) == set(GPUS)
+    blocks = [_device_of(plan, f"encoder.block.{i}.layer.1.DenseReluDense.wo.weight") for i in range(8)]
+    assert blocks == sorted(blocks) and len(set(blocks)) == 2, blocks
+    for i in range(8):
+        assert len({_device_of(plan, n) for n in sizes if n.startswith(f"encoder.block.{i}.")}) == 1
