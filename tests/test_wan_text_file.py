@@ -61,8 +61,10 @@ def test_gguf_keeps_q8_0_blocks_and_rebuilds_the_file_s_tokenizer():
     from parallel_runtime.models.gguf.linear import gguf_layers
 
     path = DATA / REFERENCE["cases"]["Q8_0"]["file"]
-    layers = gguf_layers(load_umt5_file(path, "cpu", torch.float32))
+    model = load_umt5_file(path, "cpu", torch.float32)
+    layers = gguf_layers(model)
     assert len(layers) == 2 * 7 and {layer.kind.name for layer in layers.values()} == {"Q8_0"}
+    assert model.shared.weight.dtype == torch.float16  # the dequantised token table, as ComfyUI-GGUF holds UMT5's
     rebuilt = umt5_tokenizer(str(path))
     stored = umt5_tokenizer(str(DATA / REFERENCE["cases"]["bf16"]["file"]))
     assert rebuilt.processor.get_piece_size() == stored.processor.get_piece_size()

@@ -4,7 +4,7 @@ CLIPLoaderGGUF reads ``t5-v1_1-xxl-encoder-Q8_0.gguf`` / ``umt5-xxl-encoder-Q8_0
 The file's names (``enc.blk.N.attn_q.weight``, ``token_embd.weight``, ``enc.output_norm.weight``) are found from
 the original checkpoints' names through the ``gguf`` package's tensor map (``gguf.text_model``); the sizes come
 from the tensors' shapes (``t5_layout.t5_sizes``). Linear weights stay in their GGML blocks; the token
-embedding is dequantised once at load, as ComfyUI-GGUF does with UMT5-XXL's.
+embedding is dequantised once at load and held in float16, as ComfyUI-GGUF does with UMT5-XXL's.
 """
 
 from __future__ import annotations
@@ -46,4 +46,6 @@ def load_t5_gguf(path: Path, device, dtype: torch.dtype, storage: str = "auto", 
     wanted = [n for n, _ in model.named_parameters()]
     source = TensorSource(**text_source_fields(file, {n: names.get(n, f"(no tensor for {n})") for n in wanted}))
     load_tensors(model, source, lambda name: "all", device, dtype, what=f"of the {what} encoder", storage=storage)
+    if file.tensors[names["shared.weight"]].kind.packed:  # dequantised in float16 products: exact in float16,
+        model.shared.weight.data = model.shared.weight.data.to(torch.float16)  # half the bytes (UMT5's is 1B values)
     return model.eval().requires_grad_(False)
