@@ -7,7 +7,7 @@ stated as zero padding of the rows (the band halos) and a padding wrapper that r
 the width with zeros, then the conv without padding of its own. The latent is un-normalised first with the VAE's
 own per-channel statistics (``latents_mean`` / ``latents_std``, scaling factor 1), as diffusers' pipeline and
 ComfyUI's VAE do. Decoders that inject noise (``decoder_inject_noise``: random spatial noise, which a band cannot
-reproduce) or take a decode timestep are refused: they decode on one device.
+reproduce) or take a decode timestep (0.9.1+) are refused with the way out: ComfyUI's VAE Decode on the LATENT.
 """
 
 from __future__ import annotations
@@ -21,7 +21,10 @@ from ... import compat
 from ...video_vae import BandLayers, CausalConv, VideoVae
 
 VAE_CLASS = "AutoencoderKLLTXVideo"
-_FIX = "decode this VAE on one device (vae.decode), or use the LTX-Video 0.9.0 VAE as published"
+_FIX = (
+    "decode the LATENT with ComfyUI's VAE Decode and the model's VAE (CheckpointLoaderSimple / VAELoader), "
+    "or use the LTX-Video 0.9.0 VAE as published"
+)
 
 
 class _FramesThenConv(nn.Module):

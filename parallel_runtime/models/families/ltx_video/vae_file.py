@@ -5,7 +5,7 @@ The 0.9.0 layout numbers the decoder's pieces ``up_blocks.0`` (the mid block) to
 depth-to-space upsamplers and the channel-changing resnets in a fixed order) and the encoder's ``down_blocks.0``
 to ``.9``; widths, resnets per level, latent channels and the pixel patch come from the tensor shapes, the renaming
 is diffusers' own single-file converter's. The later layouts (0.9.1+: a decode timestep, noise injection; 0.9.5:
-another block order) are refused with the way out: their diffusers folders load.
+another block order) are refused with the way out: ComfyUI's VAE Decode on the LATENT.
 """
 
 from __future__ import annotations
@@ -49,7 +49,8 @@ def vae_config(shapes: Shapes) -> dict[str, Any]:
             "an LTX-Video VAE in a later Lightricks layout (0.9.1 or newer)",
             "only the 0.9.0 VAE layout is read from single files so far (later ones add a decode timestep, noise "
             "injection or another block order)",
-            "use the model's diffusers folder (its vae/ subfolder) in ComfyUI/models/diffusers",
+            "decode the LATENT with ComfyUI's VAE Decode (the VAE of CheckpointLoaderSimple on this file), and load "
+            "the transformer with a VAE file of the 0.9.0 layout or none",
         )
     decoder = [_width(shapes, f"decoder.up_blocks.{i}") for i in DECODER_LEVELS]
     encoder = [_width(shapes, f"encoder.down_blocks.{i}") for i in ENCODER_LEVELS]
@@ -81,7 +82,7 @@ def build(state: dict[str, torch.Tensor], config: dict[str, Any], name: str) -> 
             f"{name}: an LTX-Video VAE whose tensors do not fit the 0.9.0 layout "
             f"(missing {missing[:3]}, unexpected {unexpected[:3]})",
             "the VAE is read with diffusers' converter of Lightricks' names and a config from its shapes",
-            "use the model's diffusers folder (its vae/ subfolder)",
+            "decode the LATENT with ComfyUI's VAE Decode (the VAE of CheckpointLoaderSimple on this file)",
         )
     vae.load_state_dict(converted, strict=True, assign=True)
     return vae
