@@ -8,6 +8,7 @@ import torch
 
 from ..attention.usp import SequenceParallelAttention
 from ..models.base import BlockRunner, Conditioning, ModelAdapter
+from ..models.reference_latents import reference_count
 from ..parallel.collectives import all_gather_cat
 from ..parallel.mesh import ParallelMesh
 from ..sampling import Guided, ModelSampling, cfg_combine, uses_uncond
@@ -104,7 +105,9 @@ class Denoiser:
             mask = self.denoise_mask.repeat(shape[0] // self.denoise_mask.shape[0], *([1] * (len(shape) - 1)))
             timestep = adapter.process_timestep(timestep, mask)
         links = self.active_links(control, sigma)
-        self.attention.begin_forward((tuple(shape), tuple(cond.prompt_embeds.shape), layout_tag(links, self.controls)))
+        # the tag names the sequence: reference-image tokens lengthen it (branches may carry different references)
+        tag = (tuple(shape), tuple(cond.prompt_embeds.shape), reference_count(cond), layout_tag(links, self.controls))
+        self.attention.begin_forward(tag)
         residuals = None
         if links:  # the ControlNets run first, on the same split tokens; their residuals stay on this rank
             main_blocks = [adapter.block(i)[0] for i in range(adapter.num_blocks)]

@@ -10,7 +10,8 @@ forward from the time/guidance embedding and carried in ``Activations.temb`` as 
 every block takes its slice. Single blocks are called with text and image apart
 (``split_hidden_states``), so each sp rank's [text shard, image shard] is the same in both block kinds.
 ComfyUI left-pads FLUX.2 text to 512 tokens with zeros (``model_base.Flux2``); shorter conditioning is
-padded the same way here.
+padded the same way here. Reference images (``comfy_inputs``) are appended after the image's tokens with their
+ids, as Flux2Pipeline's ``image=`` appends them; the prediction keeps the image's tokens.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from ....errors import ConfigError
 from ... import compat
 from ...base import Activations, Conditioning, ModelAdapter, ModelPlan, Split
 from ...latent_formats import LatentFormat
+from ...reference_latents import in_model_space, references_of
 from ...sampling_spec import flux_sampling
 from . import ID
 from .latent import latent_format as flux2_latent_format
@@ -75,7 +77,12 @@ class Flux2Adapter(ModelAdapter):
                 "pass guidance (e.g. 4.0, Flux2Pipeline's guidance_scale; ComfyUI's FluxGuidance node)",
             )
         rows, cols = self.grid_of(x)
-        tokens = self.patchify(x)
+        tokens, ids = self.patchify(x), image_ids(rows, cols, x.device)
+        refs = references_of(cond, "FLUX.2")
+        if refs is not None:  # reference tokens after the image's, in model space
+            ref = in_model_space(refs.tokens, self.plan.latent_format, 1, "pqc")
+            tokens = torch.cat([tokens, ref.to(tokens.dtype)], dim=1)
+            ids = torch.cat([ids, refs.ids[0].to(ids)])
         ts = timestep.to(tokens.dtype) * 1000
         g = guidance.to(tokens.dtype) * 1000 if self.plan.guidance_embed else None
         temb = t.time_guidance_embed(ts, g)
@@ -95,8 +102,9 @@ class Flux2Adapter(ModelAdapter):
             temb_out=temb,
             grid=(rows, cols),
             txt_tokens=txt.shape[1],
-            img_rope=t.pos_embed(image_ids(rows, cols, x.device)),
+            img_rope=t.pos_embed(ids),
             txt_rope=t.pos_embed(text_ids(txt.shape[1], x.device)),
+            ref_tokens=0 if refs is None else refs.tokens.shape[1],
         )
 
     def call_block(self, list_name: str, block: nn.Module, acts: Activations) -> Activations:

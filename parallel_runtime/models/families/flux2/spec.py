@@ -9,6 +9,7 @@ from ....parallel.layout import LayoutHints
 from ..flux.spec import GGUF as FLUX1_GGUF
 from ..spec import FamilySpec, GGUFFacts, TextFacts
 from . import DEV, ID
+from .comfy_inputs import COMFY_CONDITIONING
 
 
 def _adapter():
@@ -64,4 +65,5 @@ FAMILY = FamilySpec(
     previews=(),  # ComfyUI 0.3.64 knows no FLUX.2 latent format (see latent.py)
     distilled_guidance=True,
     gguf=GGUF,
+    comfy_conditioning=COMFY_CONDITIONING,
 )
