@@ -101,6 +101,8 @@ def can_batch(a: Conditioning, b: Conditioning) -> bool:
     """Whether two conditionings can run as one batch: the same optional parts, of the same shapes."""
     if type(a.extras) is not type(b.extras):  # a family's extras hold at least one tensor when present
         return False
+    if a.extras is not None and any(getattr(a.extras, n) != getattr(b.extras, n) for n in a.extras.settings_fields):
+        return False
     for x, y in zip(a.tensors().values(), b.tensors().values()):
         if (x is None) != (y is None) or (x is not None and x.shape[1:] != y.shape[1:]):
             return False

@@ -21,7 +21,7 @@ import dataclasses
 import math
 from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
-from typing import Any, Literal, Protocol
+from typing import Any, ClassVar, Literal, Protocol
 
 import torch
 from torch import nn
@@ -99,8 +99,10 @@ class ConditioningExtras:
     tensors declared in the family's folder (e.g. Wan's image-to-video inputs). The helpers that move, batch
     and expand conditioning treat its fields as they treat the shared ones."""
 
+    settings_fields: ClassVar[tuple[str, ...]] = ()  # plain fields: kept when tensors move, equal to batch
+
     def tensors(self) -> dict[str, torch.Tensor | None]:
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in self.settings_fields}
 
 
 EXTRAS = "extras."  # the prefix of a family's extra tensors in Conditioning.tensors()

@@ -8,9 +8,10 @@ cross-attention ``attn2``, which runs outside the sequence-parallel intercept.
 Variants, as ComfyUI tells them apart (``comfy.model_detection`` / ``model_base.WAN21`` / ``WAN22``):
 - text-to-video (in = out = 16 channels): Wan 2.1 1.3B / 14B, Wan 2.2 A14B high- and low-noise experts;
 - image-to-video (36 = 16 + 4 mask + 16 image-latent channels): Wan 2.1 I2V 14B (with CLIP-vision
-  ``image_embeds``) and Wan 2.2 I2V A14B (without). The extra channels are built here from the
-  conditioning exactly as ComfyUI's ``WAN21.concat_cond`` builds them from ``WanImageToVideo``'s
-  ``concat_latent_image`` / ``concat_mask``;
+  ``image_embeds``) and Wan 2.2 I2V A14B (without); Fun-Control (Wan 2.1: 48 = 16 + 16 control + 16 image,
+  Wan 2.2: 52 with 4 mask channels between them). The extra channels are built (``concat``) from the
+  conditioning's ``concat_latent_image`` / ``concat_mask`` / ``concat_mask_index`` as ComfyUI's
+  ``WAN21.concat_cond`` builds them from ``WanImageToVideo`` / ``WanFunControlToVideo``'s;
 - Wan 2.2 TI2V-5B (48 channels, 16x VAE): timesteps may differ per frame (``Wan22ImageToVideoLatent`` keeps
   the first frame): the time embedding is computed per frame and expanded to a per-token modulation, which
   is split over "sp" with the tokens (diffusers' 4-D ``temb`` path).
@@ -28,6 +29,7 @@ from ... import compat
 from ...base import Activations, Conditioning, LatentFormat, ModelAdapter, ModelPlan, Split
 from ...sampling_spec import discrete_flow_sampling
 from . import ID
+from .concat import concat_channels, cuts_image
 from .conditioning import image_inputs
 from .latent import WAN21, WAN22
 
@@ -85,31 +87,12 @@ class WanAdapter(ModelAdapter):
 
     # -- inputs ------------------------------------------------------------------------------------
     def condition_channels(self, x: torch.Tensor, cond: Conditioning) -> torch.Tensor:
-        """The I2V input channels after the latent ones (ComfyUI ``WAN21.concat_cond``): ``1 - mask``
-        (4 channels) then the start-image latent in model space; zeros when the conditioning has none.
-        ``x`` may be padded to whole tokens (``pad_to_patch``): the image and mask, made at the latent's
-        own size, are padded the same way (ComfyUI pads the concatenated input as one)."""
-        extra = self.transformer.config.in_channels - x.shape[1]
-        if extra == 0:
-            return x
-        inputs = image_inputs(cond)
-        image, mask = inputs.concat_image, inputs.concat_mask
-        if image is None:
-            return torch.cat([x, x.new_zeros(x.shape[0], extra, *x.shape[2:])], dim=1)
-        image = _fit(self.pad_to_patch(image.to(x.device)), x, "concat_latent_image").to(x.dtype)
+        """The latent with the image-to-video / Fun-Control input channels after it (``concat``; ComfyUI
+        ``WAN21.concat_cond``); ``x`` may be padded to whole tokens (``pad_to_patch``)."""
+        config = self.transformer.config
+        cuts = cuts_image(config.in_channels, config.image_dim, self.per_frame_time)
         fmt = self.plan.latent_format
-        image = torch.cat([fmt.to_model(part) for part in image.split(fmt.channels, dim=1)], dim=1)
-        image = image[:, : extra - 4]
-        if mask is None:
-            mask = x.new_zeros(x.shape[0], 4, *x.shape[2:])
-        else:
-            mask = mask.to(x.device, x.dtype)
-            mask = 1.0 - (mask if mask.shape[1] == 4 else mask.mean(dim=1, keepdim=True))
-            if mask.shape[2] < x.shape[2]:
-                mask = nn.functional.pad(mask, (0, 0, 0, 0, 0, x.shape[2] - mask.shape[2]))
-            mask = self.pad_to_patch(mask.expand(-1, 4, -1, -1, -1) if mask.shape[1] == 1 else mask)
-            mask = _fit(mask, x, "concat_mask")
-        return torch.cat([x, mask, image], dim=1)
+        return concat_channels(x, image_inputs(cond), config.in_channels, fmt, cuts, self.pad_to_patch)
 
     def process_timestep(self, timestep: torch.Tensor, denoise_mask: torch.Tensor | None) -> torch.Tensor:
         """TI2V: one timestep per frame, scaled by the frame's mean denoise mask (ComfyUI
@@ -186,24 +169,3 @@ def _per_token(value: torch.Tensor, frames: int, per_frame_tokens: int) -> torch
     if value.shape[1] == 1:
         return value.expand(value.shape[0], frames * per_frame_tokens, *value.shape[2:])
     return value.repeat_interleave(per_frame_tokens, dim=1)
-
-
-def _fit(t: torch.Tensor, x: torch.Tensor, what: str) -> torch.Tensor:
-    """``t`` on x's device with x's batch (a batch of 1 is repeated); its frames and size must be x's."""
-    if tuple(t.shape[2:]) != tuple(x.shape[2:]):
-        raise ConfigError(
-            f"the conditioning's {what} is {tuple(t.shape[2:])} (frames, height, width) but the latent is "
-            f"{tuple(x.shape[2:])}",
-            "Wan image-to-video concatenates the start-image latent and mask to the latent, position by position",
-            "give WanImageToVideo the same width, height and length as the latent you sample",
-        )
-    t = t.to(x.device)
-    if t.shape[0] == x.shape[0]:
-        return t
-    if x.shape[0] % t.shape[0] == 0:
-        return t.repeat(x.shape[0] // t.shape[0], *([1] * (t.ndim - 1)))
-    raise ConfigError(
-        f"the conditioning's {what} has batch {t.shape[0]} but the latent has batch {x.shape[0]}",
-        "each latent needs its start image (or one shared by all)",
-        "use one start image, or as many as latents",
-    )

@@ -1,9 +1,13 @@
-"""What Wan takes from a ComfyUI CONDITIONING beyond text: ``WanImageToVideo``'s start image.
+"""What Wan takes from a ComfyUI CONDITIONING beyond text: ``WanImageToVideo``'s start image,
+``WanFunControlToVideo`` / ``Wan22FunControlToVideo``'s control video and start image.
 
-``concat_latent_image`` / ``concat_mask`` (the start-image latent and where it is kept) and
-``clip_vision_output``'s penultimate hidden states (Wan 2.1 I2V) become the Conditioning's ``WanImageInputs``.
-As in ComfyUI, a model without image K/V (``expected["image_dim"]`` None) does not use the CLIP-vision output.
-Light to import: torch is imported on call.
+``concat_latent_image`` / ``concat_mask`` / ``concat_mask_index`` (the image latents, where the start image is
+kept, where the mask channels go) and ``clip_vision_output``'s penultimate hidden states (Wan 2.1 I2V) become
+the Conditioning's ``WanImageInputs``. As in ComfyUI, a model without image K/V (``expected["image_dim"]`` None)
+does not use the CLIP-vision output, and a model with extra input channels but no image reads zeros there
+(a Fun-Control model without a control video). Unlike ComfyUI, which ignores them, image latents given to a
+model without extra input channels are refused, as are image latents that do not fill the model's channels
+(ComfyUI fails inside the model). Light to import: torch is imported on call.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from typing import Any
 from ....errors import ConfigError
 from ..spec import ComfyConditioning
 
-KEYS = ("concat_latent_image", "concat_mask", "clip_vision_output")  # WanImageToVideo's additions
+KEYS = ("concat_latent_image", "concat_mask", "concat_mask_index", "clip_vision_output")  # the nodes' additions
 
 
 def image_inputs(options: Mapping[str, Any], expected: Mapping[str, int | None], role: str):
@@ -34,6 +38,15 @@ def image_inputs(options: Mapping[str, Any], expected: Mapping[str, int | None],
                     "use WanImageToVideo with a Wan VAE",
                 )
             out[field] = value.float().cpu()
+    index = options.get("concat_mask_index")
+    if index:
+        if not isinstance(index, int) or "concat_image" not in out or not 0 < index < out["concat_image"].shape[1]:
+            raise ConfigError(
+                f"the {role} conditioning's concat_mask_index is {index!r}",
+                "it says how many of concat_latent_image's channels come before the mask channels",
+                "use Wan22FunControlToVideo's conditioning as it makes it",
+            )
+        out["concat_mask_index"] = index
     clip = options.get("clip_vision_output")
     if clip is not None and expected.get("image_dim"):
         states = getattr(clip, "penultimate_hidden_states", None)
@@ -44,7 +57,36 @@ def image_inputs(options: Mapping[str, Any], expected: Mapping[str, int | None],
                 "encode the start image with CLIPVisionLoader (clip_vision_h) and CLIPVisionEncode",
             )
         out["image_embeds"] = states.float().cpu()
-    return WanImageInputs(**out) if out else None
+    inputs = WanImageInputs(**out) if out else None
+    image_inputs_fit(inputs, expected, role)
+    return inputs
 
 
-COMFY_CONDITIONING = ComfyConditioning(KEYS, image_inputs)
+def image_inputs_fit(extras: Any, expected: Mapping[str, Any], where: str) -> None:
+    """Image latents only for a model with extra input channels, and of a width that fills them
+    (``expected["in_channels"]`` / ``["latent_channels"]``; nothing is checked when they are unknown)."""
+    from .concat import cuts_image, takes_mask
+    from .conditioning import WanImageInputs
+
+    in_channels, latent = expected.get("in_channels"), expected.get("latent_channels")
+    image = extras.concat_image if isinstance(extras, WanImageInputs) else None
+    if image is None or not (in_channels and latent):
+        return
+    if in_channels == latent:
+        raise ConfigError(
+            f"the {where} conditioning carries image latents (concat_latent_image) for a Wan model without extra "
+            "input channels",
+            "only the image-to-video and Fun-Control models read a start image or control video; this model would "
+            "ignore it (ComfyUI does, silently)",
+            "load the Wan I2V or Fun-Control model, or leave out WanImageToVideo / WanFunControlToVideo",
+        )
+    per_frame_time = latent == 48  # TI2V-5B
+    takes_mask(
+        in_channels - latent,
+        image.shape[1],
+        cuts_image(in_channels, expected.get("image_dim"), per_frame_time),
+        f"the {where}",
+    )
+
+
+COMFY_CONDITIONING = ComfyConditioning(KEYS, image_inputs, image_inputs_fit)
