@@ -50,7 +50,7 @@ UNION_TYPE = 3  # canny, one of the 10 control types of a Union file
 
 def _controlnet_file(transformer_config: dict[str, Any], cfg: dict[str, int], path: Path) -> Path:
     """A random-weight Flux Union ControlNet of the model's width, saved as a single safetensors file."""
-    from diffusers.models.controlnets.controlnet_flux import FluxControlNetModel
+    from diffusers import FluxControlNetModel
     from safetensors.torch import save_file
 
     torch.manual_seed(0)

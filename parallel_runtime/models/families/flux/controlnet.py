@@ -187,7 +187,7 @@ class FluxControlNet:
 def build_model(state: dict[str, torch.Tensor], config: dict[str, Any], name: str, main: ModelAdapter) -> Any:
     """diffusers' FluxControlNetModel of ``config`` holding ``state`` (its names), on the main model's device
     and dtype."""
-    from diffusers.models.controlnets.controlnet_flux import FluxControlNetModel
+    from diffusers import FluxControlNetModel
 
     if config["attention_head_dim"] != sum(config["axes_dims_rope"]):
         raise ConfigError(
