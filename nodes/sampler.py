@@ -130,8 +130,9 @@ class ParallelSampler(DeclaredNode):
             ),
             Float(
                 "guidance",
-                "Flux / FLUX.2 distilled guidance of conditioning entries without their own (FluxGuidance sets it "
-                "per entry, on the negative too; KSampler uses 3.5). Ignored by SD3, PixArt, Qwen-Image and Wan.",
+                "Distilled guidance of conditioning entries without their own (FluxGuidance sets it per entry, on "
+                "the negative too; KSampler uses 3.5). Read by the models with a guidance embedding (Flux, FLUX.2, "
+                "HunyuanVideo); ignored by the others (SD3, Chroma, PixArt, Qwen-Image, Wan, ...).",
                 limits.DEFAULT_GUIDANCE,
                 0.0,
                 limits.MAX_GUIDANCE,
