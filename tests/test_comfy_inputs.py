@@ -22,6 +22,17 @@ def test_conditioning_round_trip_and_entry_options():
     first, second = to_branch(combined, expected, "flux")
     assert first.is_plain and first.guidance is None
     assert (second.strength, second.start_percent, second.end_percent) == (0.5, 0.2, 0.8)
+    mask = torch.ones(1, 8, 8)
+    area, masked, percent = to_branch(
+        flux_cond(area=(4, 6, 2, 0), strength=0.8)
+        + flux_cond(mask=mask, mask_strength=0.5, set_area_to_bounds=True)
+        + flux_cond(area=("percentage", 0.5, 1.0, 0.0, 0.25)),
+        expected,
+        "flux",
+    )
+    assert area.region.area == (4, 6, 2, 0) and area.strength == 0.8 and not area.is_plain
+    assert masked.region.mask is not None and masked.region.mask_strength == 0.5 and masked.region.set_area_to_bounds
+    assert percent.region.area_fraction == (0.5, 1.0, 0.0, 0.25) and percent.region.area is None
     back = from_runtime(cond)
     assert torch.equal(back[0][0], cond.prompt_embeds) and torch.equal(back[0][1]["pooled_output"], cond.pooled)
 
@@ -33,8 +44,8 @@ def test_conditioning_round_trip_and_entry_options():
         (flux_cond(width=768, pooled=768), "SD1.x conditioning given to a Flux model"),
         (flux_cond(pooled=None), "has no pooled_output"),
         (flux_cond(pooled=2048), "pooled output is 2048 wide"),
-        (flux_cond(area=(8, 8, 0, 0)), "carries an area"),
-        (flux_cond() + flux_cond(mask=torch.ones(1, 8, 8)), "positive entry 2 of 2 conditioning carries a mask"),
+        (flux_cond(area=(8, 8, 0, 0, 1, 1)), "has an area"),  # a video area (6 numbers)
+        (flux_cond() + flux_cond(mask=[[1.0]]), "positive entry 2 of 2 conditioning has a mask of type list"),
         (flux_cond(control=object()), "carries a ControlNet"),
         ("not conditioning", "is not a CONDITIONING"),
     ],

@@ -53,10 +53,12 @@ LAYOUTS = {
     "cfg2": ("cpu:2", ParallelConfig(cfg=2)),
     "pipefusion2": ("cpu:2", ParallelConfig(pp=2)),
 }
-# PipeFusion runs one plain entry per branch and whole tokens (its what/why/fix errors say so)
+# PipeFusion runs whole tokens (its what/why/fix errors say so); several entries, each with its own stale K/V
 PIPEFUSION_CASES = (
     "flux_dev_default_euler",
     "flux_dev_guidance_per_branch",
+    "flux_dev_combine",
+    "flux_dev_timestep_range",
     "flux_dev_zero_latent_denoise",
     "flux_dev_batch_index",
     "flux_dev_model_sampling_flux",

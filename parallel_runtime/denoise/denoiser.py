@@ -14,6 +14,7 @@ from ..parallel.mesh import ParallelMesh
 from ..sampling import Guided, ModelSampling, cfg_combine, uses_uncond
 from .control import ActiveLinks, AddResiduals, ControlChain, ControlRunner, chain_residuals, layout_tag, same_control
 from .entries import COUNT_FLOOR, ActiveWindow, Branch, CondEntry, as_branch, can_batch, concat_conditioning
+from .regions import Placement, pair_areas, place
 from .settings import embedded_guidance
 
 
@@ -21,7 +22,8 @@ class Denoiser:
     """``denoiser(x, sigma) -> denoised`` for the whole latent, with classifier-free guidance.
 
     Each branch's prediction is the strength-weighted mean of its active entries' predictions
-    (comfy/samplers.py ``_calc_cond_batch``). Entries whose text shapes agree run as one batch,
+    (comfy/samplers.py ``_calc_cond_batch``); an entry with an area or mask (``regions``) runs on its window
+    of the latent and weighs per pixel. Entries whose text shapes and windows agree run as one batch,
     positive and negative together (as ComfyUI does); others one model call each. With a cfg mesh
     dimension of 2, rank cfg=0 evaluates the positive branch, cfg=1 the negative, and one all-gather
     over "cfg" gives both ranks both predictions (exact).
@@ -49,7 +51,9 @@ class Denoiser:
         self.use_uncond = uses_uncond(cfg, negative) or (with_uncond and negative is not None)
         self.branches: list[Branch] = [positive, negative] if self.use_uncond else [positive]
         self.guidance = embedded_guidance(adapter, guidance)  # for entries without their own
+        self._given = (positive, negative)  # the negative's areas get partners even where it does not run
         self.windows = {id(e): ActiveWindow(e, model_sampling) for b in self.branches for e in b}
+        self._layouts: dict[tuple[int, ...], tuple[list[Branch], dict[int, Placement]]] = {}
         self.attention = SequenceParallelAttention(mesh, attention_backend)
         self.cfg_parallel = self.use_uncond and mesh.size("cfg") == 2
         self.denoise_mask: torch.Tensor | None = None  # a LATENT's noise mask (the model may read it)
@@ -130,54 +134,81 @@ class Denoiser:
         self.evaluations += 1
         return out
 
-    def branch_predictions(self, x: torch.Tensor, sigma: torch.Tensor, branches: list[Branch]) -> list[torch.Tensor]:
-        """Each branch's denoised prediction at ``sigma``: the strength-weighted mean of its active entries."""
-        active = [(i, e) for i, branch in enumerate(branches) for e in branch if sigma in self.windows[id(e)]]
-        sums = [torch.zeros_like(x) for _ in branches]
-        counts = [torch.full_like(x, COUNT_FLOOR) for _ in branches]
+    def layout(self, shape: tuple[int, ...]) -> tuple[list[Branch], dict[int, Placement]]:
+        """The branches for a latent of ``shape`` (areas paired across the branches) and each entry's placement."""
+        key = tuple(shape)
+        if key not in self._layouts:
+            branches = self.branches
+            if any(e.region is not None for b in self._given if b is not None for e in b):
+                given = [list(b) for b in self._given if b is not None]
+                paired = [tuple(b) for b in pair_areas(given, (key[-2], key[-1]))]
+                branches = paired[: len(self.branches)]
+                for b in branches:
+                    for e in b:
+                        self.windows.setdefault(id(e), ActiveWindow(e, self.ms))
+            placements = {id(e): place(e.region, e.strength, key, self.mesh.device) for b in branches for e in b}
+            self._layouts[key] = (branches, placements)
+        return self._layouts[key]
+
+    def branch_predictions(self, x: torch.Tensor, sigma: torch.Tensor, branches: list[int]) -> list[torch.Tensor]:
+        """The denoised prediction of each branch (by index) at ``sigma``: its active entries' predictions,
+        each on its window, weighted by strength (and area / mask) and divided by the summed weights."""
+        entries, placements = self.layout(tuple(x.shape))
+        active = [(i, e) for i in branches for e in entries[i] if sigma in self.windows[id(e)]]
+        sums = {i: torch.zeros_like(x) for i in branches}
+        counts = {i: torch.full_like(x, COUNT_FLOOR) for i in branches}
         while active:
-            first = active[0][1].cond
-            control = active[0][1].control
-            group = [
-                item for item in active if can_batch(item[1].cond, first) and same_control(item[1].control, control)
-            ]
+            first = active[0][1]
+            window = placements[id(first)]
+            group = [item for item in active if _joins(item[1], first, placements)]
             active = [item for item in active if not any(item is g for g in group)]
             cond = concat_conditioning(*(e.cond for _, e in group))
             guidance = None
             if self.adapter.plan.guidance_embed:
                 guidance = torch.tensor([self._guidance(e) for _, e in group for _ in range(x.shape[0])])
-            preds = self._forward(torch.cat([x] * len(group)), sigma, cond, guidance, control, len(group))
+            xw = window.crop(x)
+            preds = self._forward(torch.cat([xw] * len(group)), sigma, cond, guidance, first.control, len(group))
             preds = preds.chunk(len(group))
             for (i, entry), pred in zip(group, preds):
-                sums[i] += pred * entry.strength
-                counts[i] += entry.strength
-        return [s / c for s, c in zip(sums, counts)]
+                where = placements[id(entry)]
+                weight = where.weight
+                window_sum, window_count = where.crop(sums[i]), where.crop(counts[i])
+                window_sum += pred * weight
+                window_count += weight
+        return [sums[i] / counts[i] for i in branches]
 
     def __call__(self, x: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor | Guided:
         x = x.float()
         sigma = torch.as_tensor(sigma, dtype=torch.float32).reshape(())
         if not self.use_uncond:
-            cond_pred = self.branch_predictions(x, sigma, self.branches)[0]
+            cond_pred = self.branch_predictions(x, sigma, [0])[0]
             return Guided(cond_pred, torch.zeros_like(cond_pred)) if self.with_uncond else cond_pred
         if self.cfg_parallel:
-            mine = self.branches[self.mesh.rank("cfg")]
+            branches = self.layout(tuple(x.shape))[0]
             # Each CFG rank runs its own branch, whose entries may form another number of model calls than the
             # other branch's (timestep ranges, areas): block-boundary cancel points (collective over every rank)
             # would then wait on each other, so unless each branch is one active entry they agree at the step's end.
-            one_call = all(len(b) == 1 and all(sigma in self.windows[id(e)] for e in b) for b in self.branches)
+            one_call = all(len(b) == 1 and all(sigma in self.windows[id(e)] for e in b) for b in branches)
             hook = self.adapter.block_hook
             if not one_call:
                 self.adapter.block_hook = None
             try:
-                pred = self.branch_predictions(x, sigma, [mine])[0]
+                pred = self.branch_predictions(x, sigma, [self.mesh.rank("cfg")])[0]
             finally:
                 self.adapter.block_hook = hook
             both = all_gather_cat(pred.contiguous(), self.mesh.group("cfg"), self.mesh.stats, dim=0, op="cfg")
             cond_pred, uncond_pred = both.chunk(2, dim=0)
         else:
-            cond_pred, uncond_pred = self.branch_predictions(x, sigma, self.branches)
+            cond_pred, uncond_pred = self.branch_predictions(x, sigma, [0, 1])
         guided = cfg_combine(cond_pred, uncond_pred, self.cfg)
         return Guided(guided, uncond_pred) if self.with_uncond else guided
+
+
+def _joins(entry: CondEntry, first: CondEntry, placements: dict[int, Placement]) -> bool:
+    """Whether ``entry`` runs in one model call with ``first``: texts that batch, the same ControlNets and window."""
+    mine, theirs = placements[id(entry)], placements[id(first)]
+    same_window = (mine.rows, mine.cols) == (theirs.rows, theirs.cols)
+    return can_batch(entry.cond, first.cond) and same_control(entry.control, first.control) and same_window
 
 
 def _per_sample(sigma: torch.Tensor, x: torch.Tensor) -> torch.Tensor:

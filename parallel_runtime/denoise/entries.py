@@ -2,7 +2,7 @@
 
 A ComfyUI CONDITIONING is a list of entries; ConditioningCombine concatenates lists. KSampler runs
 every entry of a branch and averages their predictions weighted by their strength
-(ConditioningSetAreaStrength), skipping an entry outside its ConditioningSetTimestepRange; a branch
+(ConditioningSetAreaStrength) and, per pixel, by their area or mask (regions.py), skipping an entry outside its ConditioningSetTimestepRange; a branch
 with no active entry predicts 0 (comfy/samplers.py ``_calc_cond_batch``). Each entry carries its own
 Flux guidance (FluxGuidance, 3.5 when absent: ``model_base.Flux.extra_conds``).
 """
@@ -19,6 +19,7 @@ from ..errors import ConfigError
 from ..models.base import Conditioning
 from ..sampling import ModelSampling
 from .control import ControlChain
+from .regions import Region
 
 COUNT_FLOOR = 1e-37  # ComfyUI starts each branch's weight sum here, so an empty branch divides 0 by it
 
@@ -33,6 +34,7 @@ class CondEntry:
     start_percent: float | None = None  # active from this fraction of the sampling (0 = start) ...
     end_percent: float | None = None  # ... until this one (1 = end)
     control: ControlChain | None = None  # ControlNets applied to this entry (ControlNetApplyAdvanced)
+    region: Region | None = None  # area / mask conditioning (regions.py); None: the whole latent
 
     def __post_init__(self) -> None:
         for name in ("strength", "start_percent", "end_percent"):
@@ -46,8 +48,8 @@ class CondEntry:
 
     @property
     def is_plain(self) -> bool:
-        """Weight 1 and active at every step (what one text encode gives)."""
-        return self.strength == 1.0 and self.start_percent is None and self.end_percent is None
+        """Weight 1 over the whole latent and active at every step (what one text encode gives)."""
+        return self.strength == 1.0 and self.start_percent is None and self.end_percent is None and self.region is None
 
 
 Branch = tuple[CondEntry, ...]

@@ -145,10 +145,6 @@ class Pipeline:
         self.fmt = adapter.plan.latent_format
         self.latent_raw = latent_raw
         self.batch = latent_raw.shape[0]
-        guidance = embedded_guidance(adapter, settings.guidance)
-        with_uncond = sampler_spec(settings.sampler).cfg_pp
-        self.branches = Branches(mesh, positive, negative, settings.cfg, self.batch, guidance, with_uncond)
-        self.branches.conds = [c.to(self.device) for c in self.branches.conds]
         self.sigmas = schedule(ms, settings)
         latent = latent_to_model(self.fmt, latent_raw)
         grid = adapter.grid_of(latent)  # raises for sizes that do not form patches
@@ -159,12 +155,19 @@ class Pipeline:
         self.rows, self.cols = math.prod(grid[:-1]), grid[-1]
         self.size = tuple(self.latent.shape[-2:])
         self.patches = options.patches or default_patches(self.pp, self.rows)
+        guidance = embedded_guidance(adapter, settings.guidance)
+        with_uncond = sampler_spec(settings.sampler).cfg_pp
+        self.branches = Branches(
+            mesh, ms, positive, negative, settings.cfg, tuple(self.latent.shape), adapter.plan.patch_size,
+            guidance, with_uncond,
+        )  # fmt: skip
         self.sched: PipelineSchedule | None = None
         if self.sigmas.numel() >= 2:
             rounds = sampler_rounds(settings.sampler, self.sigmas, ms, settings.eta, settings.s_noise)
             self.sched = build_schedule(rounds, (self.rows, self.cols), self.patches, self.pp, options.warmup)
+            self.branches.check_bands(self._bands_used())
         self.joint = adapter.plan.text_attention == "joint"
-        self.text_tokens: list[int] = []
+        self.text_tokens: dict[int, int] = {}  # per stream
         self.reporter = self.last and mesh.rank("cfg") == 0 and mesh.rank("sp") == 0
         self.cache: StaleKVCache | None = None
         self.block_cache: StageBlockCache | None = None
@@ -365,12 +368,13 @@ class Pipeline:
                 self.tags["setup"],
                 self.timeout,
             )
-        first_format = next(iter(formats.values()))
-        self.text_tokens = [s["txt_tokens"] if self.joint else 0 for s in first_format.static]
+        for band in self._bands_used():
+            for stream, static in zip(self.branches.streams_in(band), formats[band.key].static):
+                self.text_tokens.setdefault(stream.index, static["txt_tokens"] if self.joint else 0)
         sp = self.mesh.size("sp")
-        if self.joint and sp > 1 and min(self.text_tokens) < sp:
+        if self.joint and sp > 1 and min(self.text_tokens.values()) < sp:
             raise ConfigError(
-                f"{min(self.text_tokens)} text tokens split over {sp} sequence-parallel ranks inside a PipeFusion stage",
+                f"{min(self.text_tokens.values())} text tokens split over {sp} sequence-parallel ranks inside a PipeFusion stage",
                 "stale-KV joint attention tells text from image tokens on every rank, which needs text on every rank",
                 f"encode the prompt to at least {sp} tokens, or lower ulysses x ring",
             )
@@ -420,20 +424,27 @@ class Pipeline:
         on_patch(done, len(self.sigmas) - 1, item.band.index, self.patches)
 
     def _embed(self, band: Band, x: torch.Tensor, sigma: torch.Tensor) -> list[Activations]:
+        """The band's embeddings for each stream whose window it touches (the window's part of the band)."""
         out = []
-        p = self.adapter.plan.patch_size
-        for cond, guidance in zip(self.branches.conds, self.branches.guidance):
-            xb = self.branches.model_input(x.to(self.device).float())
+        x = x.to(self.device).float()
+        for stream in self.branches.streams_in(band):
+            xb = stream.input(x, band)
             sigma_b = torch.as_tensor(sigma, dtype=torch.float32, device=self.device).reshape(1).expand(xb.shape[0])
             x_in = self.ms.calculate_input(sigma_b.reshape(-1, 1, 1, 1), xb)
             timestep = self.ms.timestep(sigma_b)
-            if self.mask is not None:  # the whole latent's mask: a band is embedded within the whole latent
-                mask = self.mask.repeat(xb.shape[0] // self.mask.shape[0], *([1] * (self.mask.ndim - 1)))
+            if self.mask is not None:  # the window's mask: a band is embedded within its window
+                mask = self.mask
+                if not stream.whole:
+                    mask = mask[..., stream.rows[0] : stream.rows[1], stream.cols[0] : stream.cols[1]]
+                mask = mask.repeat(xb.shape[0] // mask.shape[0], *([1] * (mask.ndim - 1)))
                 timestep = self.adapter.process_timestep(timestep, mask)
+            r0, r1 = stream.overlap(band) or (0, 0)
+            rows = (r0 - stream.rows[0], r1 - stream.rows[0])
+            size = (
+                self.full_size if stream.whole else (stream.rows[1] - stream.rows[0], stream.cols[1] - stream.cols[0])
+            )
             out.append(
-                self.adapter.embed_rows(
-                    x_in, band.latent_rows(p), self.full_size, timestep, cond, self.mesh, guidance=guidance
-                )
+                self.adapter.embed_rows(x_in, rows, size, timestep, stream.cond, self.mesh, guidance=stream.guidance)
             )
         return out
 
@@ -444,8 +455,14 @@ class Pipeline:
         cache = self.cache
         assert cache is not None
 
-        def run_block(a: Activations, i: int, branch: int) -> Activations:
-            cache.begin_item(ItemTokens(branch, item.band.token_range, self.text_tokens[branch]))
+        streams = self.branches.streams_in(item.band)
+
+        def run_block(a: Activations, i: int, position: int) -> Activations:
+            stream = streams[position]
+            tokens = ItemTokens(
+                stream.index, stream.token_range(item.band), self.text_tokens[stream.index], stream.tokens
+            )
+            cache.begin_item(tokens)
             return run_block_stale(self.adapter, a, i, cache)
 
         if self.block_cache is not None:
@@ -460,13 +477,9 @@ class Pipeline:
     def _denoise(self, item: Item, acts: list[Activations], x: torch.Tensor) -> torch.Tensor | Guided:
         assert self.sched is not None
         sigma = torch.tensor(self.sched.rounds[item.round].sigma, dtype=torch.float32, device=self.device)
-        preds = []
-        for a in acts:
-            out = self.adapter.final(a, self.mesh).float()
-            xb = x if out.shape[0] == x.shape[0] else torch.cat([x, x])
-            s = sigma.reshape(1).expand(xb.shape[0]).reshape(-1, 1, 1, 1)
-            preds.append(self.ms.calculate_denoised(s, out, xb))
-        return self.branches.combine(preds, self.mesh)
+        outs = [self.adapter.final(a, self.mesh) for a in acts]
+        streams = self.branches.streams_in(item.band)
+        return self.branches.combine(outs, streams, x, item.band, sigma, self.ms, self.mesh)
 
     # -- result ------------------------------------------------------------------------------------
     def _final_result(self) -> torch.Tensor | None:

@@ -1,7 +1,8 @@
 """Stale-KV attention for PipeFusion: every attention layer keeps K/V of the whole image.
 
-For each self/joint attention module of a stage (and each CFG branch run separately) a buffer
-holds K and V of all image tokens, laid out ``[text | image tokens in row-major order]``. A module may
+For each self/joint attention module of a stage and each stream (a CFG branch or conditioning entries run
+as one call, on the whole image or an area's window: see branches.py) a buffer holds K and V of all its image
+tokens, laid out ``[text | image tokens in row-major order]``. A module may
 attend over fewer of the item's text tokens than it holds (a block list that sees part of the text):
 without sequence parallelism in the stage, whatever is not image is that module's text. When a
 patch runs, its fresh image K/V overwrite their slice and the text K/V are written fresh; its
@@ -40,9 +41,10 @@ from ..parallel.sharding import split_sizes
 class ItemTokens:
     """Which tokens the item being computed holds: the image token range and the text count."""
 
-    branch: int  # CFG branch run separately (0 when batched or single)
-    image: tuple[int, int]  # [t0, t1) of the whole image's row-major tokens
+    branch: int  # the stream (branches.Stream.index): entries run as one call, each with its own buffers
+    image: tuple[int, int]  # [t0, t1) of the stream's row-major image tokens (its window's, or the whole image's)
     text: int  # text tokens in the joint attention sequence (0 for cross-attention families)
+    tokens: int | None = None  # the stream's image tokens (None: the whole image's)
 
 
 @dataclasses.dataclass
@@ -127,7 +129,7 @@ class StaleKVCache:
         txt_k, img_k = _split_tokens(k, lens, order)
         txt_v, img_v = _split_tokens(v, lens, order)
         text = sum(n for n, _ in lens)  # the buffer keeps this layer's text slots in front
-        buf = self._buffer(key, item.branch, text, k, v)
+        buf = self._buffer(key, item.branch, text + (item.tokens or self.image_tokens), k, v)
         if text:
             buf.k[:, :, :text] = txt_k
             buf.v[:, :, :text] = txt_v
@@ -139,10 +141,9 @@ class StaleKVCache:
         out = kernel.attend(q, buf.k[:, :, :end], buf.v[:, :, :end], scale)
         return gather_heads(out, mesh.group("ulysses"), stats, uly_lens, num_heads)
 
-    def _buffer(self, key: tuple, branch: int, text: int, k: torch.Tensor, v: torch.Tensor) -> _Buffer:
+    def _buffer(self, key: tuple, branch: int, size: int, k: torch.Tensor, v: torch.Tensor) -> _Buffer:
         full = (branch, *key)
         buf = self._buffers.get(full)
-        size = text + self.image_tokens
         if buf is None:
             b, h = k.shape[0], k.shape[1]
             buf = _Buffer(k.new_zeros((b, h, size, k.shape[-1])), v.new_zeros((b, h, size, v.shape[-1])))

@@ -43,6 +43,7 @@ from .sampling_checks import (
     check_caches,
     check_conditioning_fits,
     check_latent_size,
+    check_regions,
     check_sampler_for_layout,
     check_sampling_args,
     runs_negative,
@@ -345,6 +346,9 @@ class ParallelModel:
         if negative_runs:
             check_conditioning_fits(expected, negative_branch, shape[0], "negative", self.family)
         check_caches(self.info, self.config, self.caches.step, self.caches.block, sampler_name)
+        caches = self.caches.step is not None or self.caches.block is not None
+        patch = int(self.info.get("patch_size", 2))
+        check_regions(shape, positive_branch, negative_branch, caches, self.config, patch)
         self._check_memory(shape, positive_branch, negative_branch if negative_runs else None)
         latent = torch.zeros(shape) if latent is None else latent
         settings = SamplingSettings(

@@ -2,11 +2,12 @@
 
 ComfyUI's CONDITIONING is a list of entries ``[embeddings [B,T,D], {"pooled_output": [B,Dp],
 "guidance": float, ...}]``. Every entry becomes a ``CondEntry`` with what KSampler honours of its
-options: Flux guidance (FluxGuidance), strength (ConditioningSetAreaStrength) and the timestep range
-(ConditioningSetTimestepRange); several entries (ConditioningCombine) are averaged as KSampler does.
-A ControlNet chain (ControlNetApplyAdvanced with Parallel ControlNet Loader) is read with its hints
-encoded at the latent's size (``comfy_control.read_control``). Options the parallel sampler cannot honour
-(areas, masks, ...) are refused instead of ignored.
+options: Flux guidance (FluxGuidance), strength (ConditioningSetAreaStrength), the timestep range
+(ConditioningSetTimestepRange), an area (ConditioningSetArea / ConditioningSetAreaPercentage) and a mask
+(ConditioningSetMask, with its strength and "mask bounds"); several entries (ConditioningCombine) are
+weighed as KSampler weighs them. A ControlNet chain (ControlNetApplyAdvanced with Parallel ControlNet Loader)
+is read with its hints encoded at the latent's size (``comfy_control.read_control``). Options the parallel
+sampler cannot honour (GLIGEN, hooks, ...) are refused instead of ignored.
 """
 
 from __future__ import annotations
@@ -22,8 +23,6 @@ if TYPE_CHECKING:
     from ..models.base import Conditioning
 
 UNSUPPORTED_KEYS = {
-    "area": "an area (Conditioning Set Area)",
-    "mask": "a mask (Conditioning Set Mask)",
     "gligen": "GLIGEN boxes",
     "hooks": "conditioning hooks",
     "reference_latents": "reference latents (Kontext / edit models)",
@@ -173,11 +172,52 @@ def _entry(
         control = read_control(control, latent_shape, where)
     return CondEntry(
         Conditioning(embeds.float().cpu(), pooled, mask, extras),
+        region=_region(options, where),
         guidance=None if guidance is None else float(guidance),
         strength=float(options.get("strength", 1.0)),
         start_percent=None if options.get("start_percent") is None else float(options["start_percent"]),
         end_percent=None if options.get("end_percent") is None else float(options["end_percent"]),
         control=control,
+    )
+
+
+def _region(options: Mapping[str, Any], where: str):
+    """The entry's area / mask options (None without either)."""
+    import torch
+
+    from ..denoise.regions import Region
+
+    area, mask = options.get("area"), options.get("mask")
+    if area is None and mask is None:
+        return None
+    pixel_area = fraction = None
+    if area is not None:
+        parts = list(area)
+        percentage = bool(parts) and parts[0] == "percentage"
+        numbers = parts[1:] if percentage else parts
+        if len(numbers) != 4 or not all(isinstance(n, (int, float)) for n in numbers):
+            raise ConfigError(
+                f"the {where} conditioning has an area {tuple(parts)!r}",
+                "the parallel sampler takes image areas: (height, width, y, x) in latent pixels, or "
+                "('percentage', height, width, y, x)",
+                "set the area with ConditioningSetArea or ConditioningSetAreaPercentage",
+            )
+        if percentage:
+            fraction = tuple(float(n) for n in numbers)
+        else:
+            pixel_area = tuple(int(n) for n in numbers)
+    if mask is not None and not isinstance(mask, torch.Tensor):
+        raise ConfigError(
+            f"the {where} conditioning has a mask of type {type(mask).__name__}",
+            "ConditioningSetMask stores a MASK tensor",
+            "connect a MASK to ConditioningSetMask",
+        )
+    return Region(
+        area=pixel_area,
+        area_fraction=fraction,
+        mask=None if mask is None else mask.float().cpu(),
+        mask_strength=float(options.get("mask_strength", 1.0)),
+        set_area_to_bounds=bool(options.get("set_area_to_bounds", False)),
     )
 
 

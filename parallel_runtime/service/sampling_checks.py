@@ -12,11 +12,12 @@ from typing import Any
 
 from ..denoise.caching.specs import BlockCacheSpec, StepCacheSpec
 from ..denoise.entries import Branch, CondEntry
+from ..denoise.regions import place
 from ..errors import ConfigError
 from ..models.reference_latents import reference_count
 from ..parallel.config import ParallelConfig
 from ..pipefusion.block_cache_stage import STEP_CACHE_UNDER_PIPEFUSION
-from ..pipefusion.branches import single_entry
+from ..pipefusion.branches import check_windows, refuse_control
 from ..pipefusion.schedule import require_per_patch
 from ..sampling import SAMPLER_NAMES, SCHEDULER_NAMES, sampler_spec, uses_uncond
 from .families import check_extras
@@ -125,12 +126,10 @@ def check_sampler_for_layout(config: ParallelConfig, sampler: str) -> None:
 def check_branches_for_layout(
     config: ParallelConfig, cfg: float, positive: Branch, negative: Branch | None, sampler: str = "euler"
 ) -> None:
-    """PipeFusion runs one plain entry per branch (see ``pipefusion.branches.single_entry``); a CFG++
-    sampler runs the negative at cfg 1 too."""
+    """What PipeFusion cannot run yet (reference images); several entries, timestep ranges, areas and masks
+    it runs (``pipefusion.branches``; areas are checked against the latent by :func:`check_regions`)."""
     if config.pp > 1:
-        single_entry(positive, "positive")
-        if runs_negative(cfg, negative, sampler):
-            single_entry(negative, "negative")
+        refuse_control([*positive, *(negative if runs_negative(cfg, negative, sampler) and negative else ())])
         refs = [e for e in (*positive, *(negative or ())) if reference_count(e.cond)]
         if refs:
             raise ConfigError(
@@ -240,3 +239,36 @@ def check_caches(
                 "the blocks that always run after the cached ones must sit on the last stage",
                 f"use last_blocks <= {per_stage[-1]}",
             )
+
+
+def check_regions(
+    shape: tuple[int, ...],
+    positive: Branch,
+    negative: Branch | None,
+    caches: bool,
+    config: ParallelConfig,
+    patch: int = 2,
+) -> None:
+    """Area and mask conditioning (``denoise.regions``) placed on the latent here, so a bad area or mask
+    fails before any worker runs; the step and block caches do not take them, PipeFusion takes areas of whole
+    tokens (``patch``: the model's patch size)."""
+    entries = [e for b in (positive, negative or ()) for e in b]
+    if not any(e.region is not None for e in entries):
+        return
+    if caches:
+        raise ConfigError(
+            "a step or block cache with area or mask conditioning",
+            "the caches decide per model call over the whole latent; an area entry's call sees a window of it",
+            "remove the cache node, or the ConditioningSetArea / ConditioningSetMask nodes",
+        )
+    if any(e.region is not None and e.control is not None for e in entries):
+        raise ConfigError(
+            "a ControlNet on a conditioning entry with an area or mask",
+            "an area entry's model call sees a window of the latent, and the ControlNet's hint is made for the "
+            "whole latent",
+            "apply the ControlNet to an entry without ConditioningSetArea / ConditioningSetMask",
+        )
+    for entry in entries:
+        place(entry.region, entry.strength, shape)
+    if config.pp > 1:
+        check_windows(entries, shape, patch)

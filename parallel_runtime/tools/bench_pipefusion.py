@@ -42,8 +42,8 @@ from .measure import interleave, ratio
 
 def generate_with_stats(
     ctx: JobContext,
-    positive: Conditioning,
-    negative: Conditioning | None,
+    positive: Conditioning | tuple,  # a Conditioning, or conditioning entries (CondEntry)
+    negative: Conditioning | tuple | None,
     latent: torch.Tensor,
     settings: SamplingSettings,
     patches: int | None = None,
@@ -65,8 +65,8 @@ def generate_with_stats(
         ctx.mesh,
         model.stages,
         ms,
-        positive.to(ctx.device),
-        None if negative is None else negative.to(ctx.device),
+        positive.to(ctx.device) if isinstance(positive, Conditioning) else positive,  # entries: moved per stream
+        negative.to(ctx.device) if isinstance(negative, Conditioning) else negative,
         latent.to(ctx.device),
         settings,
         PipeFusionSettings(patches, warmup, stale_kv=stale_kv, agree_cancel_every=agree_cancel_every),  # type: ignore[arg-type]

@@ -15,6 +15,7 @@ from collections.abc import Hashable, Iterator
 
 import torch
 
+from ...errors import ConfigError
 from ...parallel.collectives import all_gather_cat
 from ...sampling import Guided, cfg_combine
 from ..denoiser import Denoiser
@@ -37,6 +38,12 @@ class CachedDenoiser(Denoiser):
         **kwargs,
     ):
         super().__init__(*args, **kwargs)
+        if any(e.region is not None for b in self._given if b is not None for e in b):
+            raise ConfigError(
+                "a step or block cache with area or mask conditioning",
+                "the caches decide per model call over the whole latent; an area entry's call sees a window of it",
+                "remove the cache node, or the ConditioningSetArea / ConditioningSetMask nodes",
+            )
         self.group = decision_group or DecisionGroup(self.mesh)
         self.easycache = self.lazycache = None
         if step_cache is not None:
