@@ -269,6 +269,12 @@ def check_regions(
             "apply the ControlNet to an entry without ConditioningSetArea / ConditioningSetMask",
         )
     for entry in entries:
-        place(entry.region, entry.strength, shape)
+        where = place(entry.region, entry.strength, shape)
+        if not where.whole and entry.cond.extras is not None:
+            raise ConfigError(
+                "an area on a conditioning entry with the model's extra inputs (e.g. FLUX.1 Fill's image and mask)",
+                "an area entry's model call sees a window of the latent; those inputs are made for the whole latent",
+                "give that entry no area (ConditioningSetMask without 'mask bounds' keeps the whole latent)",
+            )
     if config.pp > 1:
         check_windows(entries, shape, patch)
