@@ -49,6 +49,7 @@ LAYOUTS = {
     "pp2": {"pipefusion": 2, "pp_patches": 2},
 }
 LOAD = dict(devices="cpu:2", ulysses=1, ring=1, cfg_parallel=1, pipefusion=1, pp_patches=0, pp_warmup=0)
+FILES = ("fun21", "fun22", "fun22_ref_conv_file")  # the reference cases whose model each file is
 FUN21 = {"embed_dim": 4096, "pooled_dim": None, "image_dim": 1280, "latent_channels": 16, "in_channels": 48}
 
 
@@ -76,11 +77,11 @@ def fun_models(tmp_path_factory) -> RecordingBridge:
 
     root = tmp_path_factory.mktemp("comfy-models") / "diffusion_models"
     root.mkdir()
-    for name in ("fun21", "fun22"):
+    for name in FILES:
         info = REF[name]["model"]
         state = tiny_wan_state_dict(TinyWan(**info["config"]), info["salt"])
         assert state_digest(state) == info["digest"], "tiny Wan weights differ from the reference's"
-        save_file(state, str(root / f"wan_{info['salt']}.safetensors"))
+        save_file(state, str(root / f"wan_{name}.safetensors"))
     return RecordingBridge(folders={"diffusion_models": [str(root)]})
 
 
@@ -111,7 +112,7 @@ def sample(ctx: NodeContext, name: str, layout: str) -> torch.Tensor:
     case = REF[name]
     degrees = {**LOAD, **LAYOUTS[layout], "pp_warmup": case["steps"]}  # PipeFusion exact: every step synchronous
     (handle,) = ParallelModelLoader(ctx).load(
-        model=f"wan_{case['model']['salt']}.safetensors", family="wan", layout="manual", dtype="fp32",
+        model=f"wan_{next(f for f in reversed(FILES) if name.startswith(f))}.safetensors", family="wan", layout="manual", dtype="fp32",
         attention="auto", **degrees,
     )["result"]  # fmt: skip
     pos, neg = comfy_cond(case)
@@ -127,7 +128,7 @@ def relative_error(got: torch.Tensor, expected: torch.Tensor) -> float:
 
 def _params():
     """Every ComfyUI case on one rank; each layout with one of the two files (CFG with both branches' control)."""
-    for name in ("fun21", "fun21_control_only", "fun21_no_control", "fun22"):
+    for name in ("fun21", "fun21_control_only", "fun21_no_control", "fun22", "fun22_ref_conv_file"):
         yield pytest.param("1rank", name, id=f"1rank-{name}")
     for layout, name in (("ulysses2", "fun21"), ("ulysses2", "fun22"), ("cfg2", "fun22"), ("pp2", "fun21")):
         yield pytest.param(layout, name, id=f"{layout}-{name}")
@@ -147,6 +148,17 @@ def test_fun_control_files_are_read_as_comfyui_detects_them(fun_models):
     assert (fun22.config["in_channels"], fun22.config["image_dim"], fun22.config["out_channels"]) == (52, None, 16)
     assert REF["fun21"]["model"]["comfy_model_config"] == "WAN21_FunControl2V"
     assert REF["fun22"]["model"]["comfy_model_config"] == "WAN21_T2V" and REF["fun22"]["concat_mask_index"] == 16
+    with_ref_conv = inspect_single_file(folder / "wan_fun22_ref_conv_file.safetensors")
+    assert with_ref_conv.config == fun22.config  # its ref_conv is left out (reference images are refused)
+
+
+def test_wan22_fun_control_reference_image_is_refused():
+    """Wan22FunControlToVideo's ref_image (reference_latents, read by the file's ref_conv) is not supported yet."""
+    case = REF["fun22"]
+    ref = [torch.zeros(1, 16, 1, 6, 8)]
+    expected = {**FUN21, "in_channels": 52, "image_dim": None}
+    with pytest.raises(ConfigError, match="reference latents"):
+        to_branch(comfy_cond(case, reference_latents=ref)[0], expected, "wan")
 
 
 def test_fun_control_channels_formula():

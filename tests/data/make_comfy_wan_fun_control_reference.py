@@ -9,7 +9,9 @@ Run by hand (not in CI) with a Python that imports ComfyUI (torch + ComfyUI's re
 The files are ``wan_tiny_weights``' tiny Wan (2 blocks, width 256) in the original layout with a wider
 ``patch_embedding``: 48 input channels with the CLIP-vision image embedding (ComfyUI detects
 ``WAN21_FunControl2V``: latent, control video, start image) and 52 without it (Wan 2.2 Fun-Control: latent,
-control video, 4 mask channels, start image; ComfyUI's ``WAN21_T2V`` class with ``concat_mask_index``). They are
+control video, 4 mask channels, start image; ComfyUI's ``WAN21_T2V`` class with ``concat_mask_index``), that one
+also with a reference-image ``ref_conv`` as Fun-Control v1.1 / Wan 2.2 Fun files carry (unused without a
+``ref_image``). They are
 written to a temporary folder and loaded with ``comfy.sd.load_diffusion_model``; the test rebuilds them and
 checks their digests. The VAE the nodes call is ``make_comfy_wan_reference.StubVAE`` (a fixed latent per name
 and frame count): the nodes' own resizing, zero-filling, channel placement and mask run for real, and the test
@@ -158,6 +160,13 @@ def main() -> None:
                    "control_video": video_recipe, "vae_encode": vae.calls}  # fmt: skip
         ref["fun22"] = run_case(c, model, info, name, "Wan22FunControlToVideo", pos, neg, recipes, made,
                                 seed=6, steps=3, cfg=2.5)  # fmt: skip
+        # the same file with a Fun-Control reference-image conv (v1.1 / Wan 2.2 Fun files carry one): unused
+        # without Wan22FunControlToVideo's ref_image
+        model, info = load_model(c, folder, TinyWan(in_dim=52, ref_conv=16), "fun22")
+        info["comfy_model_config"] = type(model.model.model_config).__name__
+        assert model.model.diffusion_model.ref_conv is not None
+        ref["fun22_ref_conv_file"] = run_case(c, model, info, name, "Wan22FunControlToVideo", pos, neg, recipes, made,
+                                              seed=6, steps=3, cfg=2.5)  # fmt: skip
     args.out.write_text(dump_json(ref) + "\n", encoding="utf-8")
     print(f"wrote {args.out} ({args.out.stat().st_size} bytes)")
 

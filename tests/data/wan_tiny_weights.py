@@ -33,6 +33,7 @@ class TinyWan:
     text_dim: int = 4096  # UMT5-XXL width (ComfyUI's WanModel default; not read from the file)
     freq_dim: int = 256
     clip_vision: bool = False  # Wan 2.1 I2V: img_emb projects 1280-wide CLIP-vision states
+    ref_conv: int = 0  # Fun-Control v1.1 / Wan 2.2 Fun: the reference image's conv (its latent channels; 0: none)
 
     @property
     def heads(self) -> int:
@@ -104,6 +105,9 @@ def original_shapes(cfg: TinyWan) -> dict[str, tuple[tuple[int, ...], str]]:
         out[b + "ffn.0.bias"] = ((f,), "bias")
         out[b + "ffn.2.weight"] = ((d, f), f"w{f}")
         out[b + "ffn.2.bias"] = ((d,), "bias")
+    if cfg.ref_conv:
+        out["ref_conv.weight"] = ((d, cfg.ref_conv, 2, 2), f"w{cfg.ref_conv * 4}")
+        out["ref_conv.bias"] = ((d,), "bias")
     if cfg.clip_vision:
         out.update(
             {

@@ -20,6 +20,7 @@ from . import I2V_14B, I2V_A14B, T2V_1_3B, T2V_14B, TI2V_5B
 
 HEAD_DIM = 128  # every Wan model; ComfyUI derives num_heads = dim // 128 the same way
 ANCHOR = "head.modulation"
+REF_CONV = "ref_conv."  # Fun-Control's reference-image conv (unused: reference images are refused)
 
 
 def wan_config(shapes: Shapes, base: Mapping[str, Any]) -> dict[str, Any]:
@@ -57,6 +58,11 @@ def wan_variant(shapes: Shapes) -> str:
 
 
 def wan_to_diffusers(state: dict[str, torch.Tensor], config: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+    """diffusers' conversion; a Fun-Control file's ``ref_conv`` (the reference image's patch embedding, read only
+    with ``Wan22FunControlToVideo``'s ``ref_image``, which the sampler refuses) is left out, as ComfyUI leaves it
+    unused without one."""
+    for name in [n for n in state if n.startswith(REF_CONV)]:
+        del state[name]
     return compat.convert_wan_transformer(state)
 
 
