@@ -25,9 +25,10 @@ class JobMonitor:
     """Turns runtime events into ComfyUI progress/previews and status-panel events.
 
     ComfyUI's progress bar moves once per step, when the slowest of the ``ranks`` workers has
-    finished it (one "progress" message per step); the newest preview (a uint8 RGB picture the
-    preview rank made) rides along with that update (the preview rank sends a step's preview just
-    before its progress). Every rank's own progress and memory go to the status panel."""
+    finished it (one "progress" message per step); the preview of the step reached (a uint8 RGB
+    picture the preview rank made) rides along with that update. Previews are kept by step: the
+    preview rank may run a step ahead of the slowest rank, and its next preview must not replace
+    the one of the step being shown. Every rank's own progress and memory go to the status panel."""
 
     def __init__(self, bridge: Bridge, status: StatusBoard, pool: str, total: int, ranks: int = 1):
         self.bridge, self.status, self.pool = bridge, status, pool
@@ -36,7 +37,7 @@ class JobMonitor:
         self.rank_step: dict[int, int] = dict.fromkeys(range(max(int(ranks), 1)), 0)
         self.shown = 0
         self.previews = 0
-        self._pending_preview: Any = None  # the newest preview picture not shown yet
+        self._pending_previews: dict[int, Any] = {}  # step -> preview picture not shown yet
         self.cache_summaries: list[dict] = []  # what rank 0's step / block caches did (a "cache" event)
 
     def handle(self, rank: int, kind: str, payload: Any) -> None:
@@ -51,7 +52,9 @@ class JobMonitor:
                 self.rank_step[rank] = max(self.rank_step.get(rank, 0), int(payload["step"]))
                 self._advance()
         elif kind == "preview" and payload.get("image") is not None:
-            self._pending_preview = payload["image"]
+            step = int(payload.get("step") or self.shown + 1)
+            if step > self.shown:
+                self._pending_previews[step] = payload["image"]
         elif kind == "memory":
             self.status.memory(self.pool, rank, payload)
 
@@ -60,7 +63,10 @@ class JobMonitor:
         if done <= self.shown:
             return
         self.shown = done
-        image, self._pending_preview = self._pending_preview, None
+        reached = [step for step in self._pending_previews if step <= done]
+        image = self._pending_previews[max(reached)] if reached else None
+        for step in reached:
+            del self._pending_previews[step]
         if image is not None:
             self.previews += 1
         self.bar.update_absolute(done, self.total, image)
