@@ -85,19 +85,25 @@ def lora_choices(bridge: Bridge) -> list[str]:
 
 def resolve_lora(name: str, bridge: Bridge) -> str:
     """The absolute path of the LoRA file ``name`` (relative to a models/loras folder, or absolute)."""
+    return _resolve_in("loras", "LoRA", name, bridge)
+
+
+def _resolve_in(folder: str, what: str, name: str, bridge: Bridge) -> str:
+    """The absolute path of ``name`` (relative to one of ComfyUI's ``folder`` folders, or absolute); a
+    ConfigError naming the folders searched when there is no such file."""
     name = (name or "").strip()
-    for root in bridge.folder_paths("loras"):
+    for root in bridge.folder_paths(folder):
         candidate = Path(root) / name
         if name and candidate.is_file():
             return str(candidate)
     if os.path.isabs(name) and os.path.isfile(name):
         return name
     raise ConfigError(
-        f"LoRA {name!r} was not found",
-        "the LoRA loader looks for .safetensors files in models/loras (searched: "
-        + (", ".join(bridge.folder_paths("loras")) or "no loras folder is configured")
+        f"{what} {name!r} was not found",
+        f"the {what} loader looks for .safetensors files in models/{folder} (searched: "
+        + (", ".join(bridge.folder_paths(folder)) or f"no {folder} folder is configured")
         + ")",
-        "put the file there and refresh the page (R), or pick another LoRA",
+        f"put the file there and refresh the page (R), or pick another {what}",
     )
 
 
@@ -191,17 +197,4 @@ def controlnet_choices(bridge: Bridge) -> list[str]:
 
 def resolve_controlnet(name: str, bridge: Bridge) -> str:
     """The absolute path of the ControlNet file ``name`` (relative to a models/controlnet folder, or absolute)."""
-    name = (name or "").strip()
-    for root in bridge.folder_paths("controlnet"):
-        candidate = Path(root) / name
-        if name and candidate.is_file():
-            return str(candidate)
-    if os.path.isabs(name) and os.path.isfile(name):
-        return name
-    raise ConfigError(
-        f"ControlNet {name!r} was not found",
-        "the ControlNet loader looks for .safetensors files in models/controlnet (searched: "
-        + (", ".join(bridge.folder_paths("controlnet")) or "no controlnet folder is configured")
-        + ")",
-        "put the file there and refresh the page (R), or pick another ControlNet",
-    )
+    return _resolve_in("controlnet", "ControlNet", name, bridge)
