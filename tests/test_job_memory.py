@@ -2,7 +2,8 @@
 dtype; service/memory_checks.py) and a job that cannot fit the devices' free memory is refused before
 anything is sent, instead of growing the workers until the OOM killer ends them.
 
-Oracle for the estimate: the peak RSS a fresh CPU worker reaches during one step (measured here)."""
+Oracle for the estimate: the peak of the bytes torch allocates in a CPU worker during one step
+(measured here from the profiler's memory records)."""
 
 from __future__ import annotations
 

@@ -13,11 +13,15 @@ fails with CUDA out of memory after minutes of work. The estimate follows the pl
   ``EMBED_VECTORS`` vectors of the width per token;
 * the sampler's state, in float32: ``LATENT_COPIES`` copies of the latent (x, noise, the prediction,
   the sampler's history, their model-space forms);
+* sequence parallel ranks: ``SP_GATHER_VECTORS`` vectors of the width per token of the whole sequence for
+  the exchange buffers (all-to-all inputs and outputs, the gathered output before unpatchify);
 * PipeFusion: the stage's blocks keep the K and V of every token (stale K/V), and a patch's tokens
   run at once instead of the whole sequence.
 
-The constants were measured on the tiny Flux-structure models on CPU (peak RSS of a worker during one
-step against this estimate: Flux and a wider Flux, 1 rank, Ulysses 2, Ring 2, batched CFG; within 15%).
+The constants were fitted to the bytes torch itself allocates at the peak of one step (the profiler's
+memory records, tests/test_job_memory.py) on tiny-flux at 16,896 tokens: 1 rank, Ulysses 2, batched CFG.
+Peak RSS is not the oracle: it adds the C allocator's and the CPU kernels' scratch, which differed by
+70 MiB between this machine and CI's for the same step.
 """
 
 from __future__ import annotations
@@ -31,9 +35,10 @@ from ..errors import ConfigError
 from ..parallel.config import ParallelConfig
 from .load_request import LoadRequest
 
-BLOCK_VECTORS = 18
-EMBED_VECTORS = 8
-LATENT_COPIES = 10
+BLOCK_VECTORS = 12
+EMBED_VECTORS = 7
+SP_GATHER_VECTORS = 10
+LATENT_COPIES = 5
 KV_VECTORS = 2
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 GIB = 2**30
@@ -63,7 +68,8 @@ def sampling_bytes_per_rank(
     sp = config.sp_degree
     running = tokens if config.pp <= 1 else math.ceil(tokens / max(patches or config.pp, config.pp))
     blocks = math.ceil(tokens / sp) if config.pp <= 1 else math.ceil(running / sp)
-    out = forward_batch * width * compute * (BLOCK_VECTORS * blocks + EMBED_VECTORS * running)
+    gather = SP_GATHER_VECTORS * tokens if sp > 1 else 0
+    out = forward_batch * width * compute * (BLOCK_VECTORS * blocks + EMBED_VECTORS * running + gather)
     if config.pp > 1:
         stage_blocks = math.ceil(int(info.get("num_blocks", 1)) / config.pp)
         out += forward_batch * width * compute * KV_VECTORS * stage_blocks * math.ceil(tokens / sp)
