@@ -43,6 +43,14 @@ LAYOUTS = {
     "pipefusion2": ("cpu:2", ParallelConfig(pp=2)),
 }
 VARIANTS = {"sd35_large": "sd3.5-large", "sd35_medium": "sd3.5-medium"}
+# Every case runs on one rank against ComfyUI. Samplers, schedules and ModelSamplingSD3 act on the whole latent on
+# the host, the same on every layout, so a parallel layout runs the cases whose model pass it splits differently:
+# the default one per variant, and on Ulysses the odd size (padded tokens). PipeFusion takes whole 16 px tokens.
+PARALLEL_CASES = {
+    "ulysses2": ("_default_euler", "_odd_size"),
+    "cfg2": ("_default_euler",),
+    "pipefusion2": ("_default_euler",),
+}
 
 
 @functools.cache
@@ -61,8 +69,8 @@ def _params() -> list:
         for case in REFERENCE["cases"]:
             if layout == "cfg2" and math.isclose(case["cfg"], 1.0):
                 continue  # one branch: nothing to split
-            if layout == "pipefusion2" and case["name"].endswith("_odd_size"):
-                continue  # PipeFusion takes whole 16 px tokens (its error says so)
+            if layout != "1rank" and not case["name"].endswith(PARALLEL_CASES[layout]):
+                continue
             params.append(pytest.param(layout, case, id=f"{layout}-{case['name']}"))
     return params
 
