@@ -159,7 +159,9 @@ TOKENIZER_DIRS = {  # file-name fragment -> ComfyUI's bundled tokenizer (comfy/t
     "qwen": "qwen25_tokenizer",
     "t5xxl": "t5_tokenizer",
     "t5-v1_1": "t5_tokenizer",
+    "clip_l": "../sd1_tokenizer",  # CLIP's is comfy/sd1_tokenizer, beside comfy/text_encoders
 }
+TEXT_ENCODER_NONE = "(none)"
 
 
 def text_encoder_choices(bridge: Bridge) -> list[str]:
@@ -167,12 +169,17 @@ def text_encoder_choices(bridge: Bridge) -> list[str]:
     return [TEXT_ENCODER_OWN, *_files_under(bridge, "text_encoders", MODEL_FILE_SUFFIXES)]
 
 
+def second_text_encoder_choices(bridge: Bridge) -> list[str]:
+    """Parallel Text Encode's second encoder list (Flux.1's CLIP-L): none, then the files in models/text_encoders."""
+    return [TEXT_ENCODER_NONE, *_files_under(bridge, "text_encoders", MODEL_FILE_SUFFIXES)]
+
+
 def resolve_text_encoder(name: str, bridge: Bridge) -> tuple[str, str | None] | None:
     """None for the model's own encoders, else (the file, its tokenizer folder): a folder next to the file
     named ``<file stem>_tokenizer`` or ``tokenizer``, else the one ComfyUI ships for that encoder, else None
     (files such as UMT5's carry their tokenizer; the family's reader says whether one is needed)."""
     name = (name or TEXT_ENCODER_OWN).strip()
-    if name == TEXT_ENCODER_OWN:
+    if name in (TEXT_ENCODER_OWN, TEXT_ENCODER_NONE):
         return None
     file = next((Path(r) / name for r in bridge.folder_paths("text_encoders") if (Path(r) / name).is_file()), None)
     if file is None and os.path.isabs(name) and os.path.isfile(name):

@@ -5,7 +5,13 @@ from __future__ import annotations
 from .context import shared_bridge
 from .declare import Choice, DeclaredNode, Input, NodeSpec, Output, Socket
 from .handles import PARALLEL_MODEL, ParallelModelHandle
-from .model_files import TEXT_ENCODER_OWN, resolve_text_encoder, text_encoder_choices
+from .model_files import (
+    TEXT_ENCODER_NONE,
+    TEXT_ENCODER_OWN,
+    resolve_text_encoder,
+    second_text_encoder_choices,
+    text_encoder_choices,
+)
 
 
 class ParallelTextEncode(DeclaredNode):
@@ -16,7 +22,7 @@ class ParallelTextEncode(DeclaredNode):
         display_name="Parallel Text Encode",
         description=(
             "Encodes a prompt into ComfyUI conditioning with the model's own text encoders (CLIP / T5 / Qwen2.5-VL "
-            "/ Mistral of a diffusers folder), or with a text-encoder file (Qwen-Image's Qwen2.5-VL, Z-Image's Qwen3, Wan's UMT5, Chroma's / SD3's T5-XXL)."
+            "/ Mistral of a diffusers folder), or with text-encoder files (Qwen-Image's Qwen2.5-VL, Z-Image's Qwen3, Wan's UMT5, Chroma's / SD3's T5-XXL, Flux.1's T5-XXL + CLIP-L)."
         ),
         inputs=(
             Socket("parallel_model", PARALLEL_MODEL, "From Parallel Model Loader."),
@@ -26,9 +32,17 @@ class ParallelTextEncode(DeclaredNode):
                 "The model's own encoders (a diffusers folder's), or a file from models/text_encoders or "
                 "models/clip (qwen_2.5_vl_7b*.safetensors, or a Qwen2.5-VL GGUF as ComfyUI-GGUF's CLIPLoaderGGUF "
                 "reads it, for a Qwen-Image transformer file; umt5_xxl* for Wan; t5xxl* for Chroma / SD3; "
-                "mistral_3_small_flux2*.safetensors for FLUX.2).",
+                "mistral_3_small_flux2*.safetensors for FLUX.2; t5xxl* with clip_l as text_encoder_2 for Flux.1).",
                 lambda: text_encoder_choices(shared_bridge()),
                 default=TEXT_ENCODER_OWN,
+                optional=True,
+            ),
+            Choice(
+                "text_encoder_2",
+                "A second text-encoder file, for a family that reads two as ComfyUI's DualCLIPLoader: clip_l.safetensors "
+                "beside t5xxl* for Flux.1 (either order). (none) for every other family.",
+                lambda: second_text_encoder_choices(shared_bridge()),
+                default=TEXT_ENCODER_NONE,
                 optional=True,
             ),
         ),
@@ -39,9 +53,15 @@ class ParallelTextEncode(DeclaredNode):
     )
 
     def encode(
-        self, parallel_model: ParallelModelHandle, text: str, text_encoder: str = TEXT_ENCODER_OWN
+        self,
+        parallel_model: ParallelModelHandle,
+        text: str,
+        text_encoder: str = TEXT_ENCODER_OWN,
+        text_encoder_2: str = TEXT_ENCODER_NONE,
     ) -> tuple[list]:
         from parallel_runtime.service.comfy_graph import encode
 
         model = parallel_model.model()
-        return (encode(model, text, resolve_text_encoder(text_encoder, parallel_model.context.bridge)),)
+        bridge = parallel_model.context.bridge
+        first, second = (resolve_text_encoder(n, bridge) for n in (text_encoder, text_encoder_2))
+        return (encode(model, text, first, second),)

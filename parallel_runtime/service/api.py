@@ -31,7 +31,7 @@ from ..runtime.pool import WorkerPool
 from ..runtime.pools import PoolRegistry
 from . import input_checks
 from .controlnets import check_controls
-from .host_checks import check_load_request, check_pipefusion_request, check_text_encoder_file, host_geometry
+from .host_checks import check_load_request, check_pipefusion_request, check_text_encoder_files, host_geometry
 from .image_size import FittedSize, fit_image_size
 from .load_job import load_model
 from .load_request import LoadRequest
@@ -242,11 +242,19 @@ class ParallelModel:
         prompt: str | list[str],
         text_encoder: tuple[str, str | None] | None = None,
         should_cancel: Callable[[], bool] | None = None,
+        text_encoder_2: tuple[str, str | None] | None = None,
     ) -> Conditioning:
         """Conditioning of ``prompt`` with the model's own text encoders, or with ``text_encoder`` = (a
         text-encoder file from ComfyUI's models/text_encoders, its tokenizer folder or None when the file
-        carries its tokenizer)."""
+        carries its tokenizer), and ``text_encoder_2`` the same of a second file for a family that reads two
+        (Flux.1: T5-XXL and CLIP-L, in either order)."""
         prompts = input_checks.prompts(prompt)
+        if text_encoder is None and text_encoder_2 is not None:
+            raise ConfigError(
+                f"a second text-encoder file ({Path(text_encoder_2[0]).name}) without a first",
+                "text_encoder_2 is the second file of a family that reads two (Flux.1: T5-XXL and CLIP-L)",
+                "choose the first file as text_encoder too, or leave text_encoder_2 at (none)",
+            )
         if text_encoder is not None:
             reader = family(self.family).text_encoder_file
             if reader is None:
@@ -256,9 +264,13 @@ class ParallelModel:
                     f"Parallel Text Encode reads only {' and '.join(readers)} from models/text_encoders so far",
                     "choose \"(the model's own)\" with a diffusers folder, or ComfyUI's own text-encode nodes",
                 )
-            check_text_encoder_file(reader(), *text_encoder)
+            reader = reader()
+            text_encoder, text_encoder_2 = check_text_encoder_files(reader, text_encoder, text_encoder_2, self.family)
+            first, tokenizer = text_encoder
             return concat_conditioning(
-                *self._run(encode_text_file, text_encoder[0], text_encoder[1], prompts, should_cancel=should_cancel)
+                *self._run(
+                    encode_text_file, first, tokenizer, prompts, second=text_encoder_2, should_cancel=should_cancel
+                )
             )
         conds = self._run(encode_text, prompts, loras=stack_entries(self.loras), should_cancel=should_cancel)
         return concat_conditioning(*conds)

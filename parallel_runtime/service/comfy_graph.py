@@ -180,10 +180,20 @@ def empty_latent(model: ParallelModel, width: int, height: int, batch_size: int,
     return {"samples": samples}
 
 
-def encode(model: ParallelModel, text: str, text_encoder: tuple[str, str | None] | None = None) -> list[list[Any]]:
+def encode(
+    model: ParallelModel,
+    text: str,
+    text_encoder: tuple[str, str | None] | None = None,
+    text_encoder_2: tuple[str, str | None] | None = None,
+) -> list[list[Any]]:
     """ComfyUI CONDITIONING of ``text`` with the model's own text encoders, or with ``text_encoder`` (a
-    text-encoder file and its tokenizer folder)."""
-    cond = model.encode_text(text) if text_encoder is None else model.encode_text(text, text_encoder)
+    text-encoder file and its tokenizer folder) and ``text_encoder_2`` (a second one, for Flux.1's CLIP-L)."""
+    if text_encoder is None and text_encoder_2 is None:
+        cond = model.encode_text(text)
+    elif text_encoder_2 is None:
+        cond = model.encode_text(text, text_encoder)
+    else:
+        cond = model.encode_text(text, text_encoder, text_encoder_2=text_encoder_2)
     return from_runtime(cond)
 
 

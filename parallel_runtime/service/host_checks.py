@@ -194,3 +194,38 @@ def check_text_encoder_file(reader: Any, encoder_path: str, tokenizer_dir: str |
         )
     if reader.check is not None:
         reader.check(encoder_path)
+
+
+def check_text_encoder_files(
+    reader: Any, first: tuple[str, str | None], second: tuple[str, str | None] | None, family_id: str
+) -> tuple[tuple[str, str | None], tuple[str, str | None] | None]:
+    """The (file, tokenizer folder) pairs a family's ``TextEncoderFile`` reads, checked on the host and in its
+    order (a family reading two, e.g. Flux.1's T5-XXL and CLIP-L, takes them either way, as ComfyUI's
+    DualCLIPLoader): a ConfigError for one file where two are needed, or two where one is."""
+    name = Path(first[0]).name
+    if reader.second is None and second is not None:
+        raise ConfigError(
+            f"two text-encoder files ({name}, {Path(second[0]).name}) for a {family_id} model",
+            f"a {family_id} model reads one {reader.what} text-encoder file",
+            "leave text_encoder_2 at (none)",
+        )
+    if reader.second is not None and second is None:
+        raise ConfigError(
+            f"one text-encoder file ({name}) for a {family_id} model",
+            f"a {family_id} model is conditioned by {reader.what} and {reader.second.what} together, from two files "
+            "(as ComfyUI's DualCLIPLoader reads them)",
+            f"choose the {reader.what} file as text_encoder and the {reader.second.what} file (e.g. clip_l.safetensors) "
+            "as text_encoder_2",
+        )
+    if second is not None and reader.second.recognise(first[0]) and not reader.second.recognise(second[0]):
+        first, second = second, first
+    check_text_encoder_file(reader, *first)
+    if second is not None:
+        if not second[1]:
+            raise ConfigError(
+                f"no tokenizer found for {Path(second[0]).name}",
+                f"a {reader.second.what} text encoder needs its tokenizer folder (ComfyUI ships it in comfy/)",
+                f"put the tokenizer files in a folder {Path(second[0]).stem}_tokenizer next to the encoder file",
+            )
+        reader.second.check(second[0])
+    return first, second

@@ -72,11 +72,13 @@ def encode_text_file(
     prompts: list[str],
     max_sequence_length: int | None = None,
     overrides: dict[str, Any] | None = None,
+    second: tuple[str, str | None] | None = None,
 ) -> list[Conditioning] | None:
     """Encode each prompt with a text-encoder FILE (ComfyUI's models/text_encoders, of a family that reads one:
     Qwen-Image's Qwen2.5-VL, Wan's UMT5, ...) on TEXT_RANK, in the model's dtype: on one device, or spread over
-    the pool's GPUs by layers when larger than what any one has left (``load_job.text_file_placement``). The
-    encoder stays loaded for the next prompts."""
+    the pool's GPUs by layers when larger than what any one has left (``load_job.text_file_placement``); with
+    ``second`` = (file, tokenizer folder), the second file a family reads beside the first (Flux.1's CLIP-L), on the
+    first one's device. The encoders stay loaded for the next prompts."""
     from transformers import AutoTokenizer
 
     model = loaded_model(ctx)
@@ -89,10 +91,17 @@ def encode_text_file(
             f"Parallel Text Encode reads {' and '.join(readers)} from models/text_encoders",
             "encode with ComfyUI's CLIPLoader + CLIPTextEncode, or load the model's diffusers folder",
         )
+    reader = spec.text_encoder_file()
+    if (reader.second is None) != (second is None):
+        raise ConfigError(
+            f"{'one text-encoder file' if second is None else 'two text-encoder files'} for a {family_id} model",
+            f"{spec.label} reads {'a ' + reader.second.what + ' file beside its ' if reader.second else 'one '}"
+            f"{reader.what} file",
+            "give the files the family reads (Parallel Text Encode's text_encoder / text_encoder_2)",
+        )
     if ctx.rank != TEXT_RANK:
         return None
-    reader = spec.text_encoder_file()
-    key = (encoder_path, tokenizer_dir, str(overrides), model.adapter.dtype)
+    key = (encoder_path, tokenizer_dir, str(overrides), model.adapter.dtype, second)
     cached = ctx.state.get("text_file")
     if cached is None or cached[0] != key:
         ctx.state.pop("text_file", None)
@@ -108,6 +117,10 @@ def encode_text_file(
             tokenizer = reader.tokenizer(encoder_path, tokenizer_dir)
         else:
             tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir, local_files_only=True)
+        if reader.second is not None and second is not None:
+            device = next(iter(where)) if isinstance(where, Mapping) else where
+            encoder = (encoder, reader.second.load(second[0], device))
+            tokenizer = (tokenizer, AutoTokenizer.from_pretrained(second[1], local_files_only=True))
         cached = (key, encoder, tokenizer)
         ctx.state["text_file"] = cached
     _, encoder, tokenizer = cached

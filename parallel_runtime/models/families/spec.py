@@ -80,8 +80,20 @@ class TextEncoding:
 
 
 @dataclasses.dataclass(frozen=True)
+class SecondEncoderFile:
+    """The second text-encoder file a family reads beside the first (Flux.1's CLIP-L beside its T5-XXL, as ComfyUI's
+    DualCLIPLoader reads them); its tokenizer is a folder."""
+
+    what: str  # the file kind, for messages, e.g. "CLIP-L"
+    load: Callable[[str, Any], nn.Module]  # (path, device) -> encoder
+    check: Callable[[str], None]  # (path): a ConfigError on the host for a wrong file
+    recognise: Callable[[str], bool]  # (path): whether a file is of this kind (the two files may come either way)
+
+
+@dataclasses.dataclass(frozen=True)
 class TextEncoderFile:
-    """A text encoder read from ONE file (ComfyUI's ``models/text_encoders``) and how it encodes prompts."""
+    """A text encoder read from a file (ComfyUI's ``models/text_encoders``) and how it encodes prompts. With a
+    ``second`` file, ``encode`` gets (first, second) encoders and (first, second) tokenizers."""
 
     what: str  # the file kind, for messages, e.g. "Qwen2.5-VL"
     load: Callable[..., nn.Module]  # (path, device, dtype, overrides=None) -> encoder
@@ -91,6 +103,7 @@ class TextEncoderFile:
     # tokenizer is a folder, read with transformers' AutoTokenizer, and one is required)
     tokenizer: Callable[[str, str | None], Any] | None = None
     check: Callable[[str], None] | None = None  # (encoder file): a ConfigError on the host for a wrong file
+    second: SecondEncoderFile | None = None  # a second file the family needs (None: one file)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -30,6 +30,12 @@ def _text_encoding():
     return ENCODING
 
 
+def _text_encoder_file():
+    from .text_file import ENCODER_FILE
+
+    return ENCODER_FILE
+
+
 GGUF = GGUFFacts(  # ComfyUI-GGUF's files; Q4_K_M upgrades BFL's fused img / txt q-k-v
     architecture="flux",
     required=MappingProxyType({}),
@@ -55,6 +61,7 @@ FAMILY = FamilySpec(
         lora_roles=MappingProxyType({"text_encoder": "clip_l", "text_encoder_2": "t5xxl"}),
     ),
     text_encoding=_text_encoding,
+    text_encoder_file=_text_encoder_file,
     layout=LayoutHints(default_cfg=1.0, text_tokens=512),
     head_dim=128,
     previews=(FLUX_PREVIEW,),
