@@ -194,7 +194,7 @@ def resolve_text_encoder(name: str, bridge: Bridge) -> tuple[str, str | None] | 
     for root in bridge.folder_paths(SHIPPED_TOKENIZERS):
         candidates += [Path(root) / d for key, d in TOKENIZER_DIRS.items() if key in file.name.lower()]
     tokenizer = next((c for c in candidates if c.is_dir()), None)
-    return str(file), None if tokenizer is None else str(tokenizer)
+    return str(file), None if tokenizer is None else os.path.normpath(tokenizer)
 
 
 def controlnet_choices(bridge: Bridge) -> list[str]:

@@ -30,27 +30,66 @@ def _tensor(stored: dict) -> torch.Tensor:
     return torch.tensor(stored["data"]).reshape(stored["shape"])
 
 
-def test_workers_encode_like_comfyui_dualcliploader(cpu_pool):
+def test_workers_encode_like_comfyui_dualcliploader(pool_registry):
+    from parallel_runtime.service.api import LoadRequest, load_parallel_model
+
+    path = str(ensure_tiny_model("tiny-flux"))
+    model = load_parallel_model(
+        LoadRequest(model=path, devices="cpu:2", layout=ParallelConfig(ulysses=2)), pool_registry
+    )
+    clip = (CLIP, CLIP_TOKENIZER)
+    for case, spec in sorted(REFERENCE["cases"].items()):
+        prompts = REFERENCE["prompts"][: len(spec["conditioning"])]
+        t5 = (str(DATA / spec["file"]), T5_TOKENIZER)
+        files = (clip, t5) if case == "flux_fp8_scaled" else (t5, clip)  # either order, as DualCLIPLoader
+        cond = model.encode_text(prompts, files[0], text_encoder_2=files[1])
+        assert cond.prompt_embeds.shape == (len(prompts), *spec["conditioning"][0]["cond_shape"]), case
+        assert cond.attention_mask is None  # ComfyUI passes no mask
+        for i, (prompt, want) in enumerate(zip(prompts, spec["conditioning"])):
+            if want["cond"] is not None:  # stored for the prompts within CLIP's 77 tokens
+                assert (cond.prompt_embeds[i] - _tensor(want["cond"])).abs().max() <= T5_BOUND, (case, prompt)
+            assert (cond.pooled[i] - _tensor(want["pooled"])).abs().max() <= 1e-5, (case, prompt)
+    with pytest.raises(ConfigError, match=r"one text-encoder file \(tiny_t5_bf16.safetensors\) for a flux model"):
+        model.encode_text("a fox", (str(DATA / "tiny_t5_bf16.safetensors"), T5_TOKENIZER))
+    with pytest.raises(ConfigError, match="a second text-encoder file .* without a first"):
+        model.encode_text("a fox", text_encoder_2=clip)
+
+
+def test_the_worker_refuses_one_file_for_flux_too(cpu_pool):
     from parallel_runtime.service.load_job import load_model
     from parallel_runtime.service.model_jobs import encode_text_file
 
     pool = cpu_pool(ParallelConfig(ulysses=2))
     pool.submit(load_model, str(ensure_tiny_model("tiny-flux")), "fp32", "sdpa").result(300)
-    for case, spec in sorted(REFERENCE["cases"].items()):
-        prompts = REFERENCE["prompts"][: len(spec["conditioning"])]
-        t5 = str(DATA / spec["file"])
-        second = (CLIP, CLIP_TOKENIZER)
-        got = pool.submit(encode_text_file, t5, T5_TOKENIZER, prompts, second=second).result(300)
-        for prompt, cond, want in zip(prompts, got, spec["conditioning"]):
-            pooled = _tensor(want["pooled"])
-            assert cond.prompt_embeds.shape == (1, *want["cond_shape"]), (case, prompt)
-            if want["cond"] is not None:  # stored for the prompts within CLIP's 77 tokens
-                assert (cond.prompt_embeds[0] - _tensor(want["cond"])).abs().max() <= T5_BOUND, (case, prompt)
-            assert cond.pooled.shape == (1, *pooled.shape), (case, prompt)
-            assert (cond.pooled[0] - pooled).abs().max() <= 1e-5, (case, prompt)
-            assert cond.attention_mask is None  # ComfyUI passes no mask
-    with pytest.raises(WorkerError, match="one text-encoder file for a flux model"):  # the worker checks too
-        pool.submit(encode_text_file, t5, T5_TOKENIZER, prompts).result(300)
+    t5 = str(DATA / "tiny_t5_bf16.safetensors")
+    with pytest.raises(WorkerError, match="one text-encoder file for a flux model"):
+        pool.submit(encode_text_file, t5, T5_TOKENIZER, ["a fox"]).result(300)
+
+
+def test_the_node_takes_clip_l_as_its_second_file_with_comfyui_s_sd1_tokenizer(tmp_path):
+    from node_helpers import RecordingBridge
+    from pack_import import load_pack
+
+    load_pack()
+    from dit_parallel_pack.nodes.bridge import SHIPPED_TOKENIZERS
+    from dit_parallel_pack.nodes.model_files import TEXT_ENCODER_NONE, resolve_text_encoder, second_text_encoder_choices
+    from dit_parallel_pack.nodes.text_encode import ParallelTextEncode
+
+    encoders, comfy = tmp_path / "text_encoders", tmp_path / "comfy"
+    for folder in (encoders, comfy / "text_encoders", comfy / "sd1_tokenizer"):
+        folder.mkdir(parents=True)
+    (encoders / "clip_l.safetensors").write_bytes(b"")
+    bridge = RecordingBridge(
+        folders={"text_encoders": [str(encoders)], SHIPPED_TOKENIZERS: [str(comfy / "text_encoders")]}
+    )
+    assert second_text_encoder_choices(bridge) == [TEXT_ENCODER_NONE, "clip_l.safetensors"]
+    assert resolve_text_encoder(TEXT_ENCODER_NONE, bridge) is None
+    assert resolve_text_encoder("clip_l.safetensors", bridge) == (
+        str(encoders / "clip_l.safetensors"),
+        str(comfy / "sd1_tokenizer"),
+    )
+    second = next(i for i in ParallelTextEncode.SPEC.inputs if i.name == "text_encoder_2")
+    assert second.optional and second.default == TEXT_ENCODER_NONE  # existing workflows stay valid
 
 
 def test_one_file_for_flux_two_for_others_and_wrong_files_are_refused_on_the_host(tmp_path):

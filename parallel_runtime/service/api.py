@@ -20,7 +20,6 @@ from ..denoise.settings import SamplingSettings
 from ..errors import ConfigError, PoolRestarted, RuntimeTimeout
 from ..models.base import Conditioning
 from ..models.builtin import BUILTIN_MODELS, builtin_model_path
-from ..models.families.registry import FAMILIES, family
 from ..models.lora.keymap import ModelKeys
 from ..models.sampling_spec import ModelSamplingSpec
 from ..parallel.config import ParallelConfig, parse_devices
@@ -31,7 +30,7 @@ from ..runtime.pool import WorkerPool
 from ..runtime.pools import PoolRegistry
 from . import input_checks
 from .controlnets import check_controls
-from .host_checks import check_load_request, check_pipefusion_request, check_text_encoder_files, host_geometry
+from .host_checks import check_load_request, check_pipefusion_request, host_geometry, text_encoder_files
 from .image_size import FittedSize, fit_image_size
 from .load_job import load_model
 from .load_request import LoadRequest
@@ -249,29 +248,11 @@ class ParallelModel:
         carries its tokenizer), and ``text_encoder_2`` the same of a second file for a family that reads two
         (Flux.1: T5-XXL and CLIP-L, in either order)."""
         prompts = input_checks.prompts(prompt)
-        if text_encoder is None and text_encoder_2 is not None:
-            raise ConfigError(
-                f"a second text-encoder file ({Path(text_encoder_2[0]).name}) without a first",
-                "text_encoder_2 is the second file of a family that reads two (Flux.1: T5-XXL and CLIP-L)",
-                "choose the first file as text_encoder too, or leave text_encoder_2 at (none)",
-            )
-        if text_encoder is not None:
-            reader = family(self.family).text_encoder_file
-            if reader is None:
-                readers = [f"{f.label}'s {f.text_encoder_file().what}" for f in FAMILIES if f.text_encoder_file]
-                raise ConfigError(
-                    f"a text-encoder file ({Path(text_encoder[0]).name}) for a {self.family} model",
-                    f"Parallel Text Encode reads only {' and '.join(readers)} from models/text_encoders so far",
-                    "choose \"(the model's own)\" with a diffusers folder, or ComfyUI's own text-encode nodes",
-                )
-            reader = reader()
-            text_encoder, text_encoder_2 = check_text_encoder_files(reader, text_encoder, text_encoder_2, self.family)
-            first, tokenizer = text_encoder
-            return concat_conditioning(
-                *self._run(
-                    encode_text_file, first, tokenizer, prompts, second=text_encoder_2, should_cancel=should_cancel
-                )
-            )
+        files = text_encoder_files(self.family, text_encoder, text_encoder_2)
+        if files is not None:
+            (first, tokenizer), second = files
+            job = self._run(encode_text_file, first, tokenizer, prompts, second=second, should_cancel=should_cancel)
+            return concat_conditioning(*job)
         conds = self._run(encode_text, prompts, loras=stack_entries(self.loras), should_cancel=should_cancel)
         return concat_conditioning(*conds)
 

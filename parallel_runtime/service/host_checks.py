@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError
+from ..models.families.registry import FAMILIES, family
 from . import input_checks
 from .load_job import torch_dtype
 
@@ -229,3 +230,27 @@ def check_text_encoder_files(
             )
         reader.second.check(second[0])
     return first, second
+
+
+def text_encoder_files(
+    family_id: str, first: tuple[str, str | None] | None, second: tuple[str, str | None] | None
+) -> tuple[tuple[str, str | None], tuple[str, str | None] | None] | None:
+    """Parallel Text Encode's (file, tokenizer folder) choices for a ``family_id`` model, checked on the host and
+    in the family's order (``check_text_encoder_files``); None: the model's own encoders."""
+    if first is None and second is not None:
+        raise ConfigError(
+            f"a second text-encoder file ({Path(second[0]).name}) without a first",
+            "text_encoder_2 is the second file of a family that reads two (Flux.1: T5-XXL and CLIP-L)",
+            "choose the first file as text_encoder too, or leave text_encoder_2 at (none)",
+        )
+    if first is None:
+        return None
+    reader = family(family_id).text_encoder_file
+    if reader is None:
+        readers = [f"{f.label}'s {f.text_encoder_file().what}" for f in FAMILIES if f.text_encoder_file]
+        raise ConfigError(
+            f"a text-encoder file ({Path(first[0]).name}) for a {family_id} model",
+            f"Parallel Text Encode reads only {' and '.join(readers)} from models/text_encoders so far",
+            "choose \"(the model's own)\" with a diffusers folder, or ComfyUI's own text-encode nodes",
+        )
+    return check_text_encoder_files(reader(), first, second, family_id)
