@@ -22,7 +22,7 @@ class ParallelTextEncode(DeclaredNode):
         display_name="Parallel Text Encode",
         description=(
             "Encodes a prompt into ComfyUI conditioning with the model's own text encoders (CLIP / T5 / Qwen2.5-VL "
-            "/ Mistral of a diffusers folder), or with text-encoder files (Qwen-Image's Qwen2.5-VL, Z-Image's Qwen3, Wan's UMT5, Chroma's / SD3's T5-XXL, Flux.1's T5-XXL + CLIP-L)."
+            "/ Mistral of a diffusers folder), or with text-encoder files (Qwen-Image's Qwen2.5-VL, Z-Image's Qwen3, Wan's UMT5, Chroma's / SD3's / PixArt's T5-XXL, Flux.1's T5-XXL + CLIP-L)."
         ),
         inputs=(
             Socket("parallel_model", PARALLEL_MODEL, "From Parallel Model Loader."),
@@ -31,7 +31,7 @@ class ParallelTextEncode(DeclaredNode):
                 "text_encoder",
                 "The model's own encoders (a diffusers folder's), or a file from models/text_encoders or "
                 "models/clip (qwen_2.5_vl_7b*.safetensors, or a Qwen2.5-VL GGUF as ComfyUI-GGUF's CLIPLoaderGGUF "
-                "reads it, for a Qwen-Image transformer file; umt5_xxl* for Wan; t5xxl* for Chroma / SD3; "
+                "reads it, for a Qwen-Image transformer file; umt5_xxl* for Wan; t5xxl* for Chroma / SD3 / PixArt; "
                 "mistral_3_small_flux2*.safetensors for FLUX.2; t5xxl* with clip_l as text_encoder_2 for Flux.1).",
                 lambda: text_encoder_choices(shared_bridge()),
                 default=TEXT_ENCODER_OWN,

@@ -1,7 +1,8 @@
-"""Chroma's and SD3's text encoder from ONE T5-XXL file (t5xxl_fp16 / fp8_e4m3fn_scaled, or a T5 encoder GGUF),
-run on the workers by Parallel Text Encode, against ComfyUI's own CLIPLoader (type chroma / sd3; ComfyUI-GGUF's
+"""Chroma's, PixArt's and SD3's text encoder from ONE T5-XXL file (t5xxl_fp16 / fp8_e4m3fn_scaled, or a T5 encoder GGUF),
+run on the workers by Parallel Text Encode, against ComfyUI's own CLIPLoader (type chroma / pixart / sd3; ComfyUI-GGUF's
 CLIPLoaderGGUF for the GGUF) + CLIPTextEncode output from the same tiny files (tests/data/comfy_t5xxl_reference.json,
-made by tests/data/make_comfy_t5xxl_reference.py): Chroma's unpadded tokens, SD3's 77 padded tokens with zero
+made by tests/data/make_comfy_t5xxl_reference.py): Chroma's and PixArt's unpadded tokens (not the PixArt
+pipelines' lower-cased 120 / 300 padded ones), SD3's 77 padded tokens with zero
 pooled output, ComfyUI's (word:1.3) prompt weights, the weights held in float16 as ComfyUI holds them. Wrong files
 are refused on the host."""
 
@@ -22,7 +23,7 @@ from parallel_runtime.service.host_checks import check_text_encoder_file
 DATA = Path(__file__).parent / "data"
 TOKENIZER = DATA / "tiny_t5_tokenizer"
 REFERENCE = json.loads((DATA / "comfy_t5xxl_reference.json").read_text(encoding="utf-8"))
-MODELS = {"chroma": "tiny-chroma", "sd3": "tiny-sd3"}
+MODELS = {"chroma": "tiny-chroma", "sd3": "tiny-sd3", "pixart": "tiny-pixart"}
 
 
 def _tensor(stored: dict) -> torch.Tensor:
@@ -56,7 +57,8 @@ def test_wrong_files_are_refused_on_the_host(tmp_path):
     check_text_encoder_file(chroma, str(t5), str(TOKENIZER))
     with pytest.raises(ConfigError, match="no tokenizer found for tiny_t5_bf16"):
         check_text_encoder_file(chroma, str(t5), None)
-    with pytest.raises(ConfigError, match="is a UMT5 encoder"):
-        check_text_encoder_file(family("sd3").text_encoder_file(), str(DATA / "tiny_umt5_bf16.safetensors"), "x")
+    for other in ("sd3", "pixart"):
+        with pytest.raises(ConfigError, match="is a UMT5 encoder"):
+            check_text_encoder_file(family(other).text_encoder_file(), str(DATA / "tiny_umt5_bf16.safetensors"), "x")
     with pytest.raises(ConfigError, match="'qwen_image' GGUF .*not T5-XXL"):
         check_text_encoder_file(chroma, str(DATA / "gguf" / "tiny_qwen_image_Q5_1.gguf"), "x")

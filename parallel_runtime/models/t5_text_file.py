@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from ..errors import ConfigError
+from .base import Conditioning
 from .t5_encoder import T5Sizes, T5TextEncoder
 from .t5_layout import t5_sizes
 from .weights import TensorSource, load_tensors, parameters_on_meta
@@ -143,6 +144,22 @@ def encode_weighted(
         empty = torch.tensor([empty_row(ids.shape[1])])
         states = apply_weights(states, run(empty, (torch.arange(empty.shape[1]) < 1).long()[None]), list(weights))
     return states, mask
+
+
+@torch.no_grad()
+def encode_unpadded(
+    encoder: nn.Module, tokenizer, prompts: Sequence[str], max_sequence_length: int = 1
+) -> Conditioning:
+    """T5 conditioning as ComfyUI's PixArt T5 rule reads a prompt (its CLIPLoader types pixart and chroma): the
+    prompt's tokens and END, padded only to ``max_sequence_length`` (1 = none), the encoder run without a mask, no
+    pooled output; weighted tokens measured from an empty prompt of padding only (no END). The mask is kept only
+    when rows were padded (prompts of different lengths)."""
+    states, mask = encode_weighted(encoder, folder_tokenizer_ids(tokenizer), prompts, max_sequence_length, False, _pads)
+    return Conditioning(states, None, None if bool(mask.all()) else mask.to(states.device))
+
+
+def _pads(length: int) -> list[int]:
+    return [PAD] * length
 
 
 def file_t5_sizes(path: str | os.PathLike, what: str = "T5") -> T5Sizes:

@@ -13,9 +13,10 @@ What it does, all on the CPU:
    (tests/data/tiny_t5_tokenizer: tiny-chroma's, a T5 tokenizer of 390 pieces, copied from dit_devtools' tiny
    model), and saves it as t5xxl_fp16's layout (bf16), t5xxl_fp8_e4m3fn_scaled's (Linear weights e4m3fn with
    scale_weight, the scaled_fp8 marker) and t5-v1_1-xxl-encoder-Q8_0.gguf's (llama.cpp's, Q8_0).
-2. Loads them with ``CLIPLoader`` type chroma (all three layouts; the GGUF with ``CLIPLoaderGGUF``) and type sd3
-   (bf16 and the GGUF: T5 alone, no CLIP-L / CLIP-G), encodes the prompts with ``CLIPTextEncode`` and stores each
-   CONDITIONING with its pooled output.
+2. Loads them with ``CLIPLoader`` types chroma and pixart (all three layouts; the GGUF with ``CLIPLoaderGGUF``) and
+   type sd3 (bf16 and the GGUF: T5 alone, no CLIP-L / CLIP-G), encodes the prompts with ``CLIPTextEncode`` and
+   stores each CONDITIONING with its pooled output (``--add pixart``: only that family's cases, from the files
+   already in tests/data, the other cases kept).
 3. Builds a seeded random CLIP-L text tower (128 wide, 2 heads of 64 as CLIP-L's, 2 layers, feed-forward 256,
    77 positions, text_projection) under transformers' ``text_model.*`` names in float16 (clip_l.safetensors'
    layout), its vocabulary the tiny CLIP tokenizer's (tests/data/tiny_clip_tokenizer: tiny-flux's, 714 pieces),
@@ -56,7 +57,16 @@ FILES = {
     "fp8_scaled": "tiny_t5_fp8_e4m3fn_scaled.safetensors",
     "Q8_0": "tiny_t5_Q8_0.gguf",
 }
-CASES = [("chroma", "bf16"), ("chroma", "fp8_scaled"), ("chroma", "Q8_0"), ("sd3", "bf16"), ("sd3", "Q8_0")]
+CASES = [
+    ("chroma", "bf16"),
+    ("chroma", "fp8_scaled"),
+    ("chroma", "Q8_0"),
+    ("sd3", "bf16"),
+    ("sd3", "Q8_0"),
+    ("pixart", "bf16"),
+    ("pixart", "fp8_scaled"),
+    ("pixart", "Q8_0"),
+]
 PROMPTS = [
     "a red fox in the snow",
     "A lighthouse at dusk, waves crashing against the rocks at night.",
@@ -243,21 +253,26 @@ def run(args, base: Path) -> None:
     if args.flux_only:
         run_flux(args, base, nodes, gguf_nodes, config)
         return
-    tensors = umt5.tiny_umt5(VOCAB, table_per_block=False)
-    save_file({k: v.to(torch.bfloat16).contiguous() for k, v in tensors.items()}, str(HERE / FILES["bf16"]))
-    save_file({k: v.contiguous() for k, v in umt5.scaled_fp8(tensors).items()}, str(HERE / FILES["fp8_scaled"]))
-    umt5.write_gguf(tensors, None, HERE / FILES["Q8_0"])
+    cases = CASES
+    if args.add:  # the stored files and cases kept, the named families' cases (re)made from them
+        reference = json.loads((HERE / "comfy_t5xxl_reference.json").read_text())
+        cases = [(kind, layout) for kind, layout in CASES if kind in args.add]
+    else:
+        tensors = umt5.tiny_umt5(VOCAB, table_per_block=False)
+        save_file({k: v.to(torch.bfloat16).contiguous() for k, v in tensors.items()}, str(HERE / FILES["bf16"]))
+        save_file({k: v.contiguous() for k, v in umt5.scaled_fp8(tensors).items()}, str(HERE / FILES["fp8_scaled"]))
+        umt5.write_gguf(tensors, None, HERE / FILES["Q8_0"])
+        reference = {
+            "comfyui_commit": umt5._git(args.comfy),
+            "command": "PYTHONPATH=/tmp/pb ~/.cache/dit-parallel/comfyui-venv-*/bin/python "
+            "tests/data/make_comfy_t5xxl_reference.py",
+            "prompts": PROMPTS,
+            "files": FILES,
+            "cases": {},
+        }
     for name in FILES.values():
         shutil.copy(HERE / name, folder / name)
-    reference = {
-        "comfyui_commit": umt5._git(args.comfy),
-        "command": "PYTHONPATH=/tmp/pb ~/.cache/dit-parallel/comfyui-venv-*/bin/python "
-        "tests/data/make_comfy_t5xxl_reference.py",
-        "prompts": PROMPTS,
-        "files": FILES,
-        "cases": {},
-    }
-    for kind, layout in CASES:
+    for kind, layout in cases:
         with tiny_patches(config):
             if layout == "Q8_0":
                 with umt5.gguf_loader(gguf_nodes, umt5_size=False):
@@ -278,7 +293,8 @@ def run(args, base: Path) -> None:
         reference["cases"][f"{kind}_{layout}"] = {"family": kind, "file": FILES[layout], "conditioning": rows}
         print(kind, layout, [r["cond"]["shape"] for r in rows], [r["extra"] for r in rows])
     (HERE / "comfy_t5xxl_reference.json").write_text(json.dumps(reference) + "\n")
-    run_flux(args, base, nodes, gguf_nodes, config)
+    if not args.add:
+        run_flux(args, base, nodes, gguf_nodes, config)
 
 
 def main() -> None:
@@ -286,6 +302,12 @@ def main() -> None:
     parser.add_argument("--comfy", type=Path, default=Path("/work/shared/ComfyUI"))
     parser.add_argument("--gguf-nodes", type=Path, default=Path("/work/shared/ComfyUI-GGUF"))
     parser.add_argument("--flux-only", action="store_true", help="only the flux (T5-XXL + CLIP-L) cases")
+    parser.add_argument(
+        "--add",
+        nargs="+",
+        choices=sorted({kind for kind, _ in CASES}),
+        help="only these families' cases, from the stored files",
+    )
     args = parser.parse_args()
     base = Path(tempfile.mkdtemp(prefix="comfy-t5-ref-"))
     try:

@@ -2,30 +2,19 @@
 (``t5xxl_fp16.safetensors``, ``t5xxl_fp8_e4m3fn_scaled.safetensors``, or a T5-XXL encoder GGUF as ComfyUI-GGUF's
 CLIPLoaderGGUF reads it; the encoder itself is read by ``models.t5_text_file``). The tokenizer is ComfyUI's own
 ``t5_tokenizer`` folder. A prompt is encoded as ComfyUI does for Chroma: its tokens and the end token, no padding,
-no attention mask; no pooled output; ComfyUI's ``(word:1.2)`` weights as it reads them.
+no attention mask; no pooled output; ComfyUI's ``(word:1.2)`` weights as it reads them (ComfyUI reads Chroma's T5
+as PixArt's: ``t5_text_file.encode_unpadded``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
 from torch import nn
 
-from ...base import Conditioning
-from ...t5_text_file import PAD, check_t5xxl_file, encode_weighted, folder_tokenizer_ids, load_t5_text_file
+from ...t5_text_file import check_t5xxl_file, encode_unpadded, load_t5_text_file
 from ..spec import TextEncoderFile
 
 WHAT = "T5-XXL (Chroma's text encoder)"
-
-
-@torch.no_grad()
-def encode_chroma_file(encoder: nn.Module, tokenizer, prompts: Sequence[str], max_sequence_length: int = 1):
-    """Chroma conditioning of ``prompts`` (``max_sequence_length``: the least padded length, 1 = none). ComfyUI runs
-    Chroma's T5 without a mask; weighted tokens are measured from an empty prompt of padding only (its rule)."""
-    ids_of = folder_tokenizer_ids(tokenizer)
-    states, mask = encode_weighted(encoder, ids_of, prompts, max_sequence_length, False, lambda n: [PAD] * n)
-    return Conditioning(states, None, None if bool(mask.all()) else mask.to(states.device))
 
 
 def load_chroma_t5_file(path, device="cpu", dtype=torch.bfloat16, storage="auto", overrides=None) -> nn.Module:
@@ -35,5 +24,5 @@ def load_chroma_t5_file(path, device="cpu", dtype=torch.bfloat16, storage="auto"
 
 
 ENCODER_FILE = TextEncoderFile(
-    "T5-XXL", load_chroma_t5_file, encode_chroma_file, 1, check=lambda path: check_t5xxl_file(path, WHAT)
+    "T5-XXL", load_chroma_t5_file, encode_unpadded, 1, check=lambda path: check_t5xxl_file(path, WHAT)
 )

@@ -23,6 +23,12 @@ def _original_layout():
     return LAYOUT
 
 
+def _text_encoder_file():
+    from .text_file import ENCODER_FILE
+
+    return ENCODER_FILE
+
+
 def _text_encoding():
     from .text import ENCODING
 
@@ -45,6 +51,7 @@ FAMILY = FamilySpec(
         lora_roles=MappingProxyType({"text_encoder": "t5xxl"}),
     ),
     text_encoding=_text_encoding,
+    text_encoder_file=_text_encoder_file,
     layout=LayoutHints(default_cfg=4.5, text_tokens=0),  # cross-attention: the text is not in the sequence
     head_dim=72,
     previews=(SD15_PREVIEW, SDXL_PREVIEW),  # alpha, Sigma
