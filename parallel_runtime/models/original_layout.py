@@ -15,7 +15,16 @@ from .families.registry import family
 from .families.spec import OriginalLayout
 from .layout_shapes import Shapes, StateDict
 
-__all__ = ["Shapes", "StateDict", "anchor_key", "config_from_weights", "detect_variant", "layout", "to_diffusers"]
+__all__ = [
+    "Shapes",
+    "StateDict",
+    "anchor_key",
+    "config_from_metadata",
+    "config_from_weights",
+    "detect_variant",
+    "layout",
+    "to_diffusers",
+]
 
 
 def layout(family_id: str) -> OriginalLayout:
@@ -31,6 +40,12 @@ def anchor_key(family_id: str) -> str:
 def config_from_weights(family_id: str, shapes: Shapes, base: Mapping[str, Any]) -> dict[str, Any]:
     """The diffusers config entries the weights (``shapes``) decide; ``base`` is the shipped config (+ overrides)."""
     return layout(family_id).config_from_weights(shapes, base)
+
+
+def config_from_metadata(family_id: str, file_name: str, metadata: Mapping[str, str]) -> dict[str, Any]:
+    """The diffusers config entries a .safetensors file's ``__metadata__`` decides (none for most families)."""
+    read = layout(family_id).config_from_metadata
+    return {} if read is None else read(file_name, metadata)
 
 
 def detect_variant(family_id: str, shapes: Shapes) -> str:

@@ -32,9 +32,18 @@ from torch import nn
 from ..errors import ConfigError
 from .families.registry import confirm_family, family_of_variant, labels, variants
 from .families.registry import family as family_spec
-from .files import detect_family, read_safetensors_header
+from .files import detect_family
 from .loading import PipelineComponents
-from .original_layout import Shapes, StateDict, anchor_key, config_from_weights, detect_variant, to_diffusers
+from .original_layout import (
+    Shapes,
+    StateDict,
+    anchor_key,
+    config_from_metadata,
+    config_from_weights,
+    detect_variant,
+    to_diffusers,
+)
+from .tensor_files import read_header
 from .weights import FP8_STORAGE, TensorSource, cast_model, load_tensors, meta_model, parameters_on_meta
 
 log = logging.getLogger(__name__)
@@ -117,17 +126,19 @@ def _load_pickled(path: Path) -> dict[str, torch.Tensor]:
     return {k: v for k, v in obj.items() if isinstance(v, torch.Tensor)}
 
 
-def _file_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+def _file_shapes(path: Path) -> tuple[dict[str, tuple[int, ...]], dict[str, str]]:
+    """(tensor name -> shape, the ``__metadata__`` of a .safetensors file: empty for other files)."""
     if path.name.lower().endswith(GGUF_SUFFIX):
         from .gguf.model_file import allowed_families
         from .gguf.reader import GGUFFile
 
         file = GGUFFile(path)
         allowed_families(file)  # a text encoder, an LLM or another architecture: refused by name here
-        return {k: t.shape for k, t in file.tensors.items()}
+        return {k: t.shape for k, t in file.tensors.items()}, {}
     if path.name.endswith(SAFETENSORS_SUFFIXES):
-        return {k: tuple(v.get("shape", ())) for k, v in read_safetensors_header(path).items()}
-    return {k: tuple(v.shape) for k, v in _load_pickled(path).items()}
+        header, metadata = read_header(path)
+        return {k: tuple(v.get("shape", ())) for k, v in header.items()}, dict(metadata)
+    return {k: tuple(v.shape) for k, v in _load_pickled(path).items()}, {}
 
 
 def _transformer_prefix(names: Any) -> str:
@@ -145,7 +156,7 @@ def inspect_single_file(
     ``family`` / ``variant`` (e.g. "flux" / "flux-schnell") check or replace detection;
     ``overrides`` set config values the weights cannot show (e.g. a PixArt head width)."""
     p = existing_model_file(path)
-    all_shapes = _file_shapes(p)
+    all_shapes, metadata = _file_shapes(p)
     prefix = _transformer_prefix(all_shapes)
     shapes: Shapes = {k[len(prefix) :]: v for k, v in all_shapes.items() if k.startswith(prefix)}
     found = detect_family(shapes)
@@ -178,7 +189,11 @@ def inspect_single_file(
         )
     base, scheduler = shipped_config(variant)
     overrides = dict(overrides or {})
-    config = {**base, **config_from_weights(found, shapes, {**base, **overrides}), **overrides}
+    from_file = {
+        **config_from_weights(found, shapes, {**base, **overrides}),
+        **config_from_metadata(found, p.name, metadata),
+    }
+    config = {**base, **from_file, **overrides}
     return SingleFileInfo(p, found, variant, config, scheduler, prefix)
 
 

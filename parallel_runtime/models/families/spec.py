@@ -68,6 +68,9 @@ class OriginalLayout:
     variant_of: Callable[[Shapes], str]  # the shipped config folder that fits these weights
     to_diffusers: Callable[[StateDict, Mapping[str, Any]], StateDict]  # converted tensors leave the state dict
     skeleton: Callable[[Mapping[str, Any]], dict[str, Shape]] | None = None  # original names/shapes from a config
+    # (file name, a .safetensors file's ``__metadata__``) -> config entries the file's metadata decides (ComfyUI
+    # reads some families' settings there); None: the metadata decides nothing
+    config_from_metadata: Callable[[str, Mapping[str, str]], dict[str, Any]] | None = None
 
 
 @dataclasses.dataclass(frozen=True)

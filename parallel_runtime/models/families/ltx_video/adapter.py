@@ -8,8 +8,11 @@ Rotary positions: a token's latent coordinates (frame, row, col) are scaled to p
 factors (8 frames, 32 px), the frame axis is divided by the frame rate (seconds), and each axis by its base
 (20, 2048, 2048) before the sine tables: what diffusers' ``LTXPipeline`` computes through
 ``rope_interpolation_scale = (8 / frame_rate, 32, 32)`` and ComfyUI 0.3.64's ``LTXVModel`` through its pixel
-coordinates (no causal first-frame fix, ComfyUI's default for these files). The frame rate rides on the
-conditioning (``conditioning.LTXFrameRate``, ComfyUI's ``LTXVConditioning``); 25 fps by default.
+coordinates. 0.9.5+ files whose metadata asks for causal time positions (``keys.config_from_metadata``) count the
+first latent frame as ONE video frame (the causal VAE encodes it alone): latent frame f sits at video frame
+max(8 f - 7, 0) instead of 8 f, as diffusers' ``LTXConditionPipeline`` scales its video coordinates and ComfyUI's
+Load Checkpoint runs such a file. The frame rate rides on the conditioning (``conditioning.LTXFrameRate``,
+ComfyUI's ``LTXVConditioning``); 25 fps by default.
 
 Model sampling: ComfyUI's ``supported_models.LTXV`` is ``ModelType.FLUX`` with shift 2.37 (``ModelSamplingFlux``:
 sigma = e^2.37 / (e^2.37 + 1/t - 1)), whose timestep is sigma; the model embeds it x 1000 (ComfyUI's ``LTXVModel``
@@ -28,7 +31,7 @@ from torch import nn
 from ....errors import ConfigError
 from ...base import Activations, Conditioning, LatentFormat, ModelAdapter, ModelPlan, Split
 from ...sampling_spec import flux_sampling
-from . import ID
+from . import CAUSAL_POSITIONS, ID
 from .conditioning import frame_rates
 from .latent import LTXV
 
@@ -87,7 +90,8 @@ class LTXVideoAdapter(ModelAdapter):
         mask = None
         if cond.attention_mask is not None:
             mask = ((1 - cond.attention_mask.to(img.dtype)) * MASK_BIAS).unsqueeze(1)
-        rope = rotary(t.rope, (frames, rows, cols), frame_rates(cond, batch, x.device))
+        causal = bool(t.config.get(CAUSAL_POSITIONS, False))
+        rope = rotary(t.rope, (frames, rows, cols), frame_rates(cond, batch, x.device), causal)
         return Activations(
             img=img,
             txt=txt,
@@ -112,18 +116,26 @@ class LTXVideoAdapter(ModelAdapter):
         return t.proj_out(t.norm_out(acts.img) * (1 + scale) + shift)
 
 
-def rotary(rope: nn.Module, grid: tuple[int, int, int], frame_rate: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def rotary(
+    rope: nn.Module, grid: tuple[int, int, int], frame_rate: torch.Tensor, causal: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(cos, sin) [B, tokens, inner dim] of every token of the (frames, rows, cols) grid, for each video's frame
     rate: the positions in seconds and pixels over the rope's bases, ``rope.dim // 6`` log-spaced frequencies
     per axis from 1 to theta (times pi/2, on positions mapped to -1..1), each used for a pair of channels; the
-    channels left over (``dim % 6``) rotate by nothing."""
+    channels left over (``dim % 6``) rotate by nothing. ``causal``: the video frame of latent frame f is
+    max(8 f - 7, 0) (the first latent frame holds one video frame), else 8 f."""
     frames, rows, cols = grid
     device = frame_rate.device
     axes = [torch.arange(n, dtype=torch.float32, device=device) for n in grid]
     f, h, w = torch.meshgrid(*axes, indexing="ij")
     spatial = VAE_FACTORS[1] * rope.patch_size
+    if causal:
+        video_frame = (f.reshape(1, -1) * (VAE_FACTORS[0] * rope.patch_size_t) + 1 - VAE_FACTORS[0]).clamp(min=0)
+        time = video_frame / rope.base_num_frames / frame_rate[:, None]
+    else:
+        time = f.reshape(1, -1) * (VAE_FACTORS[0] * rope.patch_size_t / rope.base_num_frames) / frame_rate[:, None]
     per_axis = [
-        f.reshape(1, -1) * (VAE_FACTORS[0] * rope.patch_size_t / rope.base_num_frames) / frame_rate[:, None],
+        time,
         (h.reshape(1, -1) * (spatial / rope.base_height)).expand(frame_rate.shape[0], -1),
         (w.reshape(1, -1) * (spatial / rope.base_width)).expand(frame_rate.shape[0], -1),
     ]
