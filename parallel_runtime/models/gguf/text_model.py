@@ -21,7 +21,7 @@ from ...errors import ConfigError
 from .reader import GGUFFile
 
 ARCHITECTURES: Mapping[str, str] = MappingProxyType(
-    {"qwen2vl": "QWEN2VL", "t5": "T5", "t5encoder": "T5ENCODER"}  # general.architecture -> gguf.MODEL_ARCH member
+    {"qwen2vl": "QWEN2VL", "t5": "T5", "t5encoder": "T5ENCODER", "llama": "LLAMA"}  # -> gguf.MODEL_ARCH member
 )
 
 

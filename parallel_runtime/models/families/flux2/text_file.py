@@ -4,7 +4,8 @@ Mistral Small 3.x (Comfy-Org's ``mistral_3_small_flux2_bf16.safetensors`` / ``_f
 Mistral names under ``model.`` (``model.layers.N.self_attn.q_proj.weight``, ``model.embed_tokens.weight``,
 ``model.norm.weight``); 40 layers, or 30 in a file pruned for FLUX.2 (nothing after layer 29 is ever read);
 maybe a vision tower beside them (never read); and the tokenizer itself: Mistral's ``tekken.json`` as the bytes
-of a uint8 tensor ``tekken_model``. fp8 files keep their Linear layers in fp8 (``fp8.Fp8Linear``).
+of a uint8 tensor ``tekken_model``. fp8 files keep their Linear layers in fp8 (``fp8.Fp8Linear``); a llama.cpp
+GGUF is read by ``text_gguf`` (its Linear weights kept in their GGML blocks, its tokenizer rebuilt from metadata).
 
 The prompt is encoded as ComfyUI's CLIPTextEncode encodes it for FLUX.2 (what a user of this file sees):
 ``<s>[SYSTEM_PROMPT]{FLUX.2's system message}[/SYSTEM_PROMPT][INST]{prompt}[/INST]``, only the prompt's own tokens
@@ -97,6 +98,8 @@ def load_mistral_text_file(
     from ...fp8 import detect_quantisation
     from ...tensor_files import SafetensorsFile
 
+    if str(path).lower().endswith(".gguf"):
+        return _load_mistral_gguf(path, device, dtype, storage, overrides)
     file = SafetensorsFile(Path(path).expanduser())
     with file:
         quant = detect_quantisation(file.header, file.read)
@@ -128,6 +131,27 @@ def load_mistral_text_file(
     return model.eval().requires_grad_(False)
 
 
+def _load_mistral_gguf(path, device, dtype: torch.dtype, storage: str, overrides) -> nn.Module:
+    """The first layers of the Mistral text model of a llama.cpp GGUF (``text_gguf``), Linear weights kept in
+    their GGML blocks."""
+    from transformers import MistralConfig, MistralModel
+
+    from ...gguf.text_model import llama_cpp_names
+    from .text_gguf import gguf_overrides, gguf_shapes, gguf_source_fields, open_mistral_gguf
+
+    file = open_mistral_gguf(path)
+    config = mistral_text_config(gguf_shapes(file, TEXT_PREFIX), gguf_overrides(file, overrides))
+    with parameters_on_meta():
+        model = MistralModel(MistralConfig(**config))
+    model.norm = nn.Identity()
+    wanted = [n for n, _ in model.named_parameters()]
+    mapping = llama_cpp_names(file, [TEXT_PREFIX + n for n in wanted])
+    names = {n: mapping.get(TEXT_PREFIX + n, f"(no tensor for {n})") for n in wanted}
+    source = TensorSource(**gguf_source_fields(file, names))
+    load_tensors(model, source, lambda name: "all", device, dtype, what="of the text model", storage=storage)
+    return model.eval().requires_grad_(False)
+
+
 def _no_tokenizer(name: str) -> ConfigError:
     return ConfigError(
         f"{name} does not carry its tokenizer (no {TOKENIZER_TENSOR} tensor)",
@@ -141,6 +165,12 @@ def check_mistral_file(path: str) -> None:
     tokenizer."""
     from ...tensor_files import SafetensorsFile
 
+    if str(path).lower().endswith(".gguf"):
+        from .text_gguf import gguf_shapes, open_mistral_gguf, tekken_json_of
+
+        mistral_text_config(gguf_shapes(open_mistral_gguf(path), TEXT_PREFIX), {"head_dim": 1})
+        tekken_json_of(path)
+        return
     shapes = {k: e.shape for k, e in SafetensorsFile(Path(path).expanduser()).entries.items()}
     mistral_text_config(shapes, {"head_dim": 1})  # the structure only: the head width is not checked here
     if TOKENIZER_TENSOR not in shapes:
@@ -150,15 +180,24 @@ def check_mistral_file(path: str) -> None:
 def tokenizer_of_file(path: str, tokenizer_dir: str | None = None):
     """The tokenizer the file carries: Mistral's tekken vocabulary, as transformers converts it
     (``tokenizer_dir`` is not needed)."""
-    from transformers.integrations.mistral.tokenizer import convert_tekken_tokenizer
-
     from ...tensor_files import SafetensorsFile
 
+    if str(path).lower().endswith(".gguf"):
+        from .text_gguf import tekken_json_of
+
+        return _tekken_tokenizer(tekken_json_of(path), Path(path).name)
     file = SafetensorsFile(Path(path).expanduser())
     if TOKENIZER_TENSOR not in file.entries:
         raise _no_tokenizer(file.path.name)
     with file:
         data = file.read(TOKENIZER_TENSOR).contiguous().numpy().tobytes()
+    return _tekken_tokenizer(data, file.path.name)
+
+
+def _tekken_tokenizer(data: bytes, name: str):
+    """transformers' tokenizer of a tekken.json's bytes."""
+    from transformers.integrations.mistral.tokenizer import convert_tekken_tokenizer
+
     with tempfile.TemporaryDirectory() as folder:
         tekken = Path(folder) / "tekken.json"
         tekken.write_bytes(data)
@@ -166,7 +205,7 @@ def tokenizer_of_file(path: str, tokenizer_dir: str | None = None):
             return convert_tekken_tokenizer(str(tekken), chat_template="")
         except (ValueError, KeyError) as exc:
             raise ConfigError(
-                f"{file.path.name}: its {TOKENIZER_TENSOR} tensor is not a Mistral tekken vocabulary ({exc})",
+                f"{name}: its {TOKENIZER_TENSOR} tensor is not a Mistral tekken vocabulary ({exc})",
                 "ComfyUI's Mistral files carry their tokenizer as the bytes of tekken.json",
                 "use Comfy-Org's mistral_3_small_flux2 file as published",
             ) from exc
