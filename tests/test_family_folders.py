@@ -31,6 +31,7 @@ COMFY_MODELS = {
     "ltx-video": ("LTXV",),
     "z-image": ("Flux",),  # 0.3.64 has no Z-Image; later ComfyUI's ZImage takes latent_formats.Flux, as Flux does
     "chroma": ("Chroma",),
+    "hidream-i1": ("HiDream",),
 }
 
 

@@ -37,6 +37,8 @@ TINY_VIDEO_MODELS: tuple[str, ...] = (
     "tiny-hunyuan-video-1.5",
     "tiny-ltx-video",
 )
+# Models without text encoders (their conditioning comes from ComfyUI's encoders): for tests, not built-ins.
+TINY_CONDITIONED_MODELS: tuple[str, ...] = ("tiny-hidream",)
 CACHE_ENV = "DIT_PARALLEL_TINY_ROOT"
 # Widened tiny models for speed measurements (``bench families``): 512 wide (8 heads x 64), a few blocks.
 WIDENED: dict[str, dict[str, Any]] = {
@@ -47,7 +49,7 @@ WIDENED: dict[str, dict[str, Any]] = {
 
 
 def _builders() -> dict[str, Callable[[dict[str, Any]], dict[str, Any]]]:
-    from . import big, chroma, hunyuan_video, hunyuan_video15, image, ltx_video, video, z_image
+    from . import big, chroma, hidream, hunyuan_video, hunyuan_video15, image, ltx_video, video, z_image
 
     builders = {**image.BUILDERS, "tiny-qwen-image": big.qwen_image, "tiny-flux2": big.flux2, **video.BUILDERS}
     return {
@@ -57,11 +59,12 @@ def _builders() -> dict[str, Callable[[dict[str, Any]], dict[str, Any]]]:
         **ltx_video.BUILDERS,
         "tiny-z-image": z_image.z_image,
         **chroma.BUILDERS,
+        **hidream.BUILDERS,
     }
 
 
 def _check_name(name: str) -> None:
-    if name not in (*TINY_MODELS, *TINY_VIDEO_MODELS):
+    if name not in (*TINY_MODELS, *TINY_VIDEO_MODELS, *TINY_CONDITIONED_MODELS):
         raise ConfigError(
             f"unknown tiny model {name!r}",
             "tiny models are built from the configs in dit_devtools.tiny",

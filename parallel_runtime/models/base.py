@@ -177,6 +177,7 @@ class Activations:
     txt_rope: Rope | None = None
     txt_mask: torch.Tensor | None = None  # cross-attention bias [B, 1, T] (replicated)
     ref_tokens: int = 0  # reference-image tokens (edit models) after the grid's in the image fields (full count)
+    block_txt: torch.Tensor | None = None  # joint text only block k's attention adds: [B, blocks, T, D] (prompt-only)
 
     @property
     def img_tokens(self) -> int:
@@ -367,8 +368,7 @@ class ModelAdapter(abc.ABC):
         )
 
     def process_timestep(self, timestep: torch.Tensor, denoise_mask: torch.Tensor | None) -> torch.Tensor:
-        """The timestep the model is given when sampling with a noise mask (ComfyUI's
-        ``process_timestep``); unchanged by default."""
+        """The timestep given when sampling with a noise mask (ComfyUI's ``process_timestep``); unchanged by default."""
         return timestep
 
     def joint_text_order(self, module: nn.Module) -> Literal["first", "last"]:

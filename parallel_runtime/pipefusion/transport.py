@@ -30,7 +30,7 @@ def dynamic_fields(text_attention: str) -> tuple[str, ...]:
 
 def static_fields(text_attention: str) -> tuple[str, ...]:
     """Activations fields sent once per band (positions, prompt-only data)."""
-    base = ("img_rope", "txt_rope", "txt_mask")
+    base = ("img_rope", "txt_rope", "txt_mask", "block_txt")
     return base if text_attention == "joint" else ("txt", *base)
 
 

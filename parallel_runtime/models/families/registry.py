@@ -12,6 +12,7 @@ from ...errors import ConfigError
 from .chroma.spec import FAMILY as CHROMA
 from .flux.spec import FAMILY as FLUX
 from .flux2.spec import FAMILY as FLUX2
+from .hidream.spec import FAMILY as HIDREAM
 from .hunyuan_video.spec import FAMILY as HUNYUAN_VIDEO
 from .hunyuan_video15.spec import FAMILY as HUNYUAN_VIDEO15
 from .ltx_video.spec import FAMILY as LTX_VIDEO
@@ -34,6 +35,7 @@ FAMILIES: tuple[FamilySpec, ...] = (
     LTX_VIDEO,
     Z_IMAGE,
     CHROMA,
+    HIDREAM,
 )  # the order users see them in
 
 

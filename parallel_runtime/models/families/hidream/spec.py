@@ -1,0 +1,54 @@
+"""HiDream-I1's declaration: see ``families.spec.FamilySpec`` for what each field means."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ....parallel.layout import LayoutHints
+from ..flux.latent import FLUX_PREVIEW  # ComfyUI's supported_models.HiDream: latent_formats.Flux
+from ..spec import FamilySpec, TextFacts
+from . import HIDREAM_I1, ID
+from .comfy_inputs import COMFY_CONDITIONING
+
+
+def _adapter():
+    from .adapter import HiDreamAdapter
+
+    return HiDreamAdapter
+
+
+def _original_layout():
+    from .keys import LAYOUT
+
+    return LAYOUT
+
+
+def _text_encoding():
+    from .text import ENCODING
+
+    return ENCODING
+
+
+FAMILY = FamilySpec(
+    id=ID,
+    label="HiDream-I1",
+    transformer_class="HiDreamImageTransformer2DModel",
+    pipeline_class="HiDreamImagePipeline",
+    adapter=_adapter,
+    markers=("double_stream_blocks.0.block.", "caption_projection.0.linear"),
+    detection_priority=1,  # before PixArt: its marker x_embedder.proj is in these files too
+    variants=(HIDREAM_I1,),
+    folder=Path(__file__).resolve().parent,
+    original_layout=_original_layout,
+    text=TextFacts(
+        max_length=128,
+        comfy_nodes="QuadrupleCLIPLoader (clip_l + clip_g + t5xxl + llama_3.1_8b) with CLIPTextEncode",
+    ),
+    text_encoding=_text_encoding,
+    layout=LayoutHints(default_cfg=5.0, text_tokens=384),  # Full's CFG; T5 128 + Llama 128 + a block's 128
+    head_dim=128,
+    previews=(FLUX_PREVIEW,),
+    generate_cfg=5.0,
+    lora_markers=("double_stream_blocks", "single_stream_blocks"),
+    comfy_conditioning=COMFY_CONDITIONING,
+)

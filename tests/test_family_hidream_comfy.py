@@ -1,0 +1,181 @@
+"""Same picture as ComfyUI's KSampler on a HiDream-I1 file: the Parallel Sampler, through its node (ComfyUI's
+CONDITIONING with conditioning_llama3, as QuadrupleCLIPLoader + CLIPTextEncode give it) and through the API,
+against ComfyUI 0.3.64's own KSampler (UNETLoader's HiDream, ModelSamplingSD3, EmptyLatentImage) on the same
+file, on one rank, Ulysses 2, Ring 2, CFG 2 and PipeFusion 2 (warmup = steps: exact); ComfyUI's direct forward;
+the model sampling and latent format ComfyUI derives from the file.
+
+Oracle: tests/data/comfy_hidream_reference.json and comfy_ref_hidream.safetensors, written by
+tests/data/make_comfy_hidream_reference.py from the ComfyUI snapshot.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from pack_import import load_pack  # tests/ helper
+
+from parallel_runtime.attention.usp import SequenceParallelAttention
+from parallel_runtime.denoise.entries import CondEntry
+from parallel_runtime.denoise.model_sampling import model_sampling_sd3_node
+from parallel_runtime.models.base import Conditioning
+from parallel_runtime.models.families.hidream.conditioning import HiDreamText
+from parallel_runtime.parallel.config import ParallelConfig
+from parallel_runtime.parallel.mesh import ParallelMesh
+from parallel_runtime.service.api import LoadRequest, load_parallel_model
+
+load_pack()
+from dit_parallel_pack.nodes.bridge import ComfyBridge  # noqa: E402
+from dit_parallel_pack.nodes.context import NodeContext  # noqa: E402
+from dit_parallel_pack.nodes.loader import ParallelModelLoader  # noqa: E402
+from dit_parallel_pack.nodes.model_sampling import ParallelModelSamplingSD3  # noqa: E402
+from dit_parallel_pack.nodes.sampler import ParallelSampler  # noqa: E402
+
+DATA = Path(__file__).resolve().parent / "data"
+REFERENCE = json.loads((DATA / "comfy_hidream_reference.json").read_text(encoding="utf-8"))
+FILE = DATA / REFERENCE["models"]["hidream"]["file"]
+TOLERANCE = 1e-4  # relative L2, as tests/test_ksampler_fidelity.py
+LAYOUTS = {
+    "1rank": ("cpu:1", ParallelConfig()),
+    "ulysses2": ("cpu:2", ParallelConfig(ulysses=2)),
+    "ring2": ("cpu:2", ParallelConfig(ring=2)),
+    "cfg2": ("cpu:2", ParallelConfig(cfg=2)),
+    "pipefusion2": ("cpu:2", ParallelConfig(pp=2)),
+}
+LAYOUT_CASES = {  # one rank runs every case; the parallel layouts these
+    "ulysses2": ("hidream_default_euler", "hidream_full_shift3_dpmpp_2m"),
+    "ring2": ("hidream_default_euler",),
+    "cfg2": ("hidream_default_euler",),
+    "pipefusion2": ("hidream_default_euler",),
+}
+STEPS = max(case["steps"] for case in REFERENCE["cases"])
+
+
+@functools.cache
+def tensor(name: str) -> torch.Tensor:
+    t = REFERENCE["tensors"][name]
+    return torch.tensor(t["data"], dtype=torch.float32).reshape(t["shape"])
+
+
+def _params() -> list:
+    params = []
+    for layout in LAYOUTS:
+        for case in REFERENCE["cases"]:
+            if layout == "cfg2" and math.isclose(case["cfg"], 1.0):
+                continue  # one branch: nothing to split
+            if layout != "1rank" and case["name"] not in LAYOUT_CASES[layout]:
+                continue  # every layout equals one device on more cases in tests/test_family_hidream_parallel.py
+            params.append(pytest.param(layout, case, id=f"{layout}-{case['name']}"))
+    return params
+
+
+def comfy_conditioning(entries: list[dict]) -> list:
+    """The CONDITIONING QuadrupleCLIPLoader + CLIPTextEncode give: T5 states, pooled CLIPs, every Llama layer."""
+    return [[tensor(e["embeds"]), {"pooled_output": tensor(e["pooled"]), "conditioning_llama3": tensor(e["llama3"])}]
+            for e in entries]  # fmt: skip
+
+
+def api_branch(entries: list[dict]) -> tuple[CondEntry, ...]:
+    return tuple(
+        CondEntry(Conditioning(tensor(e["embeds"]), tensor(e["pooled"]), None, HiDreamText(tensor(e["llama3"]))))
+        for e in entries
+    )
+
+
+@pytest.fixture(scope="module")
+def node_ctx(pool_registry):
+    return NodeContext.create(registry=pool_registry, bridge=ComfyBridge())
+
+
+def relative_error(got: torch.Tensor, expected: torch.Tensor) -> float:
+    assert got.shape == expected.shape, f"shape {tuple(got.shape)} vs ComfyUI's {tuple(expected.shape)}"
+    return float((got.float() - expected).norm() / expected.norm().clamp_min(1e-30))
+
+
+@pytest.mark.parametrize(("layout", "case"), _params())
+def test_parallel_sampler_equals_comfy_ksampler(node_ctx, pool_registry, layout, case):
+    devices, config = LAYOUTS[layout]
+    degrees = dict(ulysses=config.ulysses, ring=config.ring, cfg_parallel=config.cfg, pipefusion=config.pp)
+    (handle,) = ParallelModelLoader(node_ctx).load(
+        model=str(FILE),
+        family="auto",
+        devices=devices,
+        layout="manual",
+        **degrees,
+        pp_patches=0,
+        pp_warmup=STEPS,
+        dtype="fp32",
+        attention="auto",
+    )["result"]
+    model = load_parallel_model(
+        LoadRequest(model=str(FILE), devices=devices, layout=config, pp_warmup=STEPS), pool_registry
+    )
+    node = case.get("model_sampling")
+    if node is not None:
+        handle = ParallelModelSamplingSD3().patch(handle, **node["inputs"])["result"][0]
+        model = model.with_model_sampling(model_sampling_sd3_node(**node["inputs"]))
+    latent = tensor(case["latent"]["samples"])
+    settings = (case["seed"], case["steps"], case["cfg"], case["sampler_name"], case["scheduler"], case["denoise"])
+    result = ParallelSampler(node_ctx).sample(
+        handle,
+        comfy_conditioning(case["positive"]),
+        comfy_conditioning(case["negative"]),
+        {"samples": latent},
+        *settings,
+    )
+    api = model.sample(
+        api_branch(case["positive"]),
+        api_branch(case["negative"]),
+        latent,
+        latent.shape[-1] * 8,
+        latent.shape[-2] * 8,
+        **dict(zip(("seed", "steps", "cfg", "sampler_name", "scheduler", "denoise"), settings)),
+    )
+    expected = tensor(case["expected"]["samples"])
+    errors = {"node": relative_error(result["result"][0]["samples"], expected), "api": relative_error(api, expected)}
+    assert max(errors.values()) <= TOLERANCE, f"{case['name']} ({case['what']}) on {layout}: {errors}"
+
+
+@torch.no_grad()
+def test_forward_equals_comfys_and_the_file_is_read_as_comfy_reads_it():
+    """The file loads (no overrides: the config from the weights) and one forward equals ComfyUI's, sign and all."""
+    from parallel_runtime.models.single_file import load_single_file_transformer
+
+    transformer, family, _ = load_single_file_transformer(FILE, "cpu", torch.float32)
+    from parallel_runtime.models.families.hidream.adapter import HiDreamAdapter
+
+    adapter = HiDreamAdapter(transformer)
+    f = REFERENCE["forward"]
+    cond = Conditioning(tensor(f["context"]), tensor(f["pooled"]), None, HiDreamText(tensor(f["llama3"])))
+    mesh = ParallelMesh.single()
+    ours = adapter.forward(tensor(f["x"]), f["sigma"] * 1000, cond, mesh, SequenceParallelAttention(mesh, "sdpa"))
+    expected = tensor(f["out"])  # ComfyUI's output is already negated (HiDream predicts x0 - noise)
+    assert relative_error(ours, expected) <= 1e-5
+    structure = REFERENCE["models"]["hidream"]["structure"]
+    for key in ("num_layers", "num_single_layers", "num_attention_heads", "attention_head_dim", "llama_layers"):
+        assert transformer.config[key] == structure[key], key
+
+
+def test_model_sampling_and_latent_format_are_comfyuis(pool_registry):
+    """What ComfyUI derives from the file (supported_models.HiDream): ModelSamplingDiscreteFlow shift 1.0, x1000;
+    Flux's latent format."""
+    comfy = REFERENCE["models"]["hidream"]["comfy"]
+    assert (comfy["model_type"], comfy["model_sampling"]) == ("FLOW", "ModelSamplingDiscreteFlow")
+    model = load_parallel_model(LoadRequest(model=str(FILE), devices="cpu:1"), pool_registry)
+    spec = model.model_sampling
+    assert spec.kind == "discrete_flow"
+    assert (spec.shift, spec.multiplier) == pytest.approx((comfy["shift"], comfy["multiplier"]))
+    from parallel_runtime.denoise.model_sampling import build_model_sampling
+
+    ms = build_model_sampling(spec)
+    assert float(ms.sigma_min) == pytest.approx(comfy["sigma_min"], rel=1e-6)
+    assert float(ms.sigma_max) == pytest.approx(comfy["sigma_max"], rel=1e-6)
+    from parallel_runtime.models.families.flux.latent import latent_format
+
+    fmt = latent_format(16)
+    assert (fmt.scale, fmt.shift) == pytest.approx((comfy["latent_format"]["scale"], comfy["latent_format"]["shift"]))
+    assert comfy["latent_format"]["class"] == "Flux"
