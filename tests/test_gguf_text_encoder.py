@@ -115,7 +115,18 @@ def test_workers_encode_with_the_gguf_file_like_comfyui_gguf(cpu_pool, files):
         assert torch.equal(a.prompt_embeds, b.prompt_embeds)
 
 
-def test_other_text_architectures_are_refused_by_name(tmp_path):
+def test_other_text_architectures_are_refused_by_name_on_the_host(tmp_path, files):
+    from parallel_runtime.models.families.qwen_image.text_file import ENCODER_FILE
+    from parallel_runtime.service.host_checks import check_text_encoder_file
+
+    tokenizer = str(files[0].parent / f"{files[0].stem}_tokenizer")
+    check_text_encoder_file(ENCODER_FILE, str(files[0]), tokenizer)  # nothing to say
     path = write_gguf(tiny_encoder(), tmp_path / "llama.gguf", arch="llama")
     with pytest.raises(ConfigError, match="'llama' GGUF .*Q8_0 x.*not Qwen2.5-VL"):
+        check_text_encoder_file(ENCODER_FILE, str(path), tokenizer)
+    with pytest.raises(ConfigError, match="'llama' GGUF .*Q8_0 x.*not Qwen2.5-VL"):
         load_qwen25_text_file(path, "cpu", torch.float32, overrides=OVERRIDES)
+    t5 = tmp_path / "t5.safetensors"
+    save_file({"shared.weight": torch.zeros(4, 4)}, str(t5))
+    with pytest.raises(ConfigError, match="does not hold a Qwen2.5-VL text model"):
+        check_text_encoder_file(ENCODER_FILE, str(t5), tokenizer)

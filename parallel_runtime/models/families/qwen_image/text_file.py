@@ -119,17 +119,10 @@ def _load_qwen25_text_gguf(path: Path, device, dtype: torch.dtype, storage: str,
     from transformers import Qwen2_5_VLTextConfig, Qwen2_5_VLTextModel
 
     from ...gguf.reader import GGUFFile
-    from ...gguf.text_model import check_text_architecture, llama_cpp_names, text_source_fields
+    from ...gguf.text_model import llama_cpp_names, text_source_fields
 
     file = GGUFFile(path)
-    check_text_architecture(file, ("qwen2vl",), "Qwen2.5-VL (Qwen-Image's text encoder)")
-    probe = ["embed_tokens.weight", *(f"layers.0.{p}.weight" for p in ("self_attn.q_proj", "self_attn.k_proj"))]
-    probe += ["layers.0.mlp.gate_proj.weight"]
-    known = llama_cpp_names(file, [TEXT_PREFIX + n for n in probe])
-    layers = len({k.split(".")[1] for k in file.tensors if k.startswith("blk.")})
-    shapes = {name: file.tensors[k].shape for name, k in known.items()}
-    shapes.update({f"{TEXT_PREFIX}layers.{i}.": () for i in range(layers)})  # qwen25_text_config counts layers
-    config = Qwen2_5_VLTextConfig(**qwen25_text_config(shapes, overrides))
+    config = Qwen2_5_VLTextConfig(**qwen25_text_config(_gguf_shapes(file), overrides))
     with parameters_on_meta():
         model = Qwen2_5_VLTextModel(config)
     wanted = [n for n, _ in model.named_parameters()]
@@ -140,6 +133,32 @@ def _load_qwen25_text_gguf(path: Path, device, dtype: torch.dtype, storage: str,
     return model.eval().requires_grad_(False)
 
 
+def _gguf_shapes(file) -> dict[str, tuple[int, ...]]:
+    """The shapes ``qwen25_text_config`` reads, under ComfyUI's names, of a qwen2vl GGUF (a ConfigError naming
+    the file's architecture when it is another)."""
+    from ...gguf.text_model import block_count, check_text_architecture, llama_cpp_names
+
+    check_text_architecture(file, ("qwen2vl",), "Qwen2.5-VL (Qwen-Image's text encoder)")
+    probe = ["embed_tokens.weight", *(f"layers.0.{p}.weight" for p in ("self_attn.q_proj", "self_attn.k_proj"))]
+    probe += ["layers.0.mlp.gate_proj.weight"]
+    known = llama_cpp_names(file, [TEXT_PREFIX + n for n in probe])
+    shapes = {name: file.tensors[k].shape for name, k in known.items()}
+    shapes.update({f"{TEXT_PREFIX}layers.{i}.": () for i in range(block_count(file))})  # the config counts layers
+    return shapes
+
+
+def check_qwen25_file(path: str) -> None:
+    """On the host, before any worker reads it: the file holds a Qwen2.5-VL text model (a GGUF: of architecture
+    qwen2vl)."""
+    from ...gguf.reader import GGUFFile
+    from ...tensor_files import SafetensorsFile
+
+    if str(path).lower().endswith(".gguf"):
+        qwen25_text_config(_gguf_shapes(GGUFFile(Path(path).expanduser())))
+    else:
+        qwen25_text_config({k: e.shape for k, e in SafetensorsFile(Path(path).expanduser()).entries.items()})
+
+
 def _numel(shape: tuple[int, ...]) -> int:
     n = 1
     for s in shape:
@@ -147,4 +166,6 @@ def _numel(shape: tuple[int, ...]) -> int:
     return n
 
 
-ENCODER_FILE = TextEncoderFile("Qwen2.5-VL", load_qwen25_text_file, encode_qwen_image, QWEN_DEFAULT_LENGTH)
+ENCODER_FILE = TextEncoderFile(
+    "Qwen2.5-VL", load_qwen25_text_file, encode_qwen_image, QWEN_DEFAULT_LENGTH, check=check_qwen25_file
+)
