@@ -79,8 +79,6 @@ def encode_text_file(
     the pool's GPUs by layers when larger than what any one has left (``load_job.text_file_placement``); with
     ``second`` = (file, tokenizer folder), the second file a family reads beside the first (Flux.1's CLIP-L), on the
     first one's device. The encoders stay loaded for the next prompts."""
-    from transformers import AutoTokenizer
-
     model = loaded_model(ctx)
     family_id = model.adapter.plan.family
     spec = family(family_id)
@@ -101,6 +99,29 @@ def encode_text_file(
         )
     if ctx.rank != TEXT_RANK:
         return None
+    encoder, tokenizer = text_file_encoder(ctx, model, reader, encoder_path, tokenizer_dir, overrides, second)
+    with torch.no_grad():
+        return [
+            reader.encode(encoder, tokenizer, [p], max_sequence_length or reader.default_length).to(
+                "cpu", torch.float32
+            )
+            for p in prompts
+        ]
+
+
+def text_file_encoder(
+    ctx: JobContext,
+    model: LoadedModel,
+    reader: Any,
+    encoder_path: str,
+    tokenizer_dir: str | None,
+    overrides: dict[str, Any] | None,
+    second: tuple[str, str | None] | None = None,
+) -> tuple[Any, Any]:
+    """The text-encoder file's model and tokenizer on this rank (see ``encode_text_file``), loaded once and kept
+    for the next prompts."""
+    from transformers import AutoTokenizer
+
     key = (encoder_path, tokenizer_dir, str(overrides), model.adapter.dtype, second)
     cached = ctx.state.get("text_file")
     if cached is None or cached[0] != key:
@@ -123,14 +144,7 @@ def encode_text_file(
             tokenizer = (tokenizer, AutoTokenizer.from_pretrained(second[1], local_files_only=True))
         cached = (key, encoder, tokenizer)
         ctx.state["text_file"] = cached
-    _, encoder, tokenizer = cached
-    with torch.no_grad():
-        return [
-            reader.encode(encoder, tokenizer, [p], max_sequence_length or reader.default_length).to(
-                "cpu", torch.float32
-            )
-            for p in prompts
-        ]
+    return cached[1], cached[2]
 
 
 def generate(

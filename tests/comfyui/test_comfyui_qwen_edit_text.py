@@ -1,0 +1,150 @@
+"""Qwen-Image-Edit prompts with reference images, encoded on the workers from ComfyUI's Qwen2.5-VL file (text
+model + vision tower ``visual.*``), equal ComfyUI 0.3.64's own TextEncodeQwenImageEdit / TextEncodeQwenImageEditPlus.
+
+Oracle: tests/data/comfy_qwen_edit_text_reference.json (tests/data/make_comfy_qwen_edit_text_reference.py) on the
+tiny encoder of tests/data/qwen_vl_tiny_weights.py, rebuilt here bit for bit; tokenized with the tokenizer ComfyUI
+ships (its Qwen token ids are what ComfyUI's template search and image placeholder rely on).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from parallel_runtime.errors import ConfigError
+from parallel_runtime.parallel.config import ParallelConfig
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+sys.path.insert(0, str(DATA))
+from qwen_vl_tiny_weights import comfy_state, smooth_image, state_digest  # noqa: E402
+
+REFERENCE = json.loads((DATA / "comfy_qwen_edit_text_reference.json").read_text(encoding="utf-8"))
+TEXT = {"head_dim": 12}  # what the tiny file's shapes cannot show
+VISION = {"num_heads": 2, "fullatt_block_indexes": [1]}
+BOUND = 1e-5  # as the UMT5 / Qwen text-file tests against ComfyUI
+
+
+@pytest.fixture(scope="module")
+def tiny_file(tmp_path_factory) -> Path:
+    from safetensors.torch import save_file
+
+    state = comfy_state()
+    assert state_digest(state) == REFERENCE["state_digest"]  # the weights ComfyUI's reference was made with
+    path = tmp_path_factory.mktemp("qwen_vl") / "qwen_2.5_vl_7b.safetensors"
+    save_file({k: v.to(torch.bfloat16).contiguous() for k, v in state.items()}, str(path))
+    return path
+
+
+def _mode(case: dict) -> str:
+    return "edit" if case["node"] == "TextEncodeQwenImageEdit" else "edit_plus"
+
+
+def _expected(case: dict) -> torch.Tensor:
+    return torch.tensor(case["conditioning"]["data"]).reshape(case["conditioning"]["shape"])
+
+
+def test_workers_encode_edit_prompts_like_comfyui(cpu_pool, comfy_snapshot, tiny_file):
+    """Every case (Edit with one 1 MP image: many vision windows; EditPlus with two and three images of odd
+    aspects; EditPlus without an image) on a Ulysses-2 pool's text rank."""
+    from parallel_runtime.service.edit_text_job import encode_edit_text_file
+    from parallel_runtime.service.load_job import load_model
+
+    tokenizer = str(comfy_snapshot / "comfy/text_encoders/qwen25_tokenizer")
+    pool = cpu_pool(ParallelConfig(ulysses=2))
+    pool.submit(load_model, str(DATA / "tiny_qwen_image_bf16.safetensors"), "fp32", "sdpa").result(300)
+    for case in REFERENCE["cases"]:
+        images = [smooth_image(*spec) for spec in case["images"]]
+        job = encode_edit_text_file, str(tiny_file), tokenizer, [case["prompt"]], images, _mode(case), TEXT, VISION
+        (got,) = pool.submit(*job).result(300)
+        expected = _expected(case)
+        assert got.prompt_embeds.shape == expected.shape and got.attention_mask is None, case["name"]
+        assert (got.prompt_embeds - expected).abs().max() <= BOUND, case["name"]
+
+
+def test_vision_tokens_are_transformers_tower_in_comfyuis_window_order(tiny_file):
+    """The tokens are transformers' own Qwen2.5-VL tower's, listed window by window as ComfyUI's tower returns
+    them: for a picture of several windows the raster order (transformers' model) is a different sequence."""
+    from parallel_runtime.models.families.qwen_image.vision import (
+        image_patches,
+        load_qwen25_vision_file,
+        vision_tokens,
+    )
+
+    tower = load_qwen25_vision_file(tiny_file, "cpu", torch.float32, overrides=VISION)
+    image = smooth_image(250, 200, 7)[0]
+    tokens, (rows, cols) = vision_tokens(tower, image)
+    patches, grid = image_patches(image)
+    raster = tower(patches, grid_thw=torch.tensor([grid])).pooler_output
+    assert (rows, cols) == (grid[1] // 2, grid[2] // 2) and rows > 4 and cols > 4  # several 4x4 windows
+    assert torch.equal(tokens[:16], raster.reshape(rows, cols, -1)[:4, :4].reshape(16, -1))  # the first window
+    assert torch.equal(tokens.sort(0).values, raster.sort(0).values) and not torch.equal(tokens, raster)
+
+
+def test_a_file_without_a_vision_tower_or_a_gguf_is_refused_with_images(tmp_path):
+    from safetensors.torch import save_file
+
+    from parallel_runtime.models.families.qwen_image.vision import load_qwen25_vision_file
+
+    text_only = {k: v.to(torch.bfloat16) for k, v in comfy_state().items() if k.startswith("model.")}
+    save_file(text_only, str(tmp_path / "qwen_2.5_vl_7b.safetensors"))
+    with pytest.raises(ConfigError, match="no vision tower"):
+        load_qwen25_vision_file(tmp_path / "qwen_2.5_vl_7b.safetensors", "cpu", torch.float32)
+    with pytest.raises(ConfigError, match="GGUF"):
+        load_qwen25_vision_file(tmp_path / "Qwen2.5-VL-7B-Instruct-Q4_K_M.gguf", "cpu", torch.float32)
+
+
+def test_edit_plus_prompt_equals_transformers_qwen2_5_vl_where_the_orders_agree(tiny_file, comfy_snapshot):
+    """With windows as large as the picture (window order = raster order), two pictures in an EditPlus prompt
+    give transformers' Qwen2_5_VLForConditionalGeneration's last hidden state (its processor's expansion of
+    <|image_pad|>, its get_rope_index positions) from the first token after "<|im_start|>user\\n"."""
+    from transformers import AutoTokenizer, Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+    from parallel_runtime.models.families.qwen_image import edit_prompt
+    from parallel_runtime.models.families.qwen_image.text_file import load_qwen25_text_file
+    from parallel_runtime.models.families.qwen_image.vision import image_patches, load_qwen25_vision_file
+
+    tokenizer = AutoTokenizer.from_pretrained(comfy_snapshot / "comfy/text_encoders/qwen25_tokenizer")
+    one_window = {**VISION, "window_size": 112 * 16}
+    encoder = load_qwen25_text_file(tiny_file, "cpu", torch.float32, overrides=TEXT)
+    tower = load_qwen25_vision_file(tiny_file, "cpu", torch.float32, overrides=one_window)
+    images = [smooth_image(200, 120, 1)[0], smooth_image(150, 150, 2)[0]]
+    prompt = "put the cat of picture 2 next to the fox"
+    got = edit_prompt.encode_qwen_image_edit(encoder, tower, tokenizer, [prompt], images, "edit_plus").prompt_embeds
+
+    text_config = {**encoder.config.to_dict(), "pad_token_id": tokenizer.pad_token_id}
+    config = Qwen2_5_VLConfig(
+        text_config=text_config,
+        vision_config=tower.config.to_dict(),
+        image_token_id=tokenizer.convert_tokens_to_ids("<|image_pad|>"),
+        vision_start_token_id=tokenizer.convert_tokens_to_ids("<|vision_start|>"),
+    )
+    model = Qwen2_5_VLForConditionalGeneration(config).eval()
+    state = {"model.language_model." + k: v for k, v in encoder.state_dict().items()}
+    state.update({"model.visual." + k: v for k, v in tower.state_dict().items()})
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    assert not unexpected and set(missing) <= {"lm_head.weight"}
+    rows, grids = [], []
+    for image in images:
+        patches, grid = image_patches(edit_prompt.area_scaled(image, 384 * 384))
+        rows.append(patches)
+        grids.append(grid)
+    text = edit_prompt.edit_prompt_text(prompt, 2, "edit_plus")
+    for t, h, w in grids:  # the processor's expansion: one <|image_pad|> per merged token
+        text = text.replace("<|image_pad|>", "<|placeholder|>" * (t * h * w // 4), 1)
+    ids = tokenizer(text.replace("<|placeholder|>", "<|image_pad|>"), return_tensors="pt").input_ids
+    with torch.no_grad():
+        out = model(
+            input_ids=ids,
+            mm_token_type_ids=(ids == config.image_token_id).int(),  # what its processor marks: image tokens
+            pixel_values=torch.cat(rows),
+            image_grid_thw=torch.tensor(grids),
+            output_hidden_states=True,
+        )
+    drop = len(tokenizer(edit_prompt.EDIT_TEMPLATE.split("{}")[0]).input_ids)
+    expected = out.hidden_states[-1][:, drop:]
+    assert got.shape == expected.shape
+    assert (got - expected).abs().max() <= BOUND
