@@ -21,8 +21,8 @@ from ...errors import ConfigError
 from .reader import GGUFFile
 
 ARCHITECTURES: Mapping[str, str] = MappingProxyType(
-    {"qwen2vl": "QWEN2VL", "t5": "T5", "t5encoder": "T5ENCODER", "llama": "LLAMA"}  # -> gguf.MODEL_ARCH member
-)
+    {"qwen2vl": "QWEN2VL", "qwen3": "QWEN3", "t5": "T5", "t5encoder": "T5ENCODER", "llama": "LLAMA"}
+)  # general.architecture -> gguf.MODEL_ARCH member
 
 
 def check_text_architecture(file: GGUFFile, expected: tuple[str, ...], what: str) -> str:

@@ -4,7 +4,9 @@ Qwen3-4B (``qwen_3_4b.safetensors``, Comfy-Org's repackaging): Hugging Face's Qw
 (``model.layers.N.self_attn.q_proj.weight``, ``...q_norm.weight``, ``model.embed_tokens.weight``,
 ``model.norm.weight``), no LM head. transformers' ``Qwen3Model`` is built with the sizes of the header (the head
 width from ``q_norm``) and the rest of Qwen3-4B's config. fp8 files keep their Linear layers in fp8 as
-transformers does (``fp8.Fp8Linear``). The tokenizer is a folder: ComfyUI's own ``qwen25_tokenizer`` serves (Qwen3
+transformers does (``fp8.Fp8Linear``); a llama.cpp GGUF (general.architecture "qwen3", e.g. ``Qwen3-4B-Q8_0.gguf``,
+as ComfyUI-GGUF's CLIPLoaderGGUF reads it) keeps them in their GGML blocks (``gguf.GGUFLinear``; its names from
+the ``gguf`` package's tensor map, RoPE base and norm epsilon from its ``qwen3.*`` metadata). The tokenizer is a folder: ComfyUI's own ``qwen25_tokenizer`` serves (Qwen3
 shares Qwen2.5's vocabulary, and the chat-template tokens Z-Image uses are in both), or a diffusers one.
 """
 
@@ -73,6 +75,8 @@ def load_qwen3_text_file(
     from ...fp8 import detect_quantisation
     from ...tensor_files import SafetensorsFile
 
+    if str(path).lower().endswith(".gguf"):
+        return _load_qwen3_gguf(path, device, dtype, storage, overrides)
     file = SafetensorsFile(Path(path).expanduser())
     with file:
         quant = detect_quantisation(file.header, file.read)
@@ -100,4 +104,54 @@ def load_qwen3_text_file(
     return model.eval().requires_grad_(False)
 
 
-ENCODER_FILE = TextEncoderFile("Qwen3", load_qwen3_text_file, encode_z_image, DEFAULT_LENGTH)
+def _load_qwen3_gguf(path, device, dtype: torch.dtype, storage: str, overrides) -> nn.Module:
+    """The Qwen3 text model of a llama.cpp GGUF (see the module doc)."""
+    from transformers import Qwen3Config, Qwen3Model
+
+    from ...gguf.reader import GGUFFile
+    from ...gguf.text_model import llama_cpp_names, text_source_fields
+
+    file = GGUFFile(Path(path).expanduser())
+    with parameters_on_meta():
+        model = Qwen3Model(Qwen3Config(**qwen3_text_config(_gguf_shapes(file), _gguf_overrides(file, overrides))))
+    wanted = [n for n, _ in model.named_parameters()]
+    mapping = llama_cpp_names(file, [TEXT_PREFIX + n for n in wanted])
+    names = {n: mapping.get(TEXT_PREFIX + n, f"(no tensor for {n})") for n in wanted}
+    source = TensorSource(**text_source_fields(file, names))
+    load_tensors(model, source, lambda name: "all", device, dtype, what="of the text model", storage=storage)
+    return model.eval().requires_grad_(False)
+
+
+def _gguf_shapes(file) -> dict[str, tuple[int, ...]]:
+    """The shapes ``qwen3_text_config`` reads, under ComfyUI's names, of a qwen3 GGUF (a ConfigError naming the
+    file's architecture when it is another)."""
+    from ...gguf.text_model import block_count, check_text_architecture, llama_cpp_names
+
+    check_text_architecture(file, ("qwen3",), "Qwen3 (Z-Image's text encoder)")
+    probe = ["embed_tokens.weight", "layers.0.mlp.gate_proj.weight"]
+    probe += [f"layers.0.self_attn.{p}.weight" for p in ("q_norm", "q_proj", "k_proj")]
+    known = llama_cpp_names(file, [TEXT_PREFIX + n for n in probe])
+    shapes = {name: file.tensors[k].shape for name, k in known.items()}
+    shapes.update({f"{TEXT_PREFIX}layers.{i}.": () for i in range(block_count(file))})  # the config counts layers
+    return shapes
+
+
+def _gguf_overrides(file, overrides: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The file's RoPE base and norm epsilon (llama.cpp's qwen3.* metadata), ``overrides`` over them."""
+    keys = {"rope_theta": "qwen3.rope.freq_base", "rms_norm_eps": "qwen3.attention.layer_norm_rms_epsilon"}
+    return {**{f: file.metadata[k] for f, k in keys.items() if k in file.metadata}, **(overrides or {})}
+
+
+def check_qwen3_file(path: str) -> None:
+    """On the host, before any worker reads it: the file holds a Qwen3 text model (a GGUF: of architecture
+    qwen3)."""
+    from ...gguf.reader import GGUFFile
+    from ...tensor_files import SafetensorsFile
+
+    if str(path).lower().endswith(".gguf"):
+        qwen3_text_config(_gguf_shapes(GGUFFile(Path(path).expanduser())))
+    else:
+        qwen3_text_config({k: e.shape for k, e in SafetensorsFile(Path(path).expanduser()).entries.items()})
+
+
+ENCODER_FILE = TextEncoderFile("Qwen3", load_qwen3_text_file, encode_z_image, DEFAULT_LENGTH, check=check_qwen3_file)
