@@ -18,6 +18,17 @@ import torch
 DATA = Path(__file__).resolve().parent / "data"
 FLUX_UNION = DATA / "tiny_flux_controlnet_union.safetensors"
 FLUX_XLABS = DATA / "tiny_flux_controlnet_xlabs.safetensors"
+QWEN_INSTANTX = DATA / "tiny_qwen_controlnet_instantx.safetensors"
+QWEN_INSTANTX_CONFIG = {  # the tiny Qwen-Image of tests/data/make_comfy_qwen_image_reference.py, 2 ControlNet blocks
+    "patch_size": 2,
+    "in_channels": 64,
+    "out_channels": 16,
+    "num_layers": 2,
+    "attention_head_dim": 16,
+    "num_attention_heads": 2,
+    "joint_attention_dim": 24,
+    "axes_dims_rope": (4, 6, 6),
+}
 XLABS_DOUBLE_BLOCKS = 2  # XLabs' released Flux ControlNets: 2 double blocks, no single blocks
 HINT_CONVS = 8  # the pixel hint's conv stack: 3 -> 16, then 16 -> 16 (strides 1 2 1 2 1 2 1 after the first)
 FLUX_UNION_CONFIG = {
@@ -73,6 +84,30 @@ def flux_xlabs_state() -> dict[str, torch.Tensor]:
     return {k: _value(k, tuple(s)).to(torch.float16).contiguous() for k, s in sorted(shapes.items())}
 
 
+def qwen_instantx_state() -> dict[str, torch.Tensor]:
+    """The tiny InstantX Qwen-Image ControlNet (diffusers' QwenImageControlNetModel names, the layout of
+    InstantX/Qwen-Image-ControlNet-Union's file), stored as bf16; RMS-norm scales near 1."""
+    from diffusers import QwenImageControlNetModel
+
+    with torch.device("meta"):
+        model = QwenImageControlNetModel(**QWEN_INSTANTX_CONFIG)
+    out = {}
+    for name, tensor in sorted(model.state_dict().items()):
+        shape = tuple(tensor.shape)
+        value = _value(name, shape)
+        if "norm" in name and len(shape) == 1 and name.endswith(".weight"):
+            value = 1.0 + 0.1 * torch.randn(shape, generator=torch.Generator().manual_seed(zlib.crc32(name.encode())))
+        out[name] = value.to(torch.bfloat16).contiguous()
+    return out
+
+
+def write_qwen_instantx(path: Path = QWEN_INSTANTX) -> Path:
+    from safetensors.torch import save_file
+
+    save_file(qwen_instantx_state(), str(path))
+    return path
+
+
 def write_flux_xlabs(path: Path = FLUX_XLABS) -> Path:
     from safetensors.torch import save_file
 
@@ -88,4 +123,4 @@ def write_flux_union(path: Path = FLUX_UNION) -> Path:
 
 
 if __name__ == "__main__":
-    sys.exit(print(write_flux_union(), write_flux_xlabs()))
+    sys.exit(print(write_flux_union(), write_flux_xlabs(), write_qwen_instantx()))

@@ -3,7 +3,8 @@
 
 Runs today: Flux InstantX / Union files (diffusers' FluxControlNetModel layout: ``controlnet_blocks.N.weight``
 and ``controlnet_x_embedder.weight``) and XLabs Flux files (Black Forest Labs' ``double_blocks`` beside
-``controlnet_blocks.N.weight``). The other kinds ComfyUI reads are named in a clear refusal.
+``controlnet_blocks.N.weight``), and InstantX Qwen-Image files (diffusers' QwenImageControlNetModel layout:
+``transformer_blocks.N.img_mlp`` beside ``controlnet_blocks.N.weight``). The other kinds ComfyUI reads are named in a clear refusal.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
-from .controlnet_kind import FLUX_INSTANTX, FLUX_XLABS, ControlNetFile
+from .controlnet_kind import FLUX_INSTANTX, FLUX_XLABS, QWEN_INSTANTX, ControlNetFile
 from .safetensors_header import read_header
 
 _OTHER_KINDS = (  # (a tensor only that kind has, what it is), in ComfyUI's order of tests
@@ -57,13 +58,17 @@ def describe_controlnet(path: str | Path) -> ControlNetFile:
         from .families.flux.controlnet_xlabs import describe_xlabs
 
         return describe_xlabs(path, shapes)
+    if "controlnet_blocks.0.weight" in shapes and "transformer_blocks.0.img_mlp.net.0.proj.weight" in shapes:
+        from .families.qwen_image.controlnet import describe_qwen_instantx
+
+        return describe_qwen_instantx(path, shapes)
     what = next((w for k, w in _OTHER_KINDS if k in shapes), "not a ControlNet kind ComfyUI 0.3.64 detects")
     raise ConfigError(
         f"ControlNet file {path.name} is {what}",
         "the Parallel Sampler runs Flux ControlNets of the InstantX / Union layout (diffusers' FluxControlNetModel "
-        "file) and XLabs Flux ControlNets so far",
-        "use a Flux InstantX / Union or XLabs ControlNet (e.g. FLUX.1-dev-ControlNet-Union), or ComfyUI's own "
-        "KSampler for this ControlNet",
+        "file), XLabs Flux ControlNets and InstantX Qwen-Image ControlNets so far",
+        "use a Flux InstantX / Union or XLabs ControlNet (e.g. FLUX.1-dev-ControlNet-Union), an InstantX "
+        "Qwen-Image ControlNet, or ComfyUI's own KSampler for this ControlNet",
     )
 
 
@@ -78,6 +83,10 @@ def load_controlnet(info: ControlNetFile, main: Any) -> Any:
         from .families.flux.controlnet_xlabs import XLabsFluxControlNet
 
         return XLabsFluxControlNet.load(info.path, main)
+    if info.kind == QWEN_INSTANTX:
+        from .families.qwen_image.controlnet import QwenImageControlNet
+
+        return QwenImageControlNet.load(info.path, main)
     raise ConfigError(
         f"ControlNet kind {info.kind!r}", "no runner for it", "use a Flux InstantX / Union or XLabs ControlNet"
     )

@@ -10,6 +10,7 @@ from .latent_formats import LatentFormat
 
 FLUX_INSTANTX = "instantx-union"
 FLUX_XLABS = "xlabs"
+QWEN_INSTANTX = "qwen-instantx"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -17,11 +18,11 @@ class ControlNetFile:
     """What the host knows of a ControlNet file before any worker loads it."""
 
     path: str
-    kind: str  # FLUX_INSTANTX (Flux's InstantX / Union layout) or FLUX_XLABS
+    kind: str  # FLUX_INSTANTX (Flux's InstantX / Union layout), FLUX_XLABS or QWEN_INSTANTX
     family: str  # the model family it controls
     union_modes: int  # a union file's control types (0: not a union file)
     hint_channels: int  # channels of the hint the ControlNet reads (the encoded latent's, or 3 for an image)
-    double_blocks: int
+    double_blocks: int  # a Qwen-Image ControlNet's (dual-stream) blocks count here
     single_blocks: int
     hint_format: LatentFormat | None  # the hint's VAE latent -> model space (``latent_format.process_in``);
     # None: the hint is the IMAGE itself, scaled to ``pixel_scale`` x the latent (no VAE)

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError
 from ..models.controlnet_files import describe_controlnet
+from ..models.controlnet_kind import QWEN_INSTANTX
 
 if TYPE_CHECKING:
     import torch
@@ -27,9 +28,11 @@ def controlnet(path: str) -> tuple[ParallelControlNet, str]:
     """Parallel ControlNet Loader: the CONTROL_NET for the ControlNet file at ``path`` and what the node shows."""
     info = describe_controlnet(path)
     union = f", union of {info.union_modes} types" if info.union_modes else ""
-    return ParallelControlNet(
-        info
-    ), f"{info.name}: {info.double_blocks} double + {info.single_blocks} single blocks{union}"
+    if info.kind == QWEN_INSTANTX:  # one block list
+        blocks = f"{info.double_blocks} blocks"
+    else:
+        blocks = f"{info.double_blocks} double + {info.single_blocks} single blocks"
+    return ParallelControlNet(info), f"{info.name}: {blocks}{union}"
 
 
 class ParallelControlNet:

@@ -13,7 +13,8 @@ import torch.nn.functional as F
 class HintVAE:
     """``encode(pixels)`` and ``spacial_compression_encode()`` as ComfyUI's VAE has them."""
 
-    def __init__(self, channels: int = 16, seed: int = 26):
+    def __init__(self, channels: int = 16, seed: int = 26, frame_axis: bool = False):
+        self.frame_axis = frame_axis  # a video VAE's latent [B, C, 1, h, w] (Qwen-Image's Wan VAE), else [B, C, h, w]
         g = torch.Generator().manual_seed(seed)
         self.weight = torch.randn(channels, 3, generator=g)
         self.bias = 0.1 * torch.randn(channels, generator=g)
@@ -25,7 +26,8 @@ class HintVAE:
     def encode(self, pixels: torch.Tensor) -> torch.Tensor:
         self.calls.append(list(pixels.shape))
         x = F.avg_pool2d(pixels.movedim(-1, 1).float(), 8)
-        return 2.0 * torch.tanh(torch.einsum("bchw,oc->bohw", x, self.weight) + self.bias[:, None, None])
+        latent = 2.0 * torch.tanh(torch.einsum("bchw,oc->bohw", x, self.weight) + self.bias[:, None, None])
+        return latent.unsqueeze(2) if self.frame_axis else latent
 
 
 def hint_image(seed: int, height: int, width: int) -> torch.Tensor:
