@@ -91,6 +91,16 @@ TINY_STAND_INS: dict[str, tuple[str, str]] = {
     "diffusion_models/Chroma1-HD.safetensors": ("tiny-chroma", "transformer/diffusion_pytorch_model.safetensors"),
     "diffusion_models/sd3.5_large.safetensors": ("tiny-sd3", "transformer/diffusion_pytorch_model.safetensors"),
     "text_encoders/clip_g.safetensors": ("tiny-sd3", "text_encoder_2/model.safetensors"),
+    "diffusion_models/hidream_i1_full_fp16.safetensors": (
+        "tiny-hidream",
+        "transformer/diffusion_pytorch_model.safetensors",
+    ),
+    "text_encoders/clip_l_hidream.safetensors": ("tiny-flux", "text_encoder/model.safetensors"),
+    "text_encoders/clip_g_hidream.safetensors": ("tiny-sd3", "text_encoder_2/model.safetensors"),
+    "text_encoders/llama_3.1_8b_instruct_fp8_scaled.safetensors": (
+        "tiny-hunyuan-video",
+        "text_encoder/model.safetensors",
+    ),
 }
 # LoadImage's files the shipped workflows name (ComfyUI's input/)
 INPUT_IMAGES = (
