@@ -1,6 +1,6 @@
 """LTX-Video through the nodes: the tiny CPU workflow file (Parallel Text Encode with T5 on the workers, a 9-frame
 latent, Ulysses 2, the parallel VAE decode) equals the same graph on one worker; ComfyUI's LTXVConditioning frame
-rate in a CONDITIONING becomes the model's frame rate, LTXVImgToVideo's inputs are refused instead of ignored."""
+rate in a CONDITIONING becomes the model's frame rate, LTXVAddGuide's inputs are refused instead of ignored."""
 
 from __future__ import annotations
 

@@ -302,7 +302,8 @@ def decode_latent(
 
 def noise_mask(mask: Any, shape: tuple[int, ...]) -> None:
     """A LATENT's noise mask: an image's at any size ([H,W], [B,H,W], [B,1,H,W]: SetLatentNoiseMask keeps
-    the image's pixels; the workers interpolate it as KSampler does), a video's at the latent's size."""
+    the image's pixels; the workers interpolate it as KSampler does), a video's at the latent's size or one value
+    per frame ([B,1,T,1,1], as LTXVImgToVideo makes it; KSampler spreads it over the frame)."""
     video = len(shape) == 5
     if not isinstance(mask, torch.Tensor) or mask.ndim < 2 or mask.numel() == 0:
         raise ConfigError(
@@ -310,11 +311,12 @@ def noise_mask(mask: Any, shape: tuple[int, ...]) -> None:
             "a noise mask is a MASK: [height, width], [batch, height, width] or [batch, 1, height, width]",
             "make it with Set Latent Noise Mask or VAE Encode (for Inpainting) from a MASK",
         )
-    if video and tuple(mask.shape[-2:]) != tuple(shape[-2:]):
+    per_frame = mask.ndim == 5 and tuple(mask.shape[-2:]) == (1, 1) and mask.shape[2] == shape[2]
+    if video and tuple(mask.shape[-2:]) != tuple(shape[-2:]) and not per_frame:
         raise ConfigError(
             f"the noise mask has shape {tuple(mask.shape)}, the latent {shape}",
             "the parallel sampler takes a video's noise mask at the latent's own size (as Wan22ImageToVideoLatent "
-            "makes it)",
+            "makes it) or one value per latent frame ([batch, 1, frames, 1, 1], as LTXVImgToVideo makes it)",
             "make the latent and its mask with the same node",
         )
     if not video and mask.ndim == 4 and mask.shape[1] != 1:

@@ -14,6 +14,12 @@ max(8 f - 7, 0) instead of 8 f, as diffusers' ``LTXConditionPipeline`` scales it
 Load Checkpoint runs such a file. The frame rate rides on the conditioning (``conditioning.LTXFrameRate``,
 ComfyUI's ``LTXVConditioning``); 25 fps by default.
 
+Image-to-video (ComfyUI's ``LTXVImgToVideo``: the start image's latent in the first frame, a LATENT noise mask
+of 1 - strength there): as ComfyUI's ``model_base.LTXV`` samples with a noise mask, each token's timestep is the
+step's times its denoise mask (``process_timestep``), so the time modulation is per token and split over "sp" with
+the tokens (a stride-0 view of one row per video when the timestep is the same everywhere: no copy), and the kept
+frame is blended back clean, not re-noised (``inpaint_with_clean_latent``: ComfyUI's ``scale_latent_inpaint``).
+
 Model sampling: ComfyUI's ``supported_models.LTXV`` is ``ModelType.FLUX`` with shift 2.37 (``ModelSamplingFlux``:
 sigma = e^2.37 / (e^2.37 + 1/t - 1)), whose timestep is sigma; the model embeds it x 1000 (ComfyUI's ``LTXVModel``
 and diffusers' ``LTXPipeline``, which passes sigma x 1000). ``ModelSamplingLTXV`` / ``LTXVScheduler`` replace it
@@ -40,6 +46,7 @@ SHIFT = 2.37  # ComfyUI 0.3.64 supported_models.LTXV sampling_settings (ModelTyp
 VAE_FACTORS = (8, 32, 32)  # video frames / pixels per latent frame / pixel (the released VAE; ComfyUI's too)
 TIMESTEP_SCALE = 1000.0  # ComfyUI's LTXVModel embeds timestep x 1000; diffusers' pipeline passes sigma x 1000
 MASK_BIAS = -10000.0  # what diffusers' transformer adds to the scores of padded text tokens
+TOKEN_FIELDS = ("img", "img_rope", "temb", "temb_out")  # one entry per video token (temb: a view when uniform)
 
 
 class LTXVideoAdapter(ModelAdapter):
@@ -69,7 +76,9 @@ class LTXVideoAdapter(ModelAdapter):
             latent_format=latent_format or LTXV,
             model_sampling=flux_sampling(SHIFT),
             pads_to_patch=False,
-            splits=(Split("img", 1), Split("img_rope", 1)),
+            splits=(Split("img", 1), Split("img_rope", 1), Split("temb", 1), Split("temb_out", 1)),
+            image_fields=TOKEN_FIELDS,
+            inpaint_with_clean_latent=True,  # ComfyUI LTXV.scale_latent_inpaint: the kept latent, unnoised
             vae_scale_factor=VAE_FACTORS[1],
             latent_dims=3,
             vae_temporal_factor=VAE_FACTORS[0],
@@ -78,6 +87,13 @@ class LTXVideoAdapter(ModelAdapter):
     def joint_text_order(self, module: nn.Module) -> Literal["first", "last"]:
         return "last"  # attn1 is self-attention over the video tokens only
 
+    def process_timestep(self, timestep: torch.Tensor, denoise_mask: torch.Tensor | None) -> torch.Tensor:
+        """[B, tokens]: each token's timestep, the step's times its denoise mask (ComfyUI
+        ``LTXV.process_timestep``); [B] without a mask."""
+        if denoise_mask is None:
+            return timestep
+        return (denoise_mask[:, 0].flatten(1) * timestep.reshape(-1, 1)).to(timestep.dtype)
+
     def embed_full(
         self, x: torch.Tensor, timestep: torch.Tensor, cond: Conditioning, guidance: torch.Tensor | None = None
     ) -> Activations:
@@ -85,6 +101,13 @@ class LTXVideoAdapter(ModelAdapter):
         batch = x.shape[0]
         frames, rows, cols = self.grid_of(x)
         img = t.proj_in(x.flatten(2).transpose(1, 2))
+        tokens = img.shape[1]
+        if timestep.ndim > 1 and timestep.shape[-1] != tokens:
+            raise ConfigError(
+                f"LTX-Video timesteps for {timestep.shape[-1]} tokens given to a latent of {tokens}",
+                "a noise mask gives one timestep per latent pixel of the video it belongs to",
+                "make the LATENT and its noise mask with the same node (LTXVImgToVideo)",
+            )
         temb, embedded = t.time_embed(timestep.flatten() * TIMESTEP_SCALE, batch_size=batch, hidden_dtype=img.dtype)
         txt = t.caption_projection(cond.prompt_embeds).view(batch, -1, img.shape[-1])
         mask = None
@@ -95,8 +118,8 @@ class LTXVideoAdapter(ModelAdapter):
         return Activations(
             img=img,
             txt=txt,
-            temb=temb.view(batch, -1, temb.shape[-1]),
-            temb_out=embedded.view(batch, -1, embedded.shape[-1]),
+            temb=temb.view(batch, -1, temb.shape[-1]).expand(-1, tokens, -1),
+            temb_out=embedded.view(batch, -1, embedded.shape[-1]).expand(-1, tokens, -1),
             grid=(frames, rows, cols),
             txt_tokens=txt.shape[1],
             img_rope=rope,
@@ -104,7 +127,7 @@ class LTXVideoAdapter(ModelAdapter):
         )
 
     def call_block(self, list_name: str, block: nn.Module, acts: Activations) -> Activations:
-        img = block(acts.img, acts.txt, acts.temb, acts.img_rope, acts.txt_mask)
+        img = block(acts.img, acts.txt, _rows(acts.temb), acts.img_rope, acts.txt_mask)
         return acts.replace(img=img)
 
     def self_attention_modules(self, list_name: str, block: nn.Module) -> list[nn.Module]:
@@ -112,8 +135,14 @@ class LTXVideoAdapter(ModelAdapter):
 
     def project_out(self, acts: Activations) -> torch.Tensor:
         t = self.transformer
-        shift, scale = (t.scale_shift_table[None, None] + acts.temb_out[:, :, None]).unbind(dim=2)
+        shift, scale = (t.scale_shift_table[None, None] + _rows(acts.temb_out)[:, :, None]).unbind(dim=2)
         return t.proj_out(t.norm_out(acts.img) * (1 + scale) + shift)
+
+
+def _rows(temb: torch.Tensor) -> torch.Tensor:
+    """``temb`` [B, tokens, D] as one row per video when it is a view of one (the same timestep everywhere), so
+    the blocks broadcast it instead of building a per-token copy; else as is."""
+    return temb[:, :1] if temb.stride(1) == 0 else temb
 
 
 def rotary(

@@ -1,6 +1,7 @@
 """What LTX-Video takes from a ComfyUI CONDITIONING beyond text: ``LTXVConditioning``'s ``frame_rate`` (a number
-on each entry; 25 when absent, ComfyUI ``model_base.LTXV.extra_conds``). ``LTXVImgToVideo``'s start image
-(``concat_mask`` with a noise-masked LATENT) and keyframes (``keyframe_idxs``) are refused: not supported yet.
+on each entry; 25 when absent, ComfyUI ``model_base.LTXV.extra_conds``). ``LTXVImgToVideo``'s start image rides
+on the LATENT (its noise mask), not here; guides (``LTXVAddGuide``: ``keyframe_idxs``) and conditioning denoise
+masks (``concat_mask``) are refused: not supported yet.
 Light to import: torch is imported on call.
 """
 
@@ -24,9 +25,9 @@ def frame_rate_inputs(options: Mapping[str, Any], expected: Mapping[str, int | N
     for key in ("concat_mask", "keyframe_idxs"):
         if options.get(key) is not None:
             raise ConfigError(
-                f"the {role} conditioning carries LTX-Video image-to-video inputs ({key!r})",
-                "the parallel sampler runs LTX-Video text-to-video; this input would be ignored",
-                "use CLIPTextEncode + LTXVConditioning with EmptyLTXVLatentVideo",
+                f"the {role} conditioning carries LTX-Video guide inputs ({key!r}: LTXVAddGuide)",
+                "the parallel sampler runs LTX-Video text-to-video and LTXVImgToVideo; this input would be ignored",
+                "start from an image with LTXVImgToVideo, or sample the guided video with ComfyUI's KSampler",
             )
     rate = options.get("frame_rate")
     if rate is None:
