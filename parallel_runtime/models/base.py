@@ -1,17 +1,16 @@
 """Model adapter interface: the declarative plan, conditioning, activations, and the block runner.
 
-An adapter drives a diffusers transformer through its own sub-modules in three phases:
-``embed`` (patchify, embeddings, split tokens over the mesh's "sp" dimension), ``run_block``
-(one transformer block, self/joint attention routed to a sequence-parallel attention) and
-``final`` (output layer on local tokens, gather, unpatchify).
+An adapter drives a diffusers transformer through its own sub-modules in three phases: ``embed`` (patchify,
+embeddings, split tokens over the mesh's "sp" dimension), ``run_block`` (one transformer block, self/joint
+attention routed to a sequence-parallel attention) and ``final`` (output layer on local tokens, gather, unpatchify).
 
-A family's adapter also declares, in its ``make_plan``, what ComfyUI derives from its model file, so a
-graph gives the same picture as with ComfyUI's KSampler: the latent format (``LatentFormat``, ComfyUI's
+A family's adapter also declares, in its ``make_plan``, what ComfyUI derives from its model file, so a graph
+gives the same picture as with ComfyUI's KSampler: the latent format (``LatentFormat``, ComfyUI's
 ``latent_formats``), the model sampling (``ModelPlan.model_sampling``, a ``ModelSamplingSpec``: ComfyUI's
-``supported_models`` ``sampling_settings`` and model type), whether latents that are not a multiple of
-the patch size are padded and cropped as ComfyUI's model does (``pads_to_patch``) and the largest token
-grid the model's position embedding covers (``max_grid_side``). Adapters live in their family's folder
-(``families/<family>/adapter.py``) with everything else the family states (``families.spec.FamilySpec``).
+``supported_models`` ``sampling_settings`` and model type), whether latents that are not a multiple of the
+patch size are padded and cropped as ComfyUI's model does (``pads_to_patch``) and the largest token grid the
+model's position embedding covers (``max_grid_side``). Adapters live in their family's folder
+(``families/<family>/adapter.py``) with all the family states (``families.spec.FamilySpec``).
 """
 
 from __future__ import annotations
@@ -178,6 +177,8 @@ class Activations:
     txt_mask: torch.Tensor | None = None  # cross-attention bias [B, 1, T] (replicated)
     ref_tokens: int = 0  # reference-image tokens (edit models) after the grid's in the image fields (full count)
     block_txt: torch.Tensor | None = None  # joint text only block k's attention adds: [B, blocks, T, D] (prompt-only)
+    control: tuple[torch.Tensor, ...] | None = None  # per-token control streams [B, S_img_local, D] (Wan VACE)
+    control_scale: tuple[float, ...] = ()  # the strength of each control stream's hints (Wan VACE: per entry)
 
     @property
     def img_tokens(self) -> int:
@@ -292,8 +293,7 @@ class ModelAdapter(abc.ABC):
         mesh: ParallelMesh,
         guidance: torch.Tensor | float | None = None,
     ) -> Activations:
-        """Embed the model-space latent ``x`` ([B,C,H,W], or [B,C,T,H,W] for video families) and split the
-        token sequences over "sp"."""
+        """Embed the model-space latent ``x`` ([B,C,H,W], or [B,C,T,H,W] for video) and split its tokens over "sp"."""
         batch = x.shape[0]
         x = x.to(self.device, self.dtype)
         timestep = _batched(timestep, batch, x.device)

@@ -13,11 +13,15 @@ def adapter_classes() -> dict[type, type[ModelAdapter]]:
     """Supported transformer classes -> adapter classes (built on call; diffusers imported lazily)."""
     import diffusers
 
-    return {getattr(diffusers, spec.transformer_class): spec.adapter() for spec in FAMILIES}
+    return {
+        getattr(diffusers, name): spec.adapter()
+        for spec in FAMILIES
+        for name in (spec.transformer_class, *spec.more_transformer_classes)
+    }
 
 
 def supported_class_names() -> list[str]:
-    return [spec.transformer_class for spec in FAMILIES]
+    return [name for spec in FAMILIES for name in (spec.transformer_class, *spec.more_transformer_classes)]
 
 
 def adapter_class_for(transformer_cls: type) -> type[ModelAdapter]:

@@ -195,6 +195,7 @@ class ParallelModel:
             "image_dim": self.info.get("image_dim"),  # CLIP-vision states (Wan 2.1 I2V), else None
             "latent_channels": self.info.get("latent_channels"),  # what a reference image's latent must have
             "in_channels": self.info.get("in_channels"),  # the transformer's input features (FLUX.1 Fill: 384)
+            "vace_in_channels": self.info.get("vace_in_channels"),  # Wan VACE's control context, else None
         }
 
     def check_latent_size(self, height: int, width: int) -> None:
@@ -472,7 +473,7 @@ def load_parallel_model(
         (request.layout, reason or "layout chosen explicitly") if request.layout else default_layout(devices, request)
     )
     opts = {} if request.threads_per_worker is None else {"threads_per_worker": request.threads_per_worker}
-    check_pipefusion_request(request, config)
+    check_pipefusion_request(request, config, path)
     check_load_request(request, path)
     if request.vae:
         from ..vae.file import inspect_vae_file

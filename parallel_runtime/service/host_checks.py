@@ -148,10 +148,13 @@ def _plan_from_config(config: dict[str, Any]) -> ModelPlan | None:
         return None
 
 
-def check_pipefusion_request(request: LoadRequest, config: ParallelConfig) -> None:
-    """Reject PipeFusion settings that cannot work with ``config`` (before any model is loaded)."""
+def check_pipefusion_request(request: LoadRequest, config: ParallelConfig, path: Path | None = None) -> None:
+    """Reject PipeFusion settings that cannot work with ``config`` (before any model is loaded), and a model
+    file at ``path`` that cannot run in stages."""
     if config.pp <= 1:
         return
+    if path is not None:
+        check_pipefusion_model(path, request.family, config)
     if request.expert_2:
         raise ConfigError(
             f"a second expert file with the layout {config.describe()}",
@@ -181,6 +184,21 @@ def check_pipefusion_request(request: LoadRequest, config: ParallelConfig) -> No
             "each stage needs one weight (its relative share of the transformer blocks)",
             f"give {config.pp} positive numbers, or None for an equal split",
         )
+
+
+def check_pipefusion_model(path: Path, family: str | None, config: ParallelConfig) -> None:
+    """Refuse PipeFusion for a single file whose transformer cannot run in stages (its family's
+    ``pipefusion_refusal``, e.g. a transformer with control hint blocks)."""
+    if config.pp <= 1 or not path.is_file():
+        return
+    from ..models.families.registry import family as family_spec
+    from ..models.single_file import inspect_single_file
+
+    info = inspect_single_file(path, family)
+    refusal = family_spec(info.family).pipefusion_refusal
+    reason = refusal(info.config) if refusal is not None else None
+    if reason is not None:
+        raise ConfigError(*reason)
 
 
 def check_text_encoder_file(reader: Any, encoder_path: str, tokenizer_dir: str | None) -> None:

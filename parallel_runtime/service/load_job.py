@@ -181,6 +181,7 @@ def load_model(
         "pooled_dim": adapter.config_sizes(cfg).pooled_dim,
         "image_dim": cfg.get("image_dim"),
         "in_channels": cfg.get("in_channels"),
+        "vace_in_channels": cfg.get("vace_in_channels"),  # Wan VACE's control context (None: no VACE blocks)
         "transformer_bytes": weight_bytes,
         "compile": compile,
         "fp8_matmul": fp8_choice,

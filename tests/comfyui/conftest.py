@@ -61,6 +61,10 @@ TINY_STAND_INS: dict[str, tuple[str, str]] = {
         "tiny-wan-ti2v",
         "transformer/diffusion_pytorch_model.safetensors",
     ),
+    "diffusion_models/wan2.1_vace_14B_fp16.safetensors": (  # validation only reads the name
+        "tiny-wan",
+        "transformer/diffusion_pytorch_model.safetensors",
+    ),
     "vae/wan_2.1_vae.safetensors": ("tiny-wan", "vae/diffusion_pytorch_model.safetensors"),
     "vae/wan2.2_vae.safetensors": ("tiny-wan-ti2v", "vae/diffusion_pytorch_model.safetensors"),
     "text_encoders/umt5_xxl_fp8_e4m3fn_scaled.safetensors": ("tiny-wan", "text_encoder/model.safetensors"),
@@ -111,6 +115,7 @@ INPUT_IMAGES = (
     "fill_input.png",
     "controlnet_canny_input.png",
 )
+INPUT_VIDEOS = ("wan_control_pose.mp4",)  # LoadVideo's files: validate_prompt checks the name, never decodes it
 
 # The LoRA and ControlNet files the shipped workflows name, stood in by tiny test files (under tests/data).
 LORA_STAND_INS: dict[str, str] = {
@@ -165,6 +170,8 @@ def _put_input_images(folder: Path) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     for name in INPUT_IMAGES:
         Image.new("RGB", (64, 48), (200, 120, 40)).save(folder / name)
+    for name in INPUT_VIDEOS:
+        (folder / name).write_bytes(b"\x00\x00\x00\x18ftypmp42")  # an MP4 header: named and found, not played
 
 
 @pytest.fixture(scope="session")

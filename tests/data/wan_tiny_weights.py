@@ -34,6 +34,8 @@ class TinyWan:
     freq_dim: int = 256
     clip_vision: bool = False  # Wan 2.1 I2V: img_emb projects 1280-wide CLIP-vision states
     ref_conv: int = 0  # Fun-Control v1.1 / Wan 2.2 Fun: the reference image's conv (its latent channels; 0: none)
+    vace_blocks: int = 0  # Wan VACE: hint blocks (after every num_layers // vace_blocks main blocks; 0: none)
+    vace_in_dim: int = 96  # VACE context channels: 32 control video latents + 64 mask
 
     @property
     def heads(self) -> int:
@@ -84,8 +86,8 @@ def original_shapes(cfg: TinyWan) -> dict[str, tuple[tuple[int, ...], str]]:
         "head.head.weight": ((cfg.out_dim * 4, d), f"w{d}"),
         "head.head.bias": ((cfg.out_dim * 4,), "bias"),
     }
-    for i in range(cfg.num_layers):
-        b = f"blocks.{i}."
+    blocks = [f"blocks.{i}." for i in range(cfg.num_layers)] + [f"vace_blocks.{i}." for i in range(cfg.vace_blocks)]
+    for b in blocks:
         out[b + "modulation"] = ((1, 6, d), "mod")
         attns = ["self_attn", "cross_attn"]
         for attn in attns:
@@ -105,6 +107,13 @@ def original_shapes(cfg: TinyWan) -> dict[str, tuple[tuple[int, ...], str]]:
         out[b + "ffn.0.bias"] = ((f,), "bias")
         out[b + "ffn.2.weight"] = ((d, f), f"w{f}")
         out[b + "ffn.2.bias"] = ((d,), "bias")
+    for i in range(cfg.vace_blocks):  # VACE hint blocks: the first projects the context in, each projects a hint out
+        for proj in ("before_proj", "after_proj") if i == 0 else ("after_proj",):
+            out[f"vace_blocks.{i}.{proj}.weight"] = ((d, d), f"w{d}")
+            out[f"vace_blocks.{i}.{proj}.bias"] = ((d,), "bias")
+    if cfg.vace_blocks:
+        out["vace_patch_embedding.weight"] = ((d, cfg.vace_in_dim, 1, 2, 2), f"w{cfg.vace_in_dim * 4}")
+        out["vace_patch_embedding.bias"] = ((d,), "bias")
     if cfg.ref_conv:
         out["ref_conv.weight"] = ((d, cfg.ref_conv, 2, 2), f"w{cfg.ref_conv * 4}")
         out["ref_conv.bias"] = ((d,), "bias")

@@ -80,7 +80,9 @@ def find_family(family_id: str | None) -> FamilySpec | None:
 
 def family_of_class_name(class_name: str) -> FamilySpec | None:
     """The family whose adapter drives the diffusers transformer class ``class_name`` (None: no family)."""
-    return next((spec for spec in FAMILIES if spec.transformer_class == class_name), None)
+    return next(
+        (spec for spec in FAMILIES if class_name in (spec.transformer_class, *spec.more_transformer_classes)), None
+    )
 
 
 def family_of_variant(variant: str) -> FamilySpec | None:

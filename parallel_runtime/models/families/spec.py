@@ -172,6 +172,9 @@ class FamilySpec:
     generate_cfg: float = 1.0  # ``python -m parallel_runtime generate``'s CFG scale when none is given
     pick_preview: Callable[[LatentFormat], LatentPreview | None] | None = None  # among ``previews`` (None: by channels)
     lora_markers: tuple[str, ...] = ()  # LoRA module-name fragments that suggest this family (error messages)
+    more_transformer_classes: tuple[str, ...] = ()  # further diffusers classes the adapter drives (Wan VACE)
+    pipefusion_refusal: Callable[[Mapping[str, Any]], tuple[str, str, str] | None] | None = None  # a config ->
+    # the (what, why, fix) of why it cannot run in PipeFusion stages (None: it can)
     lora_aliases: Callable[[str], tuple[str, ...]] | None = None  # an original-layout module -> more LoRA module
     # names that patch it (beyond diffusion_model.<name> and lora_unet_<name>), e.g. ComfyUI's own module names
     lora_prefixes: tuple[str, ...] = ()  # more prefixes LoRA files put before the diffusers layout's names

@@ -32,15 +32,26 @@ from . import ID
 from .concat import concat_channels, cuts_image
 from .conditioning import image_inputs
 from .latent import WAN21, WAN22
+from .vace import context_tokens, hint_blocks, run_hints
 
 WAN_SHIFT = 8.0  # ComfyUI 0.3.64 WAN21_T2V sampling_settings, inherited by WAN21_I2V and WAN22_T2V (TI2V-5B)
 
+VACE_PIPEFUSION = (
+    "a Wan VACE model with PipeFusion",
+    "PipeFusion's stages hold the main blocks and stale K/V buffers of the video tokens only; VACE's hint blocks "
+    "would need their weights on every stage with a hinted block and stale buffers of their own control tokens",
+    "run Wan VACE with ulysses, ring or cfg parallelism (all exact)",
+)
 TEXT_TOKENS_WITH_IMAGE = 512  # diffusers' WanAttnProcessor takes the last 512 context tokens as the text
 
 
 class WanAdapter(ModelAdapter):
     family = ID
     sdpa_processors = (compat.WAN_ATTN_PROCESSOR,)
+
+    def __init__(self, transformer: nn.Module, latent_format: LatentFormat | None = None):
+        self._hints = hint_blocks(transformer)  # VACE: id(main block) -> the hint block after it
+        super().__init__(transformer, latent_format)
 
     @classmethod
     def make_plan(cls, config: Any, latent_format: LatentFormat | None) -> ModelPlan:
@@ -54,7 +65,7 @@ class WanAdapter(ModelAdapter):
         channels = config.out_channels or config.in_channels
         per_frame_time = channels == WAN22.channels  # TI2V-5B (ComfyUI's WAN22)
         token_fields = ("img", "img_rope", "temb", "temb_out") if per_frame_time else ("img", "img_rope")
-        splits = [Split("img", 1), Split("img_rope", 1)]
+        splits = [Split("img", 1), Split("img_rope", 1), Split("control", 1)]  # control: VACE's streams
         if per_frame_time:
             splits += [Split("temb", 1), Split("temb_out", 1)]
         return ModelPlan(
@@ -136,8 +147,15 @@ class WanAdapter(ModelAdapter):
             proj, temb = (_per_token(v, frames, per_token) for v in (proj, temb))
         else:
             proj, temb = proj[:, 0], temb[:, 0]  # [B, 6, D] and [B, D]
+        control, scale = None, ()
+        if self._hints:  # VACE: the patch-embedded latent and each entry's context, split with the video tokens
+            streams, scale = context_tokens(t.vace_patch_embedding, x, image_inputs(cond), self.plan.latent_format,
+                                            self.pad_to_patch)  # fmt: skip
+            control = (img, *streams)
         return Activations(
             img=img,
+            control=control,
+            control_scale=scale,
             txt=txt,
             temb=proj,
             temb_out=temb,
@@ -147,10 +165,22 @@ class WanAdapter(ModelAdapter):
         )
 
     def call_block(self, list_name: str, block: nn.Module, acts: Activations) -> Activations:
-        return acts.replace(img=block(acts.img, acts.txt, acts.temb, acts.img_rope))
+        img = block(acts.img, acts.txt, acts.temb, acts.img_rope)
+        hint = self._hints.get(id(block))
+        if hint is None or acts.control is None:
+            return acts.replace(img=img)
+        img, control = run_hints(hint, img, acts)
+        return acts.replace(img=img, control=control)
 
     def self_attention_modules(self, list_name: str, block: nn.Module) -> list[nn.Module]:
-        return [block.attn1]  # attn2 is cross-attention to the replicated text: never intercepted
+        hint = self._hints.get(id(block))  # a VACE hint block's self-attention runs with its main block's
+        # attn2 is cross-attention to the replicated text: never intercepted
+        return [block.attn1] if hint is None else [block.attn1, hint.attn1]
+
+    def embed_rows(self, x_band, rows, full_size, timestep, cond, mesh, guidance=None) -> Activations:
+        if self._hints:
+            raise ConfigError(*VACE_PIPEFUSION)
+        return super().embed_rows(x_band, rows, full_size, timestep, cond, mesh, guidance)
 
     def project_out(self, acts: Activations) -> torch.Tensor:
         t = self.transformer

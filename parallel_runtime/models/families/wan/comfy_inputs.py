@@ -19,6 +19,7 @@ from ....errors import ConfigError
 from ..spec import ComfyConditioning
 
 KEYS = ("concat_latent_image", "concat_mask", "concat_mask_index", "clip_vision_output")  # the nodes' additions
+VACE_KEYS = ("vace_frames", "vace_mask", "vace_strength")  # WanVaceToVideo's (a list each, one per node)
 
 
 def image_inputs(options: Mapping[str, Any], expected: Mapping[str, int | None], role: str):
@@ -57,9 +58,44 @@ def image_inputs(options: Mapping[str, Any], expected: Mapping[str, int | None],
                 "encode the start image with CLIPVisionLoader (clip_vision_h) and CLIPVisionEncode",
             )
         out["image_embeds"] = states.float().cpu()
+    out.update(vace_inputs(options, expected, role))
     inputs = WanImageInputs(**out) if out else None
     image_inputs_fit(inputs, expected, role)
     return inputs
+
+
+def vace_inputs(options: Mapping[str, Any], expected: Mapping[str, int | None], role: str) -> dict[str, Any]:
+    """WanVaceToVideo's entries stacked: ``vace_frames`` [B, N, 32, T, H, W], ``vace_mask`` [B, N, 64, ...] and
+    ``vace_strength`` (N); {} without them. Refused for a model known to have no VACE blocks (ComfyUI ignores
+    them there)."""
+    import torch
+
+    from .vace import check_entries
+
+    if options.get("vace_frames") is None:
+        return {}
+    if "vace_in_channels" in expected and not expected["vace_in_channels"]:
+        raise ConfigError(
+            f"the {role} conditioning carries WanVaceToVideo's control video (vace_frames) for a Wan model "
+            "without VACE blocks",
+            "only a Wan VACE file reads it; this model would ignore it (ComfyUI does, silently)",
+            "load a Wan 2.1 VACE file, or leave out WanVaceToVideo",
+        )
+    frames, masks = list(options["vace_frames"]), options.get("vace_mask")
+    strengths = options.get("vace_strength") or [1.0] * len(frames)
+    if masks is None:  # ComfyUI's default: every pixel reactive
+        masks = [torch.ones(f.shape[0], 64, *f.shape[2:]) for f in frames]
+    if len(masks) != len(frames) or not all(isinstance(t, torch.Tensor) and t.ndim == 5 for t in [*frames, *masks]):
+        raise ConfigError(
+            f"the {role} conditioning has {len(frames)} vace_frames and {len(masks)} vace_mask entries",
+            "each WanVaceToVideo entry is a control video latent [batch, 32, frames, height, width] and its mask",
+            "use WanVaceToVideo's conditioning as it makes it",
+        )
+    batch = max(t.shape[0] for t in [*frames, *masks])
+    stack = lambda ts: torch.stack([t.float().cpu().expand(batch, *t.shape[1:]) for t in ts], dim=1)  # noqa: E731
+    out = {"vace_frames": stack(frames), "vace_mask": stack(masks), "vace_strength": tuple(map(float, strengths))}
+    check_entries(out["vace_frames"], out["vace_mask"], out["vace_strength"], role)
+    return out
 
 
 def image_inputs_fit(extras: Any, expected: Mapping[str, Any], where: str) -> None:
@@ -89,4 +125,4 @@ def image_inputs_fit(extras: Any, expected: Mapping[str, Any], where: str) -> No
     )
 
 
-COMFY_CONDITIONING = ComfyConditioning(KEYS, image_inputs, image_inputs_fit)
+COMFY_CONDITIONING = ComfyConditioning(KEYS + VACE_KEYS, image_inputs, image_inputs_fit)

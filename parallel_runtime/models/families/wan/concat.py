@@ -68,7 +68,7 @@ def concat_channels(
     image = inputs.concat_image
     if image is None:
         return torch.cat([x, x.new_zeros(x.shape[0], extra, *x.shape[2:])], dim=1)
-    image = _fit(pad(image.to(x.device)), x, "concat_latent_image").to(x.dtype)
+    image = fit_to_latent(pad(image.to(x.device)), x, "concat_latent_image").to(x.dtype)
     image = torch.cat([fmt.to_model(part) for part in image.split(fmt.channels, dim=1)], dim=1)
     if not takes_mask(extra, image.shape[1], cuts):
         return torch.cat([x, image], dim=1)
@@ -83,12 +83,12 @@ def concat_channels(
             kept = nn.functional.pad(kept, (0, 0, 0, 0, 0, x.shape[2] - kept.shape[2]))
         if kept.shape[1] == 1:
             kept = kept.expand(-1, MASK_CHANNELS, -1, -1, -1)
-        kept = _fit(pad(kept), x, "concat_mask")
+        kept = fit_to_latent(pad(kept), x, "concat_mask")
     at = inputs.concat_mask_index
     return torch.cat([x, image[:, :at], kept, image[:, at:]], dim=1)
 
 
-def _fit(t: torch.Tensor, x: torch.Tensor, what: str) -> torch.Tensor:
+def fit_to_latent(t: torch.Tensor, x: torch.Tensor, what: str) -> torch.Tensor:
     """``t`` on x's device with x's batch (a batch of 1 is repeated); its frames and size must be x's."""
     if tuple(t.shape[2:]) != tuple(x.shape[2:]):
         raise ConfigError(

@@ -12,15 +12,19 @@ from ...base import Conditioning, ConditioningExtras
 
 @dataclasses.dataclass(frozen=True)
 class WanImageInputs(ConditioningExtras):
-    """WanImageToVideo's start image or WanFunControlToVideo's control video and start image, as ComfyUI's
-    conditioning carries them (each None when absent)."""
+    """WanImageToVideo's start image, WanFunControlToVideo's control video and start image or WanVaceToVideo's
+    control entries, as ComfyUI's conditioning carries them (each None when absent)."""
 
-    settings_fields = ("concat_mask_index",)
+    settings_fields = ("concat_mask_index", "vace_strength")
     image_embeds: torch.Tensor | None = None  # [B, N, Di] CLIP-vision penultimate states (Wan 2.1 I2V)
     concat_image: torch.Tensor | None = None  # [B, C, T, H, W] raw image latents (ComfyUI concat_latent_image):
     # the start image (C 16), or the control video then the start image (Fun-Control, C 32)
     concat_mask: torch.Tensor | None = None  # [B, 1 or 4, T, H, W], 0 where the start image is kept (concat_mask)
     concat_mask_index: int = 0  # image channels before the mask channels (Wan22FunControlToVideo: the control's)
+    # WanVaceToVideo's entries (vace.py), one per node applied, stacked on dim 1: raw latents
+    vace_frames: torch.Tensor | None = None  # [B, N, 32, T, H, W] inactive then reactive control video latents
+    vace_mask: torch.Tensor | None = None  # [B, N, 64, T, H, W] the mask, 8x8 pixels packed into channels
+    vace_strength: tuple[float, ...] = ()  # each entry's strength
 
 
 NONE = WanImageInputs()

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from ....errors import ConfigError
 from ... import compat
 from ...layout_shapes import Shapes, block_count
 from ..spec import OriginalLayout
@@ -21,6 +22,8 @@ from . import I2V_14B, I2V_A14B, T2V_1_3B, T2V_14B, TI2V_5B
 HEAD_DIM = 128  # every Wan model; ComfyUI derives num_heads = dim // 128 the same way
 ANCHOR = "head.modulation"
 REF_CONV = "ref_conv."  # Fun-Control's reference-image conv (unused: reference images are refused)
+VACE_EMBED = "vace_patch_embedding.weight"  # Wan VACE: the control context's patch embedding
+VACE_CLASS = "WanVACETransformer3DModel"
 
 
 def wan_config(shapes: Shapes, base: Mapping[str, Any]) -> dict[str, Any]:
@@ -43,7 +46,25 @@ def wan_config(shapes: Shapes, base: Mapping[str, Any]) -> dict[str, Any]:
         "image_dim": shapes["img_emb.proj.1.weight"][1] if image else None,
         "added_kv_proj_dim": dim if "blocks.0.cross_attn.k_img.weight" in shapes else None,
         "pos_embed_seq_len": shapes["img_emb.emb_pos"][1] if "img_emb.emb_pos" in shapes else None,
+        **vace_config(shapes),
     }
+
+
+def vace_config(shapes: Shapes) -> dict[str, Any]:
+    """A VACE file's class and VACE entries: its hint blocks sit after main blocks 0, k, 2k, ... with
+    k = blocks // VACE blocks (the spacing ComfyUI's ``model_detection`` assumes from the counts); {} otherwise."""
+    if VACE_EMBED not in shapes:
+        return {}
+    layers, hints = block_count(shapes, "blocks."), block_count(shapes, "vace_blocks.")
+    after = list(range(0, layers, max(layers // max(hints, 1), 1)))
+    if not hints or len(after) != hints:
+        raise ConfigError(
+            f"a Wan VACE file with {hints} VACE blocks for {layers} main blocks",
+            "the VACE blocks are spread evenly over the main blocks (one after every blocks // vace_blocks "
+            "main blocks), which these counts do not allow",
+            "use a published Wan 2.1 VACE file (1.3B: 15 of 30 blocks, 14B: 8 of 40)",
+        )
+    return {"_class_name": VACE_CLASS, "vace_in_channels": shapes[VACE_EMBED][1], "vace_layers": after}
 
 
 def wan_variant(shapes: Shapes) -> str:

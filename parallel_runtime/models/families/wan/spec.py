@@ -60,6 +60,15 @@ GGUF = GGUFFacts(  # ComfyUI-GGUF's files; Q4_K_M upgrades the value and feed-fo
 )
 
 
+def _pipefusion_refusal(config):
+    """A VACE file's hint blocks do not run in PipeFusion stages (adapter.VACE_PIPEFUSION says why)."""
+    if config.get("vace_layers") is None:
+        return None
+    from .adapter import VACE_PIPEFUSION
+
+    return VACE_PIPEFUSION
+
+
 def _expert_boundary(config) -> float:
     """diffusers' Wan 2.2 A14B pipelines' boundary_ratio: 0.9 image-to-video (36 input channels), else 0.875."""
     return 0.9 if config.get("in_channels") == 36 else 0.875
@@ -69,6 +78,7 @@ FAMILY = FamilySpec(
     id=ID,
     label="Wan",
     transformer_class="WanTransformer3DModel",
+    more_transformer_classes=("WanVACETransformer3DModel",),  # a VACE file (keys.vace_config)
     pipeline_class="WanPipeline",
     adapter=_adapter,
     markers=("head.modulation", "condition_embedder.time_proj."),
@@ -88,4 +98,5 @@ FAMILY = FamilySpec(
     comfy_conditioning=COMFY_CONDITIONING,
     gguf=GGUF,
     expert_boundary=_expert_boundary,
+    pipefusion_refusal=_pipefusion_refusal,
 )
