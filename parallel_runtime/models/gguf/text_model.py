@@ -11,11 +11,12 @@ default arithmetic (float16 products), as ComfyUI-GGUF does with it.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from types import MappingProxyType
 from typing import Any
 
 import torch
+from torch import nn
 
 from ...errors import ConfigError
 from .reader import GGUFFile
@@ -84,3 +85,33 @@ def text_source_fields(file: GGUFFile, names: Mapping[str, str], dequant_dtype: 
         "ggml": MappingProxyType({n: file.tensors[k].kind for n, k in names.items()}),
         "dequant_dtype": dequant_dtype,
     }
+
+
+def probe_shapes(file: GGUFFile, prefix: str, probe: Iterable[str]) -> dict[str, tuple[int, ...]]:
+    """The shapes of the ``probe`` tensors (Hugging Face names under ``prefix``) the file holds, and one
+    ``{prefix}layers.N.`` entry a block (what a config read from a header counts layers by)."""
+    known = llama_cpp_names(file, [prefix + n for n in probe])
+    shapes = {name: file.tensors[k].shape for name, k in known.items()}
+    shapes.update({f"{prefix}layers.{i}.": () for i in range(block_count(file))})
+    return shapes
+
+
+def load_llama_cpp_model(
+    model: nn.Module,
+    file: GGUFFile,
+    prefix: str,
+    device: str | torch.device,
+    dtype: torch.dtype,
+    storage: str,
+    source_fields: Callable[[GGUFFile, Mapping[str, str]], dict[str, Any]] = text_source_fields,
+) -> nn.Module:
+    """``model`` (built on the meta device) filled with the file's tensors, found by its parameters' names under
+    ``prefix``; ``source_fields`` makes the ``TensorSource`` (by default ``text_source_fields``)."""
+    from ..weights import TensorSource, load_tensors
+
+    wanted = [n for n, _ in model.named_parameters()]
+    mapping = llama_cpp_names(file, [prefix + n for n in wanted])
+    names = {n: mapping.get(prefix + n, f"(no tensor for {n})") for n in wanted}
+    source = TensorSource(**source_fields(file, names))
+    load_tensors(model, source, lambda name: "all", device, dtype, what="of the text model", storage=storage)
+    return model.eval().requires_grad_(False)

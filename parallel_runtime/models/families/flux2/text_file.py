@@ -16,10 +16,9 @@ reads the same hidden states, but pads every prompt to 512 tokens: its first row
 
 from __future__ import annotations
 
-import math
 import os
 import tempfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,8 +27,9 @@ from torch import nn
 
 from ....errors import ConfigError
 from ...base import Conditioning
+from ...prefixed_text_file import load_prefixed_model
 from ...text_parts import loaded_device_of
-from ...weights import TensorSource, load_tensors, parameters_on_meta
+from ...weights import parameters_on_meta
 from ..spec import TextEncoderFile
 from .text import FLUX2_LAYERS
 
@@ -95,40 +95,15 @@ def load_mistral_text_file(
     its last hidden state is not normalised (FLUX.2 reads it raw)."""
     from transformers import MistralConfig, MistralModel
 
-    from ...fp8 import detect_quantisation
-    from ...tensor_files import SafetensorsFile
-
     if str(path).lower().endswith(".gguf"):
         return _load_mistral_gguf(path, device, dtype, storage, overrides)
-    file = SafetensorsFile(Path(path).expanduser())
-    with file:
-        quant = detect_quantisation(file.header, file.read)
-        scale_of = {w: file.read(s).to(torch.float32).reshape(()) for w, s in quant.scales.items()}
-    shapes = {k: e.shape for k, e in file.entries.items()}
-    with parameters_on_meta():
+
+    def build(shapes: Mapping[str, tuple[int, ...]]) -> nn.Module:
         model = MistralModel(MistralConfig(**mistral_text_config(shapes, overrides)))
-    model.norm = nn.Identity()
-    wanted = {n for n, _ in model.named_parameters()}
-    names = {k[len(TEXT_PREFIX) :]: k for k in shapes if k.startswith(TEXT_PREFIX) and k not in quant.extra_keys}
-    names = {n: k for n, k in names.items() if n in wanted}
+        model.norm = nn.Identity()
+        return model
 
-    def read(chosen: list[str]) -> Iterator[tuple[str, torch.Tensor]]:
-        with file:
-            for name in chosen:
-                yield name, quant.stored(names[name], file.read(names[name]))
-
-    source = TensorSource(
-        file.path.name,
-        {n: math.prod(shapes[k]) for n, k in names.items()},
-        read,
-        fp8={n: quant.fp8_weights[k] for n, k in names.items() if k in quant.fp8_weights},
-        scales={n: scale_of[k] for n, k in names.items() if k in scale_of},
-        owned=True,
-        shapes={n: tuple(shapes[k]) for n, k in names.items()},
-        round_linear_to=quant.layer_dtype,  # ComfyUI's scaled-fp8 text models hold every Linear in fp8
-    )
-    load_tensors(model, source, lambda name: "all", device, dtype, what="of the text model", storage=storage)
-    return model.eval().requires_grad_(False)
+    return load_prefixed_model(path, TEXT_PREFIX, build, device, dtype, storage, only_model_parameters=True)
 
 
 def _load_mistral_gguf(path, device, dtype: torch.dtype, storage: str, overrides) -> nn.Module:
@@ -136,7 +111,7 @@ def _load_mistral_gguf(path, device, dtype: torch.dtype, storage: str, overrides
     their GGML blocks."""
     from transformers import MistralConfig, MistralModel
 
-    from ...gguf.text_model import llama_cpp_names
+    from ...gguf.text_model import load_llama_cpp_model
     from .text_gguf import gguf_overrides, gguf_shapes, gguf_source_fields, open_mistral_gguf
 
     file = open_mistral_gguf(path)
@@ -144,12 +119,7 @@ def _load_mistral_gguf(path, device, dtype: torch.dtype, storage: str, overrides
     with parameters_on_meta():
         model = MistralModel(MistralConfig(**config))
     model.norm = nn.Identity()
-    wanted = [n for n, _ in model.named_parameters()]
-    mapping = llama_cpp_names(file, [TEXT_PREFIX + n for n in wanted])
-    names = {n: mapping.get(TEXT_PREFIX + n, f"(no tensor for {n})") for n in wanted}
-    source = TensorSource(**gguf_source_fields(file, names))
-    load_tensors(model, source, lambda name: "all", device, dtype, what="of the text model", storage=storage)
-    return model.eval().requires_grad_(False)
+    return load_llama_cpp_model(model, file, TEXT_PREFIX, device, dtype, storage, gguf_source_fields)
 
 
 def _no_tokenizer(name: str) -> ConfigError:

@@ -59,14 +59,11 @@ def gguf_overrides(file, overrides: Mapping[str, Any] | None) -> dict[str, Any]:
 
 def gguf_shapes(file, prefix: str) -> dict[str, tuple[int, ...]]:
     """The shapes ``mistral_text_config`` reads, under ComfyUI's names (one ``layers.N.`` entry a block)."""
-    from ...gguf.text_model import block_count, llama_cpp_names
+    from ...gguf.text_model import probe_shapes
 
     probe = ["embed_tokens.weight", "layers.0.mlp.gate_proj.weight"]
     probe += [f"layers.0.self_attn.{p}.weight" for p in ("q_proj", "k_proj")]
-    known = llama_cpp_names(file, [prefix + n for n in probe])
-    shapes = {name: file.tensors[k].shape for name, k in known.items()}
-    shapes.update({f"{prefix}layers.{i}.": () for i in range(block_count(file))})
-    return shapes
+    return probe_shapes(file, prefix, probe)
 
 
 def gguf_source_fields(file, names: Mapping[str, str]) -> dict[str, Any]:

@@ -14,7 +14,7 @@ The tokenizer is a folder (ComfyUI's own ``comfy/text_encoders/qwen25_tokenizer`
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,8 @@ import torch
 from torch import nn
 
 from ....errors import ConfigError
-from ...weights import TensorSource, load_tensors, parameters_on_meta
+from ...prefixed_text_file import load_prefixed_model
+from ...weights import parameters_on_meta
 from ..spec import TextEncoderFile
 from .text import QWEN_DEFAULT_LENGTH, encode_qwen_image
 
@@ -82,36 +83,10 @@ def load_qwen25_text_file(
     if str(path).lower().endswith(".gguf"):
         return _load_qwen25_text_gguf(Path(path).expanduser(), device, dtype, storage, overrides)
 
-    from ...fp8 import detect_quantisation
-    from ...tensor_files import SafetensorsFile
+    def build(shapes: Mapping[str, tuple[int, ...]]) -> nn.Module:
+        return Qwen2_5_VLTextModel(Qwen2_5_VLTextConfig(**qwen25_text_config(shapes, overrides)))
 
-    file = SafetensorsFile(Path(path).expanduser())
-    with file:
-        quant = detect_quantisation(file.header, file.read)
-        scale_of = {w: file.read(s).to(torch.float32).reshape(()) for w, s in quant.scales.items()}
-    shapes = {k: e.shape for k, e in file.entries.items()}
-    config = Qwen2_5_VLTextConfig(**qwen25_text_config(shapes, overrides))
-    with parameters_on_meta():
-        model = Qwen2_5_VLTextModel(config)
-    names = {k[len(TEXT_PREFIX) :]: k for k in shapes if k.startswith(TEXT_PREFIX) and k not in quant.extra_keys}
-
-    def read(wanted: list[str]) -> Iterator[tuple[str, torch.Tensor]]:
-        with file:
-            for name in wanted:
-                yield name, quant.stored(names[name], file.read(names[name]))
-
-    source = TensorSource(
-        file.path.name,
-        {n: _numel(shapes[k]) for n, k in names.items()},
-        read,
-        fp8={n: quant.fp8_weights[k] for n, k in names.items() if k in quant.fp8_weights},
-        scales={n: scale_of[k] for n, k in names.items() if k in scale_of},
-        owned=True,
-        shapes={n: tuple(shapes[k]) for n, k in names.items()},
-        round_linear_to=quant.layer_dtype,  # ComfyUI's scaled-fp8 text models hold every Linear in fp8
-    )
-    load_tensors(model, source, lambda name: "all", device, dtype, what="of the text model", storage=storage)
-    return model.eval().requires_grad_(False)
+    return load_prefixed_model(path, TEXT_PREFIX, build, device, dtype, storage)
 
 
 def _load_qwen25_text_gguf(path: Path, device, dtype: torch.dtype, storage: str, overrides) -> nn.Module:
@@ -119,32 +94,24 @@ def _load_qwen25_text_gguf(path: Path, device, dtype: torch.dtype, storage: str,
     from transformers import Qwen2_5_VLTextConfig, Qwen2_5_VLTextModel
 
     from ...gguf.reader import GGUFFile
-    from ...gguf.text_model import llama_cpp_names, text_source_fields
+    from ...gguf.text_model import load_llama_cpp_model
 
     file = GGUFFile(path)
     config = Qwen2_5_VLTextConfig(**qwen25_text_config(_gguf_shapes(file), overrides))
     with parameters_on_meta():
         model = Qwen2_5_VLTextModel(config)
-    wanted = [n for n, _ in model.named_parameters()]
-    mapping = llama_cpp_names(file, [TEXT_PREFIX + n for n in wanted])
-    names = {n: mapping.get(TEXT_PREFIX + n, f"(no tensor for {n})") for n in wanted}
-    source = TensorSource(**text_source_fields(file, names))
-    load_tensors(model, source, lambda name: "all", device, dtype, what="of the text model", storage=storage)
-    return model.eval().requires_grad_(False)
+    return load_llama_cpp_model(model, file, TEXT_PREFIX, device, dtype, storage)
 
 
 def _gguf_shapes(file) -> dict[str, tuple[int, ...]]:
     """The shapes ``qwen25_text_config`` reads, under ComfyUI's names, of a qwen2vl GGUF (a ConfigError naming
     the file's architecture when it is another)."""
-    from ...gguf.text_model import block_count, check_text_architecture, llama_cpp_names
+    from ...gguf.text_model import check_text_architecture, probe_shapes
 
     check_text_architecture(file, ("qwen2vl",), "Qwen2.5-VL (Qwen-Image's text encoder)")
     probe = ["embed_tokens.weight", *(f"layers.0.{p}.weight" for p in ("self_attn.q_proj", "self_attn.k_proj"))]
     probe += ["layers.0.mlp.gate_proj.weight"]
-    known = llama_cpp_names(file, [TEXT_PREFIX + n for n in probe])
-    shapes = {name: file.tensors[k].shape for name, k in known.items()}
-    shapes.update({f"{TEXT_PREFIX}layers.{i}.": () for i in range(block_count(file))})  # the config counts layers
-    return shapes
+    return probe_shapes(file, TEXT_PREFIX, probe)
 
 
 def check_qwen25_file(path: str) -> None:
@@ -157,13 +124,6 @@ def check_qwen25_file(path: str) -> None:
         qwen25_text_config(_gguf_shapes(GGUFFile(Path(path).expanduser())))
     else:
         qwen25_text_config({k: e.shape for k, e in SafetensorsFile(Path(path).expanduser()).entries.items()})
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for s in shape:
-        n *= s
-    return n
 
 
 ENCODER_FILE = TextEncoderFile(

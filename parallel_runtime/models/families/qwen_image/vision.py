@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ....errors import ConfigError
-from ...weights import TensorSource, load_tensors, parameters_on_meta
+from ...prefixed_text_file import load_prefixed_model
 
 VISION_PREFIX = "visual."
 QWEN25_VL_7B_VISION: Mapping[str, Any] = {  # what the weights do not show
@@ -80,42 +80,19 @@ def load_qwen25_vision_file(
     from transformers import Qwen2_5_VLVisionConfig
     from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionTransformerPretrainedModel
 
-    from ...fp8 import detect_quantisation
-    from ...tensor_files import SafetensorsFile
-
     if str(path).lower().endswith(".gguf"):
         raise ConfigError(
             f"images with a GGUF text encoder ({Path(path).name})",
             "llama.cpp's Qwen2.5-VL GGUF files hold the text model only (the vision tower is a separate mmproj)",
             "encode Qwen-Image-Edit prompts with images from qwen_2.5_vl_7b*.safetensors",
         )
-    file = SafetensorsFile(Path(path).expanduser())
-    with file:
-        quant = detect_quantisation(file.header, file.read)
-        scale_of = {w: file.read(s).to(torch.float32).reshape(()) for w, s in quant.scales.items()}
-    shapes = {k: e.shape for k, e in file.entries.items()}
-    config = Qwen2_5_VLVisionConfig(**qwen25_vision_config(shapes, overrides))
-    with parameters_on_meta():
-        tower = Qwen2_5_VisionTransformerPretrainedModel(config)
-    names = {k[len(VISION_PREFIX) :]: k for k in shapes if k.startswith(VISION_PREFIX) and k not in quant.extra_keys}
 
-    def read(wanted: list[str]) -> Iterator[tuple[str, torch.Tensor]]:
-        with file:
-            for name in wanted:
-                yield name, quant.stored(names[name], file.read(names[name]))
+    def build(shapes: Mapping[str, tuple[int, ...]]) -> nn.Module:
+        return Qwen2_5_VisionTransformerPretrainedModel(
+            Qwen2_5_VLVisionConfig(**qwen25_vision_config(shapes, overrides))
+        )
 
-    source = TensorSource(
-        file.path.name,
-        {n: math.prod(shapes[k]) for n, k in names.items()},
-        read,
-        fp8={n: quant.fp8_weights[k] for n, k in names.items() if k in quant.fp8_weights},
-        scales={n: scale_of[k] for n, k in names.items() if k in scale_of},
-        owned=True,
-        shapes={n: tuple(shapes[k]) for n, k in names.items()},
-        round_linear_to=quant.layer_dtype,
-    )
-    load_tensors(tower, source, lambda name: "all", device, dtype, what="of the vision tower", storage=storage)
-    return tower.eval().requires_grad_(False)
+    return load_prefixed_model(path, VISION_PREFIX, build, device, dtype, storage, what="of the vision tower")
 
 
 def vision_input_size(height: int, width: int) -> tuple[int, int]:

@@ -12,9 +12,8 @@ shares Qwen2.5's vocabulary, and the chat-template tokens Z-Image uses are in bo
 
 from __future__ import annotations
 
-import math
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +21,8 @@ import torch
 from torch import nn
 
 from ....errors import ConfigError
-from ...weights import TensorSource, load_tensors, parameters_on_meta
+from ...prefixed_text_file import load_prefixed_model
+from ...weights import parameters_on_meta
 from ..spec import TextEncoderFile
 from .text import DEFAULT_LENGTH, encode_z_image
 
@@ -72,36 +72,13 @@ def load_qwen3_text_file(
     """The Qwen3 text model in ComfyUI's ``path`` (see the module doc), on ``device``."""
     from transformers import Qwen3Config, Qwen3Model
 
-    from ...fp8 import detect_quantisation
-    from ...tensor_files import SafetensorsFile
-
     if str(path).lower().endswith(".gguf"):
         return _load_qwen3_gguf(path, device, dtype, storage, overrides)
-    file = SafetensorsFile(Path(path).expanduser())
-    with file:
-        quant = detect_quantisation(file.header, file.read)
-        scale_of = {w: file.read(s).to(torch.float32).reshape(()) for w, s in quant.scales.items()}
-    shapes = {k: e.shape for k, e in file.entries.items()}
-    with parameters_on_meta():
-        model = Qwen3Model(Qwen3Config(**qwen3_text_config(shapes, overrides)))
-    names = {k[len(TEXT_PREFIX) :]: k for k in shapes if k.startswith(TEXT_PREFIX) and k not in quant.extra_keys}
 
-    def read(wanted: list[str]) -> Iterator[tuple[str, torch.Tensor]]:
-        with file:
-            for name in wanted:
-                yield name, file.read(names[name])
+    def build(shapes: Mapping[str, tuple[int, ...]]) -> nn.Module:
+        return Qwen3Model(Qwen3Config(**qwen3_text_config(shapes, overrides)))
 
-    source = TensorSource(
-        file.path.name,
-        {n: math.prod(shapes[k]) for n, k in names.items()},
-        read,
-        fp8={n: quant.fp8_weights[k] for n, k in names.items() if k in quant.fp8_weights},
-        scales={n: scale_of[k] for n, k in names.items() if k in scale_of},
-        owned=True,
-        shapes={n: tuple(shapes[k]) for n, k in names.items()},
-    )
-    load_tensors(model, source, lambda name: "all", device, dtype, what="of the text model", storage=storage)
-    return model.eval().requires_grad_(False)
+    return load_prefixed_model(path, TEXT_PREFIX, build, device, dtype, storage, comfy_fp8_layers=False)
 
 
 def _load_qwen3_gguf(path, device, dtype: torch.dtype, storage: str, overrides) -> nn.Module:
@@ -109,31 +86,23 @@ def _load_qwen3_gguf(path, device, dtype: torch.dtype, storage: str, overrides) 
     from transformers import Qwen3Config, Qwen3Model
 
     from ...gguf.reader import GGUFFile
-    from ...gguf.text_model import llama_cpp_names, text_source_fields
+    from ...gguf.text_model import load_llama_cpp_model
 
     file = GGUFFile(Path(path).expanduser())
     with parameters_on_meta():
         model = Qwen3Model(Qwen3Config(**qwen3_text_config(_gguf_shapes(file), _gguf_overrides(file, overrides))))
-    wanted = [n for n, _ in model.named_parameters()]
-    mapping = llama_cpp_names(file, [TEXT_PREFIX + n for n in wanted])
-    names = {n: mapping.get(TEXT_PREFIX + n, f"(no tensor for {n})") for n in wanted}
-    source = TensorSource(**text_source_fields(file, names))
-    load_tensors(model, source, lambda name: "all", device, dtype, what="of the text model", storage=storage)
-    return model.eval().requires_grad_(False)
+    return load_llama_cpp_model(model, file, TEXT_PREFIX, device, dtype, storage)
 
 
 def _gguf_shapes(file) -> dict[str, tuple[int, ...]]:
     """The shapes ``qwen3_text_config`` reads, under ComfyUI's names, of a qwen3 GGUF (a ConfigError naming the
     file's architecture when it is another)."""
-    from ...gguf.text_model import block_count, check_text_architecture, llama_cpp_names
+    from ...gguf.text_model import check_text_architecture, probe_shapes
 
     check_text_architecture(file, ("qwen3",), "Qwen3 (Z-Image's text encoder)")
     probe = ["embed_tokens.weight", "layers.0.mlp.gate_proj.weight"]
     probe += [f"layers.0.self_attn.{p}.weight" for p in ("q_norm", "q_proj", "k_proj")]
-    known = llama_cpp_names(file, [TEXT_PREFIX + n for n in probe])
-    shapes = {name: file.tensors[k].shape for name, k in known.items()}
-    shapes.update({f"{TEXT_PREFIX}layers.{i}.": () for i in range(block_count(file))})  # the config counts layers
-    return shapes
+    return probe_shapes(file, TEXT_PREFIX, probe)
 
 
 def _gguf_overrides(file, overrides: Mapping[str, Any] | None) -> dict[str, Any]:
