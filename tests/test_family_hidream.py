@@ -122,3 +122,17 @@ def test_missing_llama_states_and_worker_text_encoding_are_refused(comps):
     with pytest.raises(ConfigError):  # the tiny folder has no encoders: refused before that
         encode_prompt(comps, "hidream-i1", ["a cat"])
     assert registry.family("hidream-i1").comfy_conditioning.keys[0] == "conditioning_llama3"
+
+
+def test_pipefusion_ends_load_only_their_layers():
+    """The shape trace (models.extra_roles, no Llama states) finds the first stage's embedders and caption
+    projections (1 GB at the real size) and leaves the last stage only the output layer."""
+    from diffusers import HiDreamImageTransformer2DModel
+
+    from parallel_runtime.models.extra_roles import trace_extra_roles
+    from parallel_runtime.models.single_file import shipped_config
+
+    base, _ = shipped_config("hidream-i1-17b")
+    roles = trace_extra_roles(HiDreamImageTransformer2DModel, base)
+    assert roles.traced and {n.split(".")[0] for n in roles.final} == {"final_layer"}
+    assert {f"caption_projection.{i}.linear.weight" for i in range(49)} <= roles.embed

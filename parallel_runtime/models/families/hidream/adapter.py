@@ -20,6 +20,7 @@ Timestep: sigma x 1000 (ComfyUI's ModelSamplingDiscreteFlow, multiplier 1000).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -32,7 +33,7 @@ from ...config_sizes import ConfigSizes
 from ...sampling_spec import discrete_flow_sampling
 from ..flux.latent import latent_format as flux_latent_format
 from . import ID
-from .conditioning import llama_states
+from .conditioning import HiDreamText, llama_states
 
 DOUBLE, SINGLE = "double_stream_blocks", "single_stream_blocks"
 PROCESSOR = "HiDreamAttnProcessor"
@@ -93,6 +94,9 @@ class HiDreamAdapter(ModelAdapter):
                 "encode the prompt with ComfyUI's QuadrupleCLIPLoader and CLIPTextEncode",
             )
         layers = list(t.config.llama_layers)
+        if x.device.type == "meta" and not isinstance(cond.extras, HiDreamText):  # models.extra_roles' shape trace
+            width = int(t.config.caption_channels[1])
+            cond = dataclasses.replace(cond, extras=HiDreamText(x.new_zeros(x.shape[0], max(layers) + 1, 1, width)))
         states = llama_states(cond, max(layers) + 1)
         rows, cols = self.grid_of(x)
         img = t.x_embedder(self.patchify(x))
