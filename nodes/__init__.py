@@ -19,6 +19,7 @@ from .public_form import node_classes
 from .sampler import ParallelSampler
 from .sampler_advanced import ParallelSamplerAdvanced
 from .text_encode import ParallelTextEncode
+from .text_encode_edit import ParallelTextEncodeQwenImageEdit, ParallelTextEncodeQwenImageEditPlus
 from .unload import ParallelRuntimeUnload
 from .vae_decode import ParallelVAEDecode
 
@@ -27,6 +28,8 @@ NODES = [
     ParallelLoraLoader,
     ParallelControlNetLoader,
     ParallelTextEncode,
+    ParallelTextEncodeQwenImageEdit,
+    ParallelTextEncodeQwenImageEditPlus,
     ParallelEmptyLatent,
     ParallelSampler,
     ParallelSamplerAdvanced,

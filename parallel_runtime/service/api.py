@@ -257,6 +257,14 @@ class ParallelModel:
         conds = self._run(encode_text, prompts, loras=stack_entries(self.loras), should_cancel=should_cancel)
         return concat_conditioning(*conds)
 
+    def encode_edit_text(self, prompt, text_encoder, images: list, mode: str = "edit_plus", should_cancel=None):
+        """Conditioning of a Qwen-Image-Edit prompt with ComfyUI IMAGEs in it (``service.edit_text_job``)."""
+        from .edit_text_job import check_edit_text_request, encode_edit_text_file
+
+        path, tokenizer = check_edit_text_request(self.family, text_encoder, list(images), mode)
+        job = (encode_edit_text_file, path, tokenizer, input_checks.prompts(prompt), list(images), mode)
+        return concat_conditioning(*self._run(*job, should_cancel=should_cancel))
+
     def sample(
         self,
         positive: Conditioning | Branch,

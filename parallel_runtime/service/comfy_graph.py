@@ -197,6 +197,27 @@ def encode(
     return from_runtime(cond)
 
 
+def encode_edit(
+    model: ParallelModel,
+    text: str,
+    text_encoder: tuple[str, str | None] | None,
+    images: list[Any],
+    mode: str,
+    vae: Any = None,
+) -> list[list[Any]]:
+    """ComfyUI CONDITIONING of a Qwen-Image-Edit prompt with ``images`` (IMAGEs, None for an empty input) in it
+    (``mode`` "edit" / "edit_plus", see ``ParallelModel.encode_edit_text``) and, with a ComfyUI ``vae``, each
+    image's ``reference_latents`` made from the pixels ComfyUI's node scales for it."""
+    from ..models.families.qwen_image.edit_prompt import reference_pixels
+
+    conditioning = from_runtime(model.encode_edit_text(text, text_encoder, images, mode))
+    given = [image for image in images if image is not None]
+    if vae is None or not given:
+        return conditioning
+    latents = [vae.encode(reference_pixels(image, mode)) for image in given]
+    return [[c, {**o, "reference_latents": [*o.get("reference_latents", []), *latents]}] for c, o in conditioning]
+
+
 def decode(model: ParallelModel, samples: object) -> torch.Tensor:
     """ComfyUI IMAGE [B, H, W, 3] in 0..1 of a LATENT (a video's frames one after another)."""
     latent = samples.get("samples") if isinstance(samples, Mapping) else None

@@ -49,7 +49,7 @@ def _expected(case: dict) -> torch.Tensor:
 
 def test_workers_encode_edit_prompts_like_comfyui(cpu_pool, comfy_snapshot, tiny_file):
     """Every case (Edit with one 1 MP image: many vision windows; EditPlus with two and three images of odd
-    aspects; EditPlus without an image) on a Ulysses-2 pool's text rank."""
+    aspects, with only image2 connected (it stays "Picture 2"), without an image) on a Ulysses-2 pool's text rank."""
     from parallel_runtime.service.edit_text_job import encode_edit_text_file
     from parallel_runtime.service.load_job import load_model
 
@@ -57,7 +57,7 @@ def test_workers_encode_edit_prompts_like_comfyui(cpu_pool, comfy_snapshot, tiny
     pool = cpu_pool(ParallelConfig(ulysses=2))
     pool.submit(load_model, str(DATA / "tiny_qwen_image_bf16.safetensors"), "fp32", "sdpa").result(300)
     for case in REFERENCE["cases"]:
-        images = [smooth_image(*spec) for spec in case["images"]]
+        images = [None if spec is None else smooth_image(*spec) for spec in case["images"]]
         job = encode_edit_text_file, str(tiny_file), tokenizer, [case["prompt"]], images, _mode(case), TEXT, VISION
         (got,) = pool.submit(*job).result(300)
         expected = _expected(case)
@@ -132,7 +132,7 @@ def test_edit_plus_prompt_equals_transformers_qwen2_5_vl_where_the_orders_agree(
         patches, grid = image_patches(edit_prompt.area_scaled(image, 384 * 384))
         rows.append(patches)
         grids.append(grid)
-    text = edit_prompt.edit_prompt_text(prompt, 2, "edit_plus")
+    text = edit_prompt.edit_prompt_text(prompt, [1, 2], "edit_plus")
     for t, h, w in grids:  # the processor's expansion: one <|image_pad|> per merged token
         text = text.replace("<|image_pad|>", "<|placeholder|>" * (t * h * w // 4), 1)
     ids = tokenizer(text.replace("<|placeholder|>", "<|image_pad|>"), return_tensors="pt").input_ids
@@ -148,3 +148,97 @@ def test_edit_plus_prompt_equals_transformers_qwen2_5_vl_where_the_orders_agree(
     expected = out.hidden_states[-1][:, drop:]
     assert got.shape == expected.shape
     assert (got - expected).abs().max() <= BOUND
+
+
+class _RecordingModel:
+    """The runtime model's face the nodes use: answers with ComfyUI's stored conditioning for the case."""
+
+    def __init__(self, case: dict):
+        self.case, self.calls = case, []
+
+    def encode_edit_text(self, prompt, text_encoder, images, mode):
+        from parallel_runtime.models.base import Conditioning
+
+        self.calls.append((prompt, text_encoder, images, mode))
+        return Conditioning(_expected(self.case))
+
+
+class _RecordingVAE:
+    def __init__(self):
+        self.seen = []
+
+    def encode(self, pixels):
+        self.seen.append(pixels)
+        return pixels.movedim(-1, 1)[:, :, ::8, ::8]
+
+
+@pytest.mark.parametrize("name", [c["name"] for c in REFERENCE["cases"]])
+def test_edit_nodes_mirror_comfyuis_inputs_and_reference_latents(tmp_path, name):
+    """The Parallel nodes pass the prompt, the images in their slots and the mode on, and make each reference
+    latent from the pixels ComfyUI's node scales for the VAE (sizes; values to float32 rounding)."""
+    import types
+
+    from node_helpers import RecordingBridge
+    from pack_import import load_pack
+
+    load_pack()
+    from dit_parallel_pack.nodes import text_encode_edit
+
+    case = next(c for c in REFERENCE["cases"] if c["name"] == name)
+    (tmp_path / "qwen_2.5_vl_7b.safetensors").write_bytes(b"")
+    (tmp_path / "qwen_2.5_vl_7b_tokenizer").mkdir()
+    model = _RecordingModel(case)
+    bridge = RecordingBridge(folders={"text_encoders": [str(tmp_path)]})
+    handle = types.SimpleNamespace(model=lambda: model, context=types.SimpleNamespace(bridge=bridge))
+    images = [None if spec is None else smooth_image(*spec) for spec in case["images"]]
+    vae = _RecordingVAE()
+    if case["node"] == "TextEncodeQwenImageEdit":
+        node, slots = text_encode_edit.ParallelTextEncodeQwenImageEdit(), {"image": images[0] if images else None}
+    else:
+        node = text_encode_edit.ParallelTextEncodeQwenImageEditPlus()
+        slots = {f"image{i + 1}": images[i] if i < len(images) else None for i in range(3)}
+    ((conditioning, options),) = node.encode(handle, case["prompt"], "qwen_2.5_vl_7b.safetensors", vae, **slots)[0]
+    ((prompt, encoder, sent, mode),) = model.calls
+    assert prompt == case["prompt"] and mode == _mode(case)
+    assert encoder == (str(tmp_path / "qwen_2.5_vl_7b.safetensors"), str(tmp_path / "qwen_2.5_vl_7b_tokenizer"))
+    assert [s is None for s in sent] == [s is None for s in (list(slots.values()))]
+    assert torch.equal(conditioning, _expected(case))
+    assert len(options.get("reference_latents", [])) == len(vae.seen) == len(case["vae_pixels"])
+    for pixels, summary in zip(vae.seen, case["vae_pixels"]):
+        flat = pixels.double().flatten()
+        assert list(pixels.shape) == summary["shape"]
+        assert abs(flat.sum().item() - summary["sum"]) <= 1e-6 * flat.numel()
+        assert abs((flat * flat).sum().item() - summary["sum_squares"]) <= 1e-6 * flat.numel()
+        sample = torch.tensor(summary["every_9973rd"]["data"], dtype=torch.float64)
+        assert (flat[::9973] - sample).abs().max() <= 1e-6
+
+
+def test_edit_requests_are_checked_on_the_host(tmp_path, tiny_file):
+    """What the workers cannot do is refused before any job: another family, no file, more images than the
+    node takes, something that is not an IMAGE, a file without the vision tower."""
+    from safetensors.torch import save_file
+
+    from parallel_runtime.service.edit_text_job import check_edit_text_request
+
+    tokenizer = str(tmp_path / "tokenizer")
+    image = smooth_image(40, 40, 0)
+    assert check_edit_text_request("qwen-image", (str(tiny_file), tokenizer), [image, None], "edit_plus") == (
+        str(tiny_file),
+        tokenizer,
+    )
+    refusals = [
+        ("flux", (str(tiny_file), tokenizer), [image], "edit_plus", "Qwen-Image-Edit prompt for a flux model"),
+        ("qwen-image", None, [image], "edit_plus", "no text-encoder file"),
+        ("qwen-image", (str(tiny_file), tokenizer), [image, image], "edit", "2 images for a edit prompt"),
+        ("qwen-image", (str(tiny_file), tokenizer), [image[0]], "edit_plus", "image 1 is not an IMAGE"),
+    ]
+    for family_id, encoder, images, mode, message in refusals:
+        with pytest.raises(ConfigError, match=message):
+            check_edit_text_request(family_id, encoder, images, mode)
+    text_only = {k: v.to(torch.bfloat16) for k, v in comfy_state().items() if k.startswith("model.")}
+    save_file(text_only, str(tmp_path / "qwen_2.5_vl_7b.safetensors"))
+    with pytest.raises(ConfigError, match="has no vision tower"):
+        check_edit_text_request(
+            "qwen-image", (str(tmp_path / "qwen_2.5_vl_7b.safetensors"), tokenizer), [image], "edit"
+        )
+    assert check_edit_text_request("qwen-image", (str(tmp_path / "qwen_2.5_vl_7b.safetensors"), tokenizer), [], "edit")

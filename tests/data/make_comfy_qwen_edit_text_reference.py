@@ -8,7 +8,8 @@ Run by hand (not in CI) with the Python of ComfyUI's venv (tests/comfyui/comfy_e
 
 What it does, all on the CPU: saves the tiny Qwen2.5-VL of ``qwen_vl_tiny_weights`` (text + vision tower) as a
 bf16 ComfyUI text-encoder file, loads it with ``comfy.sd.load_clip`` (type Qwen-Image) and runs both nodes (no
-VAE: only the text side) on the images of ``qwen_vl_tiny_weights.smooth_image``; stores each CONDITIONING.
+real VAE: a recording one whose ``encode`` keeps the pixels the node scaled for each reference latent) on the
+images of ``qwen_vl_tiny_weights.smooth_image``; stores each CONDITIONING and a summary of those pixels.
 
 Patched, all sizes: ComfyUI builds Qwen2.5-VL-7B's text config and a 1280-wide, 32-block vision tower
 (full attention in blocks 7, 15, 23, 31) whatever the file holds, and recognises the model by a 512-wide
@@ -41,6 +42,8 @@ CASES = [  # node, prompt, images as (height, width, seed)
      "prompt": "put the cat of picture 2 next to the fox", "images": [[200, 120, 1], [150, 150, 2]]},
     {"name": "edit_plus_three_images", "node": "TextEncodeQwenImageEditPlus", "prompt": "a collage",
      "images": [[64, 64, 3], [300, 100, 4], [90, 180, 5]]},
+    {"name": "edit_plus_image2_only", "node": "TextEncodeQwenImageEditPlus", "prompt": "the same in winter",
+     "images": [None, [120, 200, 6]]},
     {"name": "edit_plus_no_image", "node": "TextEncodeQwenImageEditPlus", "prompt": "a red fox", "images": []},
 ]  # fmt: skip
 
@@ -87,6 +90,23 @@ def load_clip(path: Path, cfg: TinyQwenVL):
         return comfy.sd.load_clip(ckpt_paths=[str(path)], clip_type=comfy.sd.CLIPType.QWEN_IMAGE)
 
 
+class RecordingVAE:
+    """Stands in for the VAE: keeps what the node encodes and returns it 8x smaller (a "latent")."""
+
+    def __init__(self):
+        self.seen = []
+
+    def encode(self, pixels):
+        self.seen.append(pixels.clone())
+        return pixels.movedim(-1, 1)[:, :, ::8, ::8]
+
+
+def pixel_summary(pixels: torch.Tensor) -> dict:
+    flat = pixels.double().flatten()
+    return {"shape": list(pixels.shape), "sum": float(flat.sum()), "sum_squares": float((flat * flat).sum()),
+            "every_9973rd": tensor_json(flat[::9973].float(), digits=8)}  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--comfy", type=Path, default=Path("/work/shared/ComfyUI"))
@@ -105,14 +125,23 @@ def main() -> None:
         results = []
         for case in CASES:
             node = getattr(nodes_qwen, case["node"])
-            images = [smooth_image(*spec) for spec in case["images"]]
+            images = [None if spec is None else smooth_image(*spec) for spec in case["images"]]
+            vae = RecordingVAE()
             if case["node"] == "TextEncodeQwenImageEdit":
-                out = node.execute(clip, case["prompt"], image=images[0] if images else None)
+                out = node.execute(clip, case["prompt"], vae=vae, image=images[0] if images else None)
             else:
-                out = node.execute(clip, case["prompt"], **{f"image{i + 1}": im for i, im in enumerate(images)})
+                named = {f"image{i + 1}": im for i, im in enumerate(images)}
+                out = node.execute(clip, case["prompt"], vae=vae, **named)
             ((cond, extra),) = out.result[0]
             assert "attention_mask" not in extra, extra.keys()
-            results.append({**case, "conditioning": tensor_json(cond.float(), digits=7)})
+            assert len(extra.get("reference_latents", [])) == len(vae.seen)
+            results.append(
+                {
+                    **case,
+                    "conditioning": tensor_json(cond.float(), digits=7),
+                    "vae_pixels": [pixel_summary(p) for p in vae.seen],
+                }
+            )
             print(f"{case['name']}: {list(cond.shape)} mean |x| {cond.float().abs().mean():.4f}")
 
     reference = {

@@ -39,12 +39,13 @@ USER_TURN = "<|im_start|>user\n"
 IMAGE_AREA = {"edit": 1024 * 1024, "edit_plus": 384 * 384}
 
 
-def edit_prompt_text(prompt: str, images: int, mode: str) -> str:
-    """The text the tokenizer sees: "edit" puts its image before the prompt, "edit_plus" names each
-    ("Picture 1: ..."); "edit" with no image is Qwen-Image's plain prompt."""
+def edit_prompt_text(prompt: str, pictures: Sequence[int], mode: str) -> str:
+    """The text the tokenizer sees: "edit" puts its image before the prompt, "edit_plus" names each by its input
+    ("Picture 2: ..." for an image on image2, whatever image1 holds); "edit" with no image is Qwen-Image's plain
+    prompt."""
     if mode == "edit":
-        return EDIT_TEMPLATE.format(IMAGE_SLOT + prompt) if images else QWEN_TEMPLATE.format(prompt)
-    slots = "".join(f"Picture {i + 1}: {IMAGE_SLOT}" for i in range(images))
+        return EDIT_TEMPLATE.format(IMAGE_SLOT + prompt) if pictures else QWEN_TEMPLATE.format(prompt)
+    slots = "".join(f"Picture {n}: {IMAGE_SLOT}" for n in pictures)
     return EDIT_TEMPLATE.format(slots + prompt)
 
 
@@ -55,6 +56,19 @@ def area_scaled(image: torch.Tensor, area: int) -> torch.Tensor:
     scale = math.sqrt(area / (height * width))
     size = (round(height * scale), round(width * scale))
     return F.interpolate(image.movedim(-1, 0).unsqueeze(0).float(), size=size, mode="area")[0].movedim(0, -1)
+
+
+def reference_pixels(image: torch.Tensor, mode: str) -> torch.Tensor:
+    """The IMAGE ([B, H, W, C]) a reference latent is encoded from, as ComfyUI's nodes scale it: about 1024x1024
+    pixels by area averaging, the sides rounded ("edit") or rounded to multiples of 8 ("edit_plus"); 3 channels."""
+    height, width = image.shape[1], image.shape[2]
+    scale = math.sqrt(IMAGE_AREA["edit"] / (height * width))
+    if mode == "edit":
+        size = (round(height * scale), round(width * scale))
+    else:
+        size = (round(height * scale / 8.0) * 8, round(width * scale / 8.0) * 8)
+    pixels = F.interpolate(image.movedim(-1, 1).float(), size=size, mode="area").movedim(1, -1)
+    return pixels[..., :3]
 
 
 def mrope_positions(pieces: Sequence[int | tuple[int, int]]) -> torch.Tensor:
@@ -79,14 +93,17 @@ def encode_qwen_image_edit(
     tower: nn.Module | None,
     tokenizer,
     prompts: Sequence[str],
-    images: Sequence[torch.Tensor],
+    images: Sequence[torch.Tensor | None],
     mode: str = "edit_plus",
 ) -> Conditioning:
-    """Conditioning of ``prompts``, each with ``images`` ([H, W, C] or [1, H, W, C] in [0, 1]) in it."""
+    """Conditioning of ``prompts``, each with ``images`` ([H, W, C] or [B, H, W, C] in [0, 1]; the first of a
+    batch, as ComfyUI; None: an input left empty, which keeps the pictures' numbers) in it."""
     if mode not in MODES:
         raise ValueError(f"mode {mode!r}: one of {MODES}")
     if len(images) > MAX_IMAGES[mode]:
         raise ValueError(f"{len(images)} images for {mode}: at most {MAX_IMAGES[mode]}")
+    pictures = [n + 1 for n, image in enumerate(images) if image is not None]
+    images = [image for image in images if image is not None]
     device = loaded_device_of(encoder)
     table = encoder.get_input_embeddings()
     seen = []
@@ -97,7 +114,7 @@ def encode_qwen_image_edit(
     pad = tokenizer.convert_tokens_to_ids(IMAGE_PAD)
     kept = []
     for prompt in prompts:
-        text = edit_prompt_text(prompt, len(seen), mode)
+        text = edit_prompt_text(prompt, pictures, mode)
         ids = tokenizer(text, return_tensors="pt").input_ids[0].to(device)
         template = EDIT_TEMPLATE if seen or mode == "edit_plus" else QWEN_TEMPLATE
         drop = len(tokenizer(template.split(USER_TURN)[0] + USER_TURN).input_ids)
