@@ -1,5 +1,5 @@
 """FLUX.2 reference images equal diffusers' Flux2Pipeline ``image=`` on one device and our single device on
-Ulysses 2 / Ring 2 / CFG 2 (the reference tokens split with the image's, on both CFG branches).
+Ulysses 2 / Ring 2 / CFG 2 (the reference tokens split with the image's, on both CFG branches) and PipeFusion 2.
 
 Oracle: Flux2Pipeline on the tiny FLUX.2 components with two reference images of different sizes (ComfyUI
 0.3.64 has no FLUX.2): the references it VAE-encodes are given to our sampler as ``reference_latents`` (a FLUX.2
@@ -19,6 +19,7 @@ from dit_devtools.tiny import ensure_tiny_model
 from parallel_runtime.denoise.entries import CondEntry
 from parallel_runtime.denoise.loop import denoise_latent
 from parallel_runtime.denoise.model_sampling import model_sampling_for
+from parallel_runtime.denoise.regions import Region
 from parallel_runtime.denoise.settings import SamplingSettings
 from parallel_runtime.errors import ConfigError
 from parallel_runtime.models.families.flux2.comfy_inputs import reference_images
@@ -103,8 +104,8 @@ def test_reference_ids_follow_flux2_pipeline():
 
 
 def test_flux2_reference_errors_say_what_why_fix():
-    """The offset placement has no FLUX.2 convention, a latent of another VAE is refused, and PipeFusion refuses
-    reference images on the host."""
+    """The offset placement has no FLUX.2 convention and a latent of another VAE is refused; PipeFusion takes
+    reference images, but not on an area's entry nor with a block cache."""
     with pytest.raises(ConfigError, match="why:"):
         reference_images(
             {"reference_latents": [torch.zeros(1, 16, 4, 4)], "reference_latents_method": "offset"}, {}, "positive"
@@ -114,8 +115,12 @@ def test_flux2_reference_errors_say_what_why_fix():
     refs = reference_images({"reference_latents": [torch.zeros(1, 16, 4, 4)]}, {}, "positive")
     entry = CondEntry(dataclasses.replace(_text(), extras=refs))
     check_branches_for_layout(ParallelConfig(ulysses=2), 1.0, (entry,), None)
-    with pytest.raises(ConfigError, match="PipeFusion"):
-        check_branches_for_layout(ParallelConfig(pp=2), 1.0, (entry,), None)
+    check_branches_for_layout(ParallelConfig(pp=2), 1.0, (entry,), None)  # PipeFusion runs them (per-step K/V)
+    with pytest.raises(ConfigError, match="block cache"):
+        check_branches_for_layout(ParallelConfig(pp=2), 1.0, (entry,), None, block_cache=True)
+    with pytest.raises(ConfigError, match="area"):
+        boxed = dataclasses.replace(entry, region=Region(area_fraction=(0.5, 0.5, 0.0, 0.0)))
+        check_branches_for_layout(ParallelConfig(pp=2), 1.0, (boxed,), None)
 
 
 def _text():
@@ -130,6 +135,7 @@ LAYOUTS = {
     "ulysses2": ParallelConfig(ulysses=2),
     "ring2": ParallelConfig(ring=2),
     "cfg2": ParallelConfig(cfg=2),
+    "pipefusion2": ParallelConfig(pp=2),  # every step warmup: exact (tests/test_pipefusion_references.py: stale)
 }
 
 
@@ -154,6 +160,7 @@ def test_flux2_references_on_every_sequence_layout_equal_single_device(cpu_pool,
     pos, neg, latent, settings, expected = single_device
     pool = cpu_pool(LAYOUTS[layout])
     pool.submit(load_model, str(ensure_tiny_model("tiny-flux2")), "fp32", "sdpa").result(300)
-    got = pool.submit(generate, pos, neg, latent, settings).result(300)
+    pipefusion = {"warmup": STEPS} if LAYOUTS[layout].pp > 1 else {}
+    got = pool.submit(generate, pos, neg, latent, settings, **pipefusion).result(300)
     assert got.shape == expected.shape
     assert (got - expected).abs().max().item() <= TOLERANCE * max(1.0, expected.abs().max().item())

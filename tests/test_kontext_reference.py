@@ -10,6 +10,7 @@ reference tokens split over the ranks with the image's) and CFG 2.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import math
@@ -20,6 +21,7 @@ import torch
 from pack_import import load_pack  # tests/ helper
 
 from parallel_runtime.denoise.entries import CondEntry
+from parallel_runtime.denoise.regions import Region
 from parallel_runtime.errors import ConfigError
 from parallel_runtime.models.base import Conditioning
 from parallel_runtime.models.families.flux.comfy_inputs import reference_images
@@ -142,7 +144,8 @@ def test_offset_and_index_placements():
 
 
 def test_reference_errors_say_what_why_fix():
-    """Wrong channels, an unknown placement, and PipeFusion are refused on the host."""
+    """Wrong channels and an unknown placement are refused on the host; PipeFusion takes reference images, but not
+    on an area's entry nor with a block cache."""
     bad = [
         ({"reference_latents": [torch.zeros(1, 4, 8, 8)]}, {"latent_channels": 16}),
         ({"reference_latents": [torch.zeros(1, 16, 8, 8)], "reference_latents_method": "uxo"}, {}),
@@ -153,5 +156,9 @@ def test_reference_errors_say_what_why_fix():
     refs = reference_images({"reference_latents": [torch.zeros(1, 16, 4, 4)]}, {}, "positive")
     entry = CondEntry(Conditioning(torch.zeros(1, 3, 32), torch.zeros(1, 24), None, refs))
     check_branches_for_layout(ParallelConfig(ulysses=2), 1.0, (entry,), None)
-    with pytest.raises(ConfigError, match="PipeFusion"):
-        check_branches_for_layout(ParallelConfig(pp=2), 1.0, (entry,), None)
+    check_branches_for_layout(ParallelConfig(pp=2), 1.0, (entry,), None)  # PipeFusion runs them (per-step K/V)
+    with pytest.raises(ConfigError, match="block cache"):
+        check_branches_for_layout(ParallelConfig(pp=2), 1.0, (entry,), None, block_cache=True)
+    with pytest.raises(ConfigError, match="area"):
+        boxed = dataclasses.replace(entry, region=Region(area_fraction=(0.5, 0.5, 0.0, 0.0)))
+        check_branches_for_layout(ParallelConfig(pp=2), 1.0, (boxed,), None)

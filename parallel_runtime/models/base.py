@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
@@ -320,7 +321,8 @@ class ModelAdapter(abc.ABC):
         (token rows, cols) in the stacked view; text fields are the full text. Split over "sp" like
         :meth:`embed`. This default embeds the band placed in an otherwise zero latent and keeps the band's
         tokens, which is exact when each token's embedding depends only on its own latent patch and its
-        position (Flux, SD3, PixArt, Wan); a family may override it with a cheaper band-only computation."""
+        position (Flux, SD3, PixArt, Wan); a family may override it with a cheaper band-only computation.
+        Reference-image tokens of ``cond`` (edit models) follow the band's (``ref_tokens``)."""
         p = self.plan.patch_size
         (r0, r1), w = rows, full_size[-1]
         h = math.prod(full_size[:-1])
@@ -340,19 +342,14 @@ class ModelAdapter(abc.ABC):
         timestep = _batched(timestep, batch, full.device)
         guidance = None if guidance is None else _batched(guidance, batch, full.device)
         acts = self.embed_full(full, timestep, cond.to(full.device, self.dtype), guidance)
-        if acts.ref_tokens:
-            raise ConfigError(
-                f"{self.family}: a PipeFusion patch with {acts.ref_tokens} reference-image tokens",
-                "PipeFusion's stale K/V buffers hold the image's tokens only",
-                "run reference images (Kontext / edit models) with ulysses, ring or cfg parallelism",
-            )
         t0, t1 = r0 // p * cols, r1 // p * cols
+        end, refs = acts.img_tokens, acts.ref_tokens  # reference tokens (edit models) stay, after the band's
         changes: dict[str, Any] = {"grid": ((r1 - r0) // p, cols)}
         for field in self.plan.image_fields:
             value = getattr(acts, field)
             if value is not None:
                 dim = self.token_dim(field)
-                narrow = lambda t, d=dim: t.narrow(d, t0, t1 - t0)  # noqa: E731
+                narrow = functools.partial(token_grid.band_and_tail, dim=dim, band=(t0, t1), end=end, tail=refs)
                 changes[field] = tuple(map(narrow, value)) if isinstance(value, tuple) else narrow(value)
         return shard_activations(acts.replace(**changes), self.plan.splits, mesh)
 

@@ -88,3 +88,12 @@ def stacked(x: torch.Tensor) -> torch.Tensor:
 def unstacked(x: torch.Tensor, size: tuple[int, ...]) -> torch.Tensor:
     """The stacked view back to [B, C, *size] (``size`` = (H, W) or (T, H, W))."""
     return x.reshape(*x.shape[:2], *size)
+
+
+def band_and_tail(t: torch.Tensor, dim: int, band: tuple[int, int], end: int, tail: int) -> torch.Tensor:
+    """Tokens ``band`` of ``t`` along ``dim``, then the ``tail`` tokens from ``end`` on (an edit model's
+    reference tokens after the image's)."""
+    t0, t1 = band
+    if not tail or t1 == end:
+        return t.narrow(dim, t0, t1 - t0 + tail)
+    return torch.cat([t.narrow(dim, t0, t1 - t0), t.narrow(dim, end, tail)], dim=dim)

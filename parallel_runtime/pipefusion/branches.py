@@ -35,10 +35,17 @@ from ..denoise.entries import (
 from ..denoise.regions import Placement, pair_areas, place
 from ..errors import ConfigError
 from ..models.base import Conditioning
+from ..models.reference_latents import reference_count
 from ..parallel.collectives import all_gather_cat
 from ..parallel.mesh import ParallelMesh
 from ..sampling import Guided, ModelSampling, cfg_combine, uses_uncond
 from .schedule import Band
+
+REFERENCES_WITH_AREAS = (
+    "reference images (ReferenceLatent) on a conditioning entry with an area under PipeFusion",
+    "PipeFusion keeps the reference tokens' K/V per stream of the whole image; an area's window is not one",
+    "put the reference images on an entry without ConditioningSetArea, or use a layout without PipeFusion",
+)
 
 
 def refuse_control(entries: list[CondEntry]) -> None:
@@ -93,6 +100,15 @@ class Stream:
     cols: tuple[int, int]  # ... and columns
     whole: bool  # the window is the whole latent
     patch: int
+
+    @property
+    def references(self) -> int:
+        """Reference-image tokens (edit models) the stream's model call appends to the image's."""
+        return reference_count(self.cond)
+
+    def cond_for(self, with_references: bool) -> Conditioning:
+        """The stream's conditioning, without its reference images when the item reads their kept K/V."""
+        return self.cond if with_references or not self.references else dataclasses.replace(self.cond, extras=None)
 
     @property
     def tokens(self) -> int:
@@ -163,6 +179,8 @@ class Branches:
             group = [m for m in members if _joins(m, first)]
             members = [m for m in members if not any(m is g for g in group)]
             self.streams.append(self._stream(len(self.streams), group, batch, patch, guidance, mesh.device))
+        if any(s.references and not s.whole for s in self.streams):
+            raise ConfigError(*REFERENCES_WITH_AREAS)
 
     @staticmethod
     def _stream(

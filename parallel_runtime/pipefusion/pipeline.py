@@ -21,6 +21,8 @@ has its send, nothing is left in flight for the next job. Every point-to-point w
 messages carry a per-generation tag. Warmup steps (``warmup``) run synchronously on the whole image
 through the same stages, which fills the K/V buffers; with ``warmup >= steps`` the result equals the
 single-device denoise loop's (:func:`parallel_runtime.denoise.loop.denoise_latent`).
+
+Reference images (edit models) ride with the image, run once per step by each stage (:mod:`.references`).
 """
 
 from __future__ import annotations
@@ -47,8 +49,9 @@ from ..sampling import Guided, ModelSampling, final_sigma, sampler_spec
 from .block_cache_stage import STEP_CACHE_UNDER_PIPEFUSION, StageBlockCache
 from .branches import Branches
 from .patch_samplers import PatchSamplers
+from .references import carries_references, check_references
 from .run_settings import PipeFusionSettings, PipeFusionStats
-from .schedule import Band, Item, PipelineSchedule, build_schedule, default_patches, sampler_rounds
+from .schedule import Band, Item, PipelineSchedule, build_schedule, default_patches, receive_plan, sampler_rounds
 from .stale_kv import ItemTokens, StaleKVCache, run_block_stale
 from .transport import ActivationFormat
 
@@ -166,6 +169,9 @@ class Pipeline:
             rounds = sampler_rounds(settings.sampler, self.sigmas, ms, settings.eta, settings.s_noise)
             self.sched = build_schedule(rounds, (self.rows, self.cols), self.patches, self.pp, options.warmup)
             self.branches.check_bands(self._bands_used())
+        if any(stream.references for stream in self.branches.streams):
+            check_references(settings, options, self.sigmas)
+        self.reference_tokens = 0  # reference tokens this stage ran through its blocks (stats)
         self.joint = adapter.plan.text_attention == "joint"
         self.text_tokens: dict[int, int] = {}  # per stream
         self.reporter = self.last and mesh.rank("cfg") == 0 and mesh.rank("sp") == 0
@@ -218,7 +224,7 @@ class Pipeline:
         with torch.no_grad():
             formats = self._setup()
             samplers = self._patch_samplers(sched) if self.last else None
-            posts = self._receive_plan(sched)
+            posts = receive_plan(sched, self.stage)
             if samplers is not None:
                 samplers.send_initial()
             for k in posts.get(-1, []):
@@ -267,6 +273,7 @@ class Pipeline:
             bubble_fraction=0.0 if sched is None else sched.bubble_fraction(),
             sent_bytes=self.mesh.stats.snapshot(),
             kv_buffer_bytes=0 if self.cache is None else self.cache.buffer_bytes,
+            reference_tokens=self.reference_tokens,
             seconds=dict(self.seconds),
             agreements=self.agreements,
             cache=[] if self.block_cache is None else [self.block_cache.summary()],
@@ -287,24 +294,6 @@ class Pipeline:
         )
 
     # -- messages ----------------------------------------------------------------------------------
-    def _receive_plan(self, sched: PipelineSchedule) -> dict[int, list[int]]:
-        """slot -> items whose message to this rank is sent in that slot (-1: during setup).
-
-        A receive is posted at the start of the slot in which its sender sends, so it overlaps the
-        sender's compute, and at a cancel (agreed at the end of a slot) every posted receive has
-        its send: nothing is left in flight for the next job."""
-        plan: dict[int, list[int]] = {}
-        if self.first:  # latents from the last stage, sent when all of an item's deps are done
-            when = {k: t for t, k in enumerate(sched.slots[self.pp - 1]) if k is not None}
-            for item in sched.items:
-                t = max((when[d] for d in item.deps), default=-1)
-                plan.setdefault(t, []).append(item.index)
-        else:  # activations from the previous stage, sent in the slot it computes them
-            for t, k in enumerate(sched.slots[self.stage - 1]):
-                if k is not None:
-                    plan.setdefault(t, []).append(k)
-        return plan
-
     def _post(self, k: int, formats: dict[str, ActivationFormat]) -> None:
         assert self.sched is not None
         band = self.sched.items[k].band
@@ -427,6 +416,7 @@ class Pipeline:
         """The band's embeddings for each stream whose window it touches (the window's part of the band)."""
         out = []
         x = x.to(self.device).float()
+        with_refs = carries_references(band, self.options)
         for stream in self.branches.streams_in(band):
             xb = stream.input(x, band)
             sigma_b = torch.as_tensor(sigma, dtype=torch.float32, device=self.device).reshape(1).expand(xb.shape[0])
@@ -444,7 +434,9 @@ class Pipeline:
                 self.full_size if stream.whole else (stream.rows[1] - stream.rows[0], stream.cols[1] - stream.cols[0])
             )
             out.append(
-                self.adapter.embed_rows(x_in, rows, size, timestep, stream.cond, self.mesh, guidance=stream.guidance)
+                self.adapter.embed_rows(
+                    x_in, rows, size, timestep, stream.cond_for(with_refs), self.mesh, guidance=stream.guidance
+                )
             )
         return out
 
@@ -456,11 +448,15 @@ class Pipeline:
         assert cache is not None
 
         streams = self.branches.streams_in(item.band)
+        with_refs = carries_references(item.band, self.options)
+        if with_refs:
+            self.reference_tokens += sum(s.references for s in streams) * len(self.stages.blocks(self.stage))
 
         def run_block(a: Activations, i: int, position: int) -> Activations:
             stream = streams[position]
+            text = self.text_tokens[stream.index]
             tokens = ItemTokens(
-                stream.index, stream.token_range(item.band), self.text_tokens[stream.index], stream.tokens
+                stream.index, stream.token_range(item.band), text, stream.tokens, stream.references, with_refs
             )
             cache.begin_item(tokens)
             return run_block_stale(self.adapter, a, i, cache)

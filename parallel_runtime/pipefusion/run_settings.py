@@ -16,6 +16,9 @@ class PipeFusionSettings:
     # Baselines for tests and benchmarks only (never better than the defaults):
     stale_kv: bool = True  # False: a patch attends only to its own fresh tokens (no K/V of the other patches)
     agree_cancel_every: Literal["step", "slot"] = "step"  # "slot": the former per-slot agreement (its cost)
+    # reference-image tokens (edit models) run with each step's first patch, their K/V kept for the step's other
+    # patches; "recomputed": with every patch; "kept": only in the whole-image (warmup) steps (see README)
+    reference_kv: Literal["per_step", "kept", "recomputed"] = "per_step"
 
 
 @dataclasses.dataclass
@@ -29,6 +32,7 @@ class PipeFusionStats:
     bubble_fraction: float
     sent_bytes: dict[str, int]
     kv_buffer_bytes: int
+    reference_tokens: int = 0  # reference-image tokens run through this stage's blocks, summed over blocks
     seconds: dict[str, float] = dataclasses.field(default_factory=dict)  # compute / receive / agree / total
     agreements: int = 0  # cancel agreements joined (once per step, plus one before the first slot)
     cache: list[dict] = dataclasses.field(default_factory=list)  # what the block cache did (its summary)

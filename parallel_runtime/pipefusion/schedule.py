@@ -250,3 +250,22 @@ def build_schedule(
 
 def _overlap(a: Band, b: Band) -> bool:
     return a.rows[0] < b.rows[1] and b.rows[0] < a.rows[1]
+
+
+def receive_plan(sched: PipelineSchedule, stage: int) -> dict[int, list[int]]:
+    """slot -> items whose message to ``stage`` is sent in that slot (-1: during setup).
+
+    A receive is posted at the start of the slot in which its sender sends, so it overlaps the
+    sender's compute, and at a cancel (agreed at the end of a slot) every posted receive has
+    its send: nothing is left in flight for the next job."""
+    plan: dict[int, list[int]] = {}
+    if stage == 0:  # latents from the last stage, sent when all of an item's deps are done
+        when = {k: t for t, k in enumerate(sched.slots[-1]) if k is not None}
+        for item in sched.items:
+            t = max((when[d] for d in item.deps), default=-1)
+            plan.setdefault(t, []).append(item.index)
+    else:  # activations from the previous stage, sent in the slot it computes them
+        for t, k in enumerate(sched.slots[stage - 1]):
+            if k is not None:
+                plan.setdefault(t, []).append(k)
+    return plan

@@ -11,6 +11,11 @@ round, K/V from the previous round (stale) for the rest. A whole-image item (war
 token, so its attention is exact. Before the first whole round has written every token (warmup 0)
 the not-yet-written tail is left out of the attention.
 
+Reference images (edit models: FLUX.1 Kontext, Qwen-Image-Edit, FLUX.2) are a fixed segment of the buffer,
+``[text | reference tokens | image tokens]``: an item that carries them (whole-image items and each step's first
+patch, see pipeline.py) has them after its image tokens, splits them over the "sp" ranks with those and writes
+their K/V there; the other patches carry image tokens only and attend over the reference K/V last written.
+
 Sequence parallelism inside a stage (hybrid PipeFusion x USP): the patch's tokens are split over
 the "sp" ranks. Ulysses exchanges heads for tokens with one all-to-all as in USP; over the ring
 dimension the patch K/V are all-gathered (the same bytes as passing them round the ring), since
@@ -45,6 +50,8 @@ class ItemTokens:
     image: tuple[int, int]  # [t0, t1) of the stream's row-major image tokens (its window's, or the whole image's)
     text: int  # text tokens in the joint attention sequence (0 for cross-attention families)
     tokens: int | None = None  # the stream's image tokens (None: the whole image's)
+    references: int = 0  # the stream's reference-image tokens (edit models), kept in the buffer after the text
+    carries_references: bool = False  # the item's tokens end with them (else it reads their kept K/V)
 
 
 @dataclasses.dataclass
@@ -52,6 +59,7 @@ class _Buffer:
     k: torch.Tensor  # [B, H_mine, T + S, Dk]
     v: torch.Tensor
     filled: int = 0  # image tokens written so far in order (all of them once complete)
+    references_written: int = 0  # times the reference tokens' K/V were written (by an item carrying them)
 
 
 class StaleKVCache:
@@ -95,7 +103,8 @@ class StaleKVCache:
         mesh, stats = self.mesh, self.mesh.stats
         sp, me = mesh.size("sp"), mesh.rank("sp")
         t0, t1 = item.image
-        img_lens = split_sizes(t1 - t0, sp)
+        refs = item.references if item.carries_references else 0
+        img_lens = split_sizes(t1 - t0 + refs, sp)  # the reference tokens are split with the image's
         txt_lens = split_sizes(item.text, sp)
         local = q.shape[2]
         if item.text and local == txt_lens[me] + img_lens[me]:
@@ -128,16 +137,26 @@ class StaleKVCache:
             return gather_heads(out, mesh.group("ulysses"), stats, uly_lens, num_heads)
         txt_k, img_k = _split_tokens(k, lens, order)
         txt_v, img_v = _split_tokens(v, lens, order)
-        text = sum(n for n, _ in lens)  # the buffer keeps this layer's text slots in front
-        buf = self._buffer(key, item.branch, text + (item.tokens or self.image_tokens), k, v)
+        text = sum(n for n, _ in lens)  # the buffer keeps this layer's text slots in front, then the references
+        at = text + item.references  # where the image tokens start
+        buf = self._buffer(key, item.branch, at + (item.tokens or self.image_tokens), k, v)
         if text:
             buf.k[:, :, :text] = txt_k
             buf.v[:, :, :text] = txt_v
-        buf.k[:, :, text + t0 : text + t1] = img_k
-        buf.v[:, :, text + t0 : text + t1] = img_v
+        if refs:
+            buf.k[:, :, text:at] = img_k[:, :, t1 - t0 :]
+            buf.v[:, :, text:at] = img_v[:, :, t1 - t0 :]
+            img_k, img_v = img_k[:, :, : t1 - t0], img_v[:, :, : t1 - t0]
+            buf.references_written += 1
+        elif item.references and not buf.references_written:
+            raise RuntimeError(
+                f"stale-KV buffer {(item.branch, *key)}: a patch reads reference K/V no item has computed yet"
+            )
+        buf.k[:, :, at + t0 : at + t1] = img_k
+        buf.v[:, :, at + t0 : at + t1] = img_v
         if t0 <= buf.filled:
             buf.filled = max(buf.filled, t1)
-        end = text + buf.filled
+        end = at + buf.filled
         out = kernel.attend(q, buf.k[:, :, :end], buf.v[:, :, :end], scale)
         return gather_heads(out, mesh.group("ulysses"), stats, uly_lens, num_heads)
 

@@ -20,7 +20,7 @@ import torch
 
 from ..models.base import Activations
 
-_META = ("grid", "txt_tokens")
+_META = ("grid", "txt_tokens", "ref_tokens")
 
 
 def dynamic_fields(text_attention: str) -> tuple[str, ...]:

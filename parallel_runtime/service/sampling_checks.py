@@ -17,7 +17,8 @@ from ..errors import ConfigError
 from ..models.reference_latents import reference_count
 from ..parallel.config import ParallelConfig
 from ..pipefusion.block_cache_stage import STEP_CACHE_UNDER_PIPEFUSION
-from ..pipefusion.branches import check_windows, refuse_control
+from ..pipefusion.branches import REFERENCES_WITH_AREAS, check_windows, refuse_control
+from ..pipefusion.references import REFERENCES_WITH_BLOCK_CACHE
 from ..pipefusion.schedule import require_per_patch
 from ..sampling import SAMPLER_NAMES, SCHEDULER_NAMES, sampler_spec, uses_uncond
 from .families import check_extras
@@ -124,20 +125,30 @@ def check_sampler_for_layout(config: ParallelConfig, sampler: str) -> None:
 
 
 def check_branches_for_layout(
-    config: ParallelConfig, cfg: float, positive: Branch, negative: Branch | None, sampler: str = "euler"
+    config: ParallelConfig,
+    cfg: float,
+    positive: Branch,
+    negative: Branch | None,
+    sampler: str = "euler",
+    *,
+    block_cache: bool = False,
 ) -> None:
-    """What PipeFusion cannot run yet (reference images); several entries, timestep ranges, areas and masks
-    it runs (``pipefusion.branches``; areas are checked against the latent by :func:`check_regions`)."""
+    """What PipeFusion cannot run (ControlNets; reference images with an area or a block cache);
+    several entries, timestep ranges, areas, masks and reference images it runs (``pipefusion.branches``; areas
+    are checked against the latent by :func:`check_regions`)."""
     if config.pp > 1:
         refuse_control([*positive, *(negative if runs_negative(cfg, negative, sampler) and negative else ())])
         refs = [e for e in (*positive, *(negative or ())) if reference_count(e.cond)]
-        if refs:
-            raise ConfigError(
-                "reference images (ReferenceLatent: Kontext / edit models) under PipeFusion",
-                "PipeFusion's stale K/V buffers hold the image's tokens only; reference tokens are not supported "
-                "there yet",
-                "use a layout without pipefusion (ulysses, ring and cfg parallelism run reference images)",
-            )
+        if any(_has_window(e) for e in refs):
+            raise ConfigError(*REFERENCES_WITH_AREAS)
+        if refs and block_cache:
+            raise ConfigError(*REFERENCES_WITH_BLOCK_CACHE)
+
+
+def _has_window(entry: CondEntry) -> bool:
+    """Whether the entry runs on a window of the latent (an area, or a mask's bounds), not the whole of it."""
+    r = entry.region
+    return r is not None and (r.area is not None or r.area_fraction is not None or r.set_area_to_bounds)
 
 
 def runs_negative(cfg: float, negative: Branch | None, sampler: str) -> bool:

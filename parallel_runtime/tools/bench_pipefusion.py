@@ -50,10 +50,11 @@ def generate_with_stats(
     warmup: int = 1,
     stale_kv: bool = True,
     agree_cancel_every: str = "step",
+    reference_kv: str = "kept",
 ) -> dict[str, Any]:
     """Worker job: PipeFusion generation on the loaded model; returns this rank's timing and stats
-    (and the latent on rank 0). ``stale_kv=False`` and ``agree_cancel_every="slot"`` run the
-    baselines of :class:`~parallel_runtime.pipefusion.pipeline.PipeFusionSettings`."""
+    (and the latent on rank 0). ``stale_kv=False``, ``agree_cancel_every="slot"`` and
+    ``reference_kv="recomputed"`` run the baselines of :class:`~parallel_runtime.pipefusion.pipeline.PipeFusionSettings`."""
     from ..pipefusion.pipeline import PipeFusionSettings, run_pipefusion
 
     model = loaded_model(ctx)
@@ -69,7 +70,13 @@ def generate_with_stats(
         negative.to(ctx.device) if isinstance(negative, Conditioning) else negative,
         latent.to(ctx.device),
         settings,
-        PipeFusionSettings(patches, warmup, stale_kv=stale_kv, agree_cancel_every=agree_cancel_every),  # type: ignore[arg-type]
+        PipeFusionSettings(
+            patches,
+            warmup,
+            stale_kv=stale_kv,
+            agree_cancel_every=agree_cancel_every,
+            reference_kv=reference_kv,  # type: ignore[arg-type]
+        ),
         attention_backend=model.attention,
         check_cancel=ctx.check_cancel,
         message_tag=ctx.job_id,

@@ -35,7 +35,7 @@ BENCHES: dict[str, tuple[str, str]] = {
     "bigmodels": ("bench_bigmodels", "big models: weights per rank, per-stage and fp8 loading"),
     "gguf": ("bench_gguf", "GGUF files: weights per rank, a stage's load, per-layer dequantisation"),
     "lora": ("bench_lora", "LoRA apply/swap on a warm pool vs reloading the model"),
-    "edit": ("bench_edit", "reference-image editing (Kontext structure): 1 rank vs Ulysses 2"),
+    "edit": ("bench_edit", "reference-image editing (Kontext structure): 1 rank vs Ulysses 2 vs PipeFusion 2"),
     "control": ("bench_control", "a Flux Union ControlNet beside the model: 1 rank vs Ulysses 2, bytes per step"),
     "video": ("bench_video", "Wan video: sequence parallelism and the parallel video VAE"),
     "families": ("bench_families", "model families: weights per rank, tokens, Ulysses 2 on widened tiny models"),
