@@ -122,6 +122,13 @@ def test_missing_llama_states_and_worker_text_encoding_are_refused(comps):
     with pytest.raises(ConfigError):  # the tiny folder has no encoders: refused before that
         encode_prompt(comps, "hidream-i1", ["a cat"])
     assert registry.family("hidream-i1").comfy_conditioning.keys[0] == "conditioning_llama3"
+    # Parallel Text Encode (the model's own encoders) is refused on the host, before any job; others still pass
+    from parallel_runtime.service.host_checks import text_encoder_files
+
+    with pytest.raises(ConfigError, match="QuadrupleCLIPLoader") as info:
+        text_encoder_files("hidream-i1", None, None)
+    assert "Parallel Sampler" in str(info.value)
+    assert text_encoder_files("chroma", None, None) is None
 
 
 def test_pipefusion_ends_load_only_their_layers():

@@ -261,9 +261,17 @@ def text_encoder_files(
             "text_encoder_2 is the second file of a family that reads two (Flux.1: T5-XXL and CLIP-L)",
             "choose the first file as text_encoder too, or leave text_encoder_2 at (none)",
         )
+    spec = family(family_id)
     if first is None:
+        if not spec.text_encoding().on_workers:
+            raise ConfigError(
+                f"{spec.label} prompts cannot be encoded by Parallel Text Encode",
+                f"{spec.label}'s text encoders are not run on the workers (nor loaded from its folder)",
+                f"encode the prompt in ComfyUI ({spec.text.comfy_nodes}) and give that CONDITIONING to the "
+                "Parallel Sampler",
+            )
         return None
-    reader = family(family_id).text_encoder_file
+    reader = spec.text_encoder_file
     if reader is None:
         readers = [f"{f.label}'s {f.text_encoder_file().what}" for f in FAMILIES if f.text_encoder_file]
         raise ConfigError(

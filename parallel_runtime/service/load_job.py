@@ -15,6 +15,7 @@ from ..attention.kernels import describe_choice
 from ..errors import ConfigError, PeerFailed
 from ..models.base import ModelAdapter
 from ..models.compiled_blocks import set_compiled_blocks
+from ..models.families.registry import family
 from ..models.fp8_matmul import apply_fp8_matmul
 from ..models.loading import PipelineComponents, has_second_expert, load_pipeline_components, read_model_index
 from ..parallel.collectives import agree_any
@@ -253,7 +254,7 @@ def _load_transformer_and_vae(ctx, path, dtype, pp, weights, vae_path, vae_norm_
 
 def _load_text_encoders(ctx, comps, path, dtype, devices) -> None:
     """The text encoders, on TEXT_RANK only, spread over the GPUs' room left after the transformer."""
-    if ctx.rank == TEXT_RANK and Path(path).is_dir():
+    if ctx.rank == TEXT_RANK and Path(path).is_dir() and family(comps.family).text_encoding().on_workers:
         placement = text_encoder_placement(_encoder_bytes(Path(path)), devices, free_gpu_bytes(devices))
         comps.text_encoders = load_pipeline_components(
             path, placement, torch_dtype(dtype), ("text",), lambda _: _checkpoint(ctx)

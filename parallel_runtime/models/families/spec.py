@@ -80,6 +80,7 @@ class TextEncoding:
     encode: Callable[[TextComponents, list[str], int, torch.device], Conditioning]  # (parts, prompts, tokens, device)
     default_length: Callable[[TextComponents], int] | None = None  # when it depends on the pipeline (else max_length)
     loader_options: Callable[[Path], dict[str, Any]] | None = None  # extra from_pretrained options per encoder folder
+    on_workers: bool = True  # False: prompts come from ComfyUI's encoders only (a folder's encoders are not loaded)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """HiDream prompts: not encoded on the workers. HiDream reads four text encoders (CLIP-L, CLIP-G, T5-XXL and
 Llama-3.1-8B-Instruct's hidden states of every layer, ~25 GB together); ComfyUI's QuadrupleCLIPLoader with
 CLIPTextEncode encodes them and the Parallel Sampler takes that CONDITIONING. Encoding here is refused with
-that way out."""
+that way out (on the host, before any job: ``on_workers=False``; a folder's encoders are not loaded)."""
 
 from __future__ import annotations
 
@@ -23,4 +23,4 @@ def encode(comps: TextComponents, prompts: list[str], max_length: int, device: t
     )
 
 
-ENCODING = TextEncoding(encode)
+ENCODING = TextEncoding(encode, on_workers=False)
