@@ -16,6 +16,7 @@ import torch
 from PIL import Image
 
 from dit_devtools.tiny import ensure_tiny_model
+from parallel_runtime.denoise.caching.specs import BlockCacheSpec
 from parallel_runtime.denoise.entries import CondEntry
 from parallel_runtime.denoise.loop import denoise_latent
 from parallel_runtime.denoise.model_sampling import model_sampling_for
@@ -117,7 +118,7 @@ def test_flux2_reference_errors_say_what_why_fix():
     check_branches_for_layout(ParallelConfig(ulysses=2), 1.0, (entry,), None)
     check_branches_for_layout(ParallelConfig(pp=2), 1.0, (entry,), None)  # PipeFusion runs them (per-step K/V)
     with pytest.raises(ConfigError, match="block cache"):
-        check_branches_for_layout(ParallelConfig(pp=2), 1.0, (entry,), None, block_cache=True)
+        check_branches_for_layout(ParallelConfig(pp=2), 1.0, (entry,), None, "euler", BlockCacheSpec())
     with pytest.raises(ConfigError, match="area"):
         boxed = dataclasses.replace(entry, region=Region(area_fraction=(0.5, 0.5, 0.0, 0.0)))
         check_branches_for_layout(ParallelConfig(pp=2), 1.0, (boxed,), None)

@@ -20,6 +20,7 @@ import pytest
 import torch
 from pack_import import load_pack  # tests/ helper
 
+from parallel_runtime.denoise.caching.specs import BlockCacheSpec
 from parallel_runtime.denoise.entries import CondEntry
 from parallel_runtime.denoise.regions import Region
 from parallel_runtime.errors import ConfigError
@@ -158,7 +159,7 @@ def test_reference_errors_say_what_why_fix():
     check_branches_for_layout(ParallelConfig(ulysses=2), 1.0, (entry,), None)
     check_branches_for_layout(ParallelConfig(pp=2), 1.0, (entry,), None)  # PipeFusion runs them (per-step K/V)
     with pytest.raises(ConfigError, match="block cache"):
-        check_branches_for_layout(ParallelConfig(pp=2), 1.0, (entry,), None, block_cache=True)
+        check_branches_for_layout(ParallelConfig(pp=2), 1.0, (entry,), None, "euler", BlockCacheSpec())
     with pytest.raises(ConfigError, match="area"):
         boxed = dataclasses.replace(entry, region=Region(area_fraction=(0.5, 0.5, 0.0, 0.0)))
         check_branches_for_layout(ParallelConfig(pp=2), 1.0, (boxed,), None)

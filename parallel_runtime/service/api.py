@@ -342,10 +342,7 @@ class ParallelModel:
         check_controls(
             self.family, self.latent_channels, self.config, shape, positive_branch, negative_branch, caches=self.caches
         )
-        block_cache = self.caches.block is not None
-        check_branches_for_layout(
-            self.config, cfg, positive_branch, negative_branch, sampler_name, block_cache=block_cache
-        )
+        check_branches_for_layout(self.config, cfg, positive_branch, negative_branch, sampler_name, self.caches.block)
         expected, negative_runs = self.expected_conditioning(), runs_negative(cfg, negative_branch, sampler_name)
         check_conditioning_fits(expected, positive_branch, shape[0], "positive", self.family)
         if negative_runs:

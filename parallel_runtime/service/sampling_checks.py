@@ -130,8 +130,7 @@ def check_branches_for_layout(
     positive: Branch,
     negative: Branch | None,
     sampler: str = "euler",
-    *,
-    block_cache: bool = False,
+    block_cache: BlockCacheSpec | None = None,
 ) -> None:
     """What PipeFusion cannot run (ControlNets; reference images with an area or a block cache);
     several entries, timestep ranges, areas, masks and reference images it runs (``pipefusion.branches``; areas
@@ -141,7 +140,7 @@ def check_branches_for_layout(
         refs = [e for e in (*positive, *(negative or ())) if reference_count(e.cond)]
         if any(_has_window(e) for e in refs):
             raise ConfigError(*REFERENCES_WITH_AREAS)
-        if refs and block_cache:
+        if refs and block_cache is not None:
             raise ConfigError(*REFERENCES_WITH_BLOCK_CACHE)
 
 
