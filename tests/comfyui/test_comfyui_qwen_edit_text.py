@@ -242,3 +242,34 @@ def test_edit_requests_are_checked_on_the_host(tmp_path, tiny_file):
             "qwen-image", (str(tmp_path / "qwen_2.5_vl_7b.safetensors"), tokenizer), [image], "edit"
         )
     assert check_edit_text_request("qwen-image", (str(tmp_path / "qwen_2.5_vl_7b.safetensors"), tokenizer), [], "edit")
+
+
+def test_fp8_scaled_file_keeps_the_vision_towers_linear_layers_in_fp8(tmp_path, comfy_snapshot):
+    """A scaled-fp8 file (every Linear weight e4m3fn with its scale, ComfyUI's layout): the vision tower holds its
+    Linear layers in fp8 as the text model does, and the edit prompt equals the same file's weights upcast at load
+    (not the bf16 file's)."""
+    from bigmodel_files import save, to_fp8
+    from transformers import AutoTokenizer
+
+    from parallel_runtime.models.families.qwen_image.edit_prompt import encode_qwen_image_edit
+    from parallel_runtime.models.families.qwen_image.text_file import load_qwen25_text_file
+    from parallel_runtime.models.families.qwen_image.vision import load_qwen25_vision_file
+    from parallel_runtime.models.fp8 import fp8_layers
+
+    tokenizer = AutoTokenizer.from_pretrained(comfy_snapshot / "comfy/text_encoders/qwen25_tokenizer")
+    state = comfy_state()
+    fp8 = save(to_fp8(state, "scaled"), tmp_path / "qwen_2.5_vl_7b_fp8_scaled.safetensors")
+    bf16 = save({k: v.to(torch.bfloat16) for k, v in state.items()}, tmp_path / "qwen_2.5_vl_7b.safetensors")
+    images = [smooth_image(200, 120, 1), smooth_image(150, 150, 2)]
+
+    def encode(path, storage):
+        encoder = load_qwen25_text_file(path, "cpu", torch.float32, storage=storage, overrides=TEXT)
+        tower = load_qwen25_vision_file(path, "cpu", torch.float32, storage=storage, overrides=VISION)
+        cond = encode_qwen_image_edit(encoder, tower, tokenizer, ["a collage"], images, "edit_plus")
+        return cond.prompt_embeds, tower
+
+    kept, tower = encode(fp8, "auto")
+    assert len(fp8_layers(tower)) == 2 * 5 + 2 and all(layer.scaled for layer in fp8_layers(tower).values())
+    upcast, _ = encode(fp8, "compute")
+    assert torch.equal(kept, upcast)
+    assert not torch.allclose(kept, encode(bf16, "auto")[0], atol=1e-3)  # fp8 is not bf16

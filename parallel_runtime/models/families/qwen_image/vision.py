@@ -88,9 +88,8 @@ def load_qwen25_vision_file(
         )
 
     def build(shapes: Mapping[str, tuple[int, ...]]) -> nn.Module:
-        return Qwen2_5_VisionTransformerPretrainedModel(
-            Qwen2_5_VLVisionConfig(**qwen25_vision_config(shapes, overrides))
-        )
+        config = Qwen2_5_VLVisionConfig(**qwen25_vision_config(shapes, overrides))
+        return Qwen2_5_VisionTransformerPretrainedModel(config)
 
     return load_prefixed_model(path, VISION_PREFIX, build, device, dtype, storage, what="of the vision tower")
 
