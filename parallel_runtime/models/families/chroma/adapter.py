@@ -33,6 +33,7 @@ from ....errors import ConfigError
 from ... import compat
 from ...base import Activations, Conditioning, LatentFormat, ModelAdapter, ModelPlan, Split
 from ...sampling_spec import flux_sampling
+from ...text_padding import check_mask_layout, strip_text_padding
 from ..flux.adapter import image_ids
 from ..flux.latent import latent_format as flux_latent_format
 from . import ID
@@ -157,22 +158,5 @@ class ChromaAdapter(ModelAdapter):
         return t.proj_out(t.norm_out(acts.img, acts.temb_out))
 
 
-def strip_text_padding(text: torch.Tensor, mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(text, mask) without the trailing tokens every prompt of the batch masks out; mask None when the
-    rest is all kept."""
-    if mask is None:
-        return text, None
-    keep = mask.to(torch.bool)
-    kept = keep.any(dim=0).nonzero()
-    length = int(kept.max()) + 1 if kept.numel() else 1
-    text, keep = text[:, :length], keep[:, :length]
-    return text, (None if bool(keep.all()) else keep)
-
-
 def _check_mask_layout(acts: Activations, mesh) -> None:
-    if acts.txt_mask is not None and (mesh.size("sp") > 1 or mesh.size("pp") > 1):
-        raise ConfigError(
-            "a batch of Chroma prompts with different token counts under sequence parallelism or PipeFusion",
-            "the shorter prompts' padding must be masked, and split (or stale) attention applies no mask",
-            "encode one prompt per batch (ComfyUI's text encode does), or use a layout without ulysses/ring/pipefusion",
-        )
+    check_mask_layout(acts, mesh, "Chroma")

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ...layout_shapes import Shapes, StateDict, add_linear, block_count, heads_of, scaled_rope_axes, shape_of
+from ..flux.keys import add_blocks
 from ..spec import OriginalLayout
 from . import CHROMA1, ID
 
@@ -124,21 +125,7 @@ def skeleton(config: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
         add_linear(out, f"{GUIDE}.layers.{i}.out_layer", guide, guide)
         out[f"{GUIDE}.norms.{i}.scale"] = (guide,)
     add_linear(out, f"{GUIDE}.out_proj", h, guide)
-    for i in range(int(config["num_layers"])):
-        for stream in ("img", "txt"):
-            block = f"double_blocks.{i}.{stream}"
-            add_linear(out, f"{block}_attn.qkv", 3 * h, h)
-            out[f"{block}_attn.norm.query_norm.scale"] = (head,)
-            out[f"{block}_attn.norm.key_norm.scale"] = (head,)
-            add_linear(out, f"{block}_attn.proj", h, h)
-            add_linear(out, f"{block}_mlp.0", mlp, h)
-            add_linear(out, f"{block}_mlp.2", h, mlp)
-    for i in range(int(config["num_single_layers"])):
-        block = f"single_blocks.{i}"
-        add_linear(out, f"{block}.linear1", 3 * h + mlp, h)
-        add_linear(out, f"{block}.linear2", h, h + mlp)
-        out[f"{block}.norm.query_norm.scale"] = (head,)
-        out[f"{block}.norm.key_norm.scale"] = (head,)
+    add_blocks(out, config, h, head, mlp, modulated=False)
     add_linear(out, "final_layer.linear", int(config.get("out_channels") or in_channels), h)
     return out
 

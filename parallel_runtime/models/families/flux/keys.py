@@ -92,10 +92,22 @@ def skeleton(config: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
         add_linear(out, "guidance_in.in_layer", h, TIMESTEP_FEATURES)
         add_linear(out, "guidance_in.out_layer", h, h)
     add_linear(out, "txt_in", h, int(config["joint_attention_dim"]))
+    add_blocks(out, config, h, head, mlp, modulated=True)
+    add_linear(out, "final_layer.linear", int(config.get("out_channels") or in_channels), h)
+    add_linear(out, "final_layer.adaLN_modulation.1", 2 * h, h)
+    return out
+
+
+def add_blocks(
+    out: dict[str, tuple[int, ...]], config: Mapping[str, Any], h: int, head: int, mlp: int, modulated: bool
+) -> None:
+    """The shapes of the double and single blocks (``modulated``: each block has its own modulation Linear, as
+    in Flux; Chroma's blocks take theirs from the distilled guidance)."""
     for i in range(int(config["num_layers"])):
         for stream in ("img", "txt"):
             block = f"double_blocks.{i}.{stream}"
-            add_linear(out, f"{block}_mod.lin", 6 * h, h)
+            if modulated:
+                add_linear(out, f"{block}_mod.lin", 6 * h, h)
             add_linear(out, f"{block}_attn.qkv", 3 * h, h)
             out[f"{block}_attn.norm.query_norm.scale"] = (head,)
             out[f"{block}_attn.norm.key_norm.scale"] = (head,)
@@ -108,10 +120,8 @@ def skeleton(config: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
         add_linear(out, f"{block}.linear2", h, h + mlp)
         out[f"{block}.norm.query_norm.scale"] = (head,)
         out[f"{block}.norm.key_norm.scale"] = (head,)
-        add_linear(out, f"{block}.modulation.lin", 3 * h, h)
-    add_linear(out, "final_layer.linear", int(config.get("out_channels") or in_channels), h)
-    add_linear(out, "final_layer.adaLN_modulation.1", 2 * h, h)
-    return out
+        if modulated:
+            add_linear(out, f"{block}.modulation.lin", 3 * h, h)
 
 
 LAYOUT = OriginalLayout("img_in.weight", config_from_weights, variant_of, to_diffusers, skeleton)

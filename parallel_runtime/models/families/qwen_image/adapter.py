@@ -33,6 +33,7 @@ from ...base import Activations, Conditioning, ModelAdapter, ModelPlan, Split
 from ...latent_formats import LatentFormat
 from ...reference_latents import in_model_space, references_of
 from ...sampling_spec import flux_sampling
+from ...text_padding import check_mask_layout, strip_text_padding
 from ..wan.latent import WAN21  # Qwen-Image's VAE is Wan 2.1's (ComfyUI's QwenImage: latent_formats.Wan21)
 from . import ID
 
@@ -151,25 +152,8 @@ def wan21_latent_format(channels: int) -> LatentFormat:
     return WAN21
 
 
-def strip_text_padding(text: torch.Tensor, mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(text, mask) without the trailing tokens every prompt of the batch masks out; mask None when the
-    rest is all kept. Exact: a masked token is never attended to and dropping trailing tokens moves none."""
-    if mask is None:
-        return text, None
-    keep = mask.to(torch.bool)
-    valid = keep.any(dim=0).nonzero()
-    length = int(valid.max()) + 1 if valid.numel() else 1
-    text, keep = text[:, :length], keep[:, :length]
-    return text, (None if bool(keep.all()) else keep)
-
-
 def _check_mask_layout(acts: Activations, mesh) -> None:
-    if acts.txt_mask is not None and (mesh.size("sp") > 1 or mesh.size("pp") > 1):
-        raise ConfigError(
-            "a batch of Qwen-Image prompts with different token counts under sequence parallelism or PipeFusion",
-            "the shorter prompts' padding must be masked, and split (or stale) attention applies no mask",
-            "encode one prompt per batch (ComfyUI's text encode does), or use a layout without ulysses/ring/pipefusion",
-        )
+    check_mask_layout(acts, mesh, "Qwen-Image")
 
 
 def _positions(n: int, centre: str, device: torch.device) -> torch.Tensor:
