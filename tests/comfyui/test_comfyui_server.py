@@ -29,6 +29,8 @@ SMOKE = REPO / "workflows" / "tiny_flux_cpu_smoke.json"
 OUR_NODES = {
     "DiTParallelModelLoader": "Parallel Model Loader",
     "DiTParallelTextEncode": "Parallel Text Encode",
+    "DiTParallelTextEncodeQwenImageEdit": "Parallel Text Encode Qwen Image Edit",
+    "DiTParallelTextEncodeQwenImageEditPlus": "Parallel Text Encode Qwen Image Edit Plus",
     "DiTParallelEmptyLatent": "Parallel Empty Latent",
     "DiTParallelSampler": "Parallel Sampler",
     "DiTParallelVAEDecode": "Parallel VAE Decode",
@@ -96,6 +98,8 @@ def test_pack_installs_from_requirements_and_imports_from_its_folder(comfy_serve
         assert object_info[name]["category"] == "DiT Parallel"
         assert object_info[name]["python_module"] == f"custom_nodes.{PACK_FOLDER}"
     assert "tiny-flux" in object_info["DiTParallelModelLoader"]["input"]["required"]["model"][0]
+    edit_plus = object_info["DiTParallelTextEncodeQwenImageEditPlus"]["input"]  # TextEncodeQwenImageEditPlus's
+    assert list(edit_plus["optional"]) == ["vae", "image1", "image2", "image3"] and "prompt" in edit_plus["required"]
     with ComfyClient(comfy_server.url) as client:
         scripts = client.get("/extensions")
         assert f"/extensions/{PACK_FOLDER}/dit_parallel.js" in scripts
