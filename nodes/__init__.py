@@ -14,6 +14,7 @@ from .controlnet import ParallelControlNetLoader
 from .latent import ParallelEmptyLatent
 from .loader import ParallelModelLoader
 from .lora import ParallelLoraLoader
+from .model_patch import ParallelModelPatchLoader, ParallelQwenImageDiffsynthControlnet
 from .model_sampling import ParallelModelSamplingAuraFlow, ParallelModelSamplingFlux, ParallelModelSamplingSD3
 from .public_form import node_classes
 from .sampler import ParallelSampler
@@ -27,6 +28,8 @@ NODES = [
     ParallelModelLoader,
     ParallelLoraLoader,
     ParallelControlNetLoader,
+    ParallelModelPatchLoader,
+    ParallelQwenImageDiffsynthControlnet,
     ParallelTextEncode,
     ParallelTextEncodeQwenImageEdit,
     ParallelTextEncodeQwenImageEditPlus,

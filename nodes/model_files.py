@@ -13,6 +13,7 @@
   Parallel Text Encode;
 - LoRA ``.safetensors`` files under ``models/loras`` (the Parallel LoRA Loader's list);
 - ControlNet ``.safetensors`` files under ``models/controlnet`` (the Parallel ControlNet Loader's list).
+- Model patch ``.safetensors`` files under ``models/model_patches`` (the Parallel Model Patch Loader's list).
 """
 
 from __future__ import annotations
@@ -200,6 +201,16 @@ def resolve_text_encoder(name: str, bridge: Bridge) -> tuple[str, str | None] | 
 def controlnet_choices(bridge: Bridge) -> list[str]:
     """The .safetensors files in ComfyUI's models/controlnet folders."""
     return _files_under(bridge, "controlnet")
+
+
+def model_patch_choices(bridge: Bridge) -> list[str]:
+    """The .safetensors files in ComfyUI's models/model_patches folders."""
+    return _files_under(bridge, "model_patches")
+
+
+def resolve_model_patch(name: str, bridge: Bridge) -> str:
+    """The absolute path of the model patch ``name`` (relative to a models/model_patches folder, or absolute)."""
+    return _resolve_in("model_patches", "model patch", name, bridge)
 
 
 def resolve_controlnet(name: str, bridge: Bridge) -> str:

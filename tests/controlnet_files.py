@@ -19,6 +19,8 @@ DATA = Path(__file__).resolve().parent / "data"
 FLUX_UNION = DATA / "tiny_flux_controlnet_union.safetensors"
 FLUX_XLABS = DATA / "tiny_flux_controlnet_xlabs.safetensors"
 QWEN_INSTANTX = DATA / "tiny_qwen_controlnet_instantx.safetensors"
+QWEN_DIFFSYNTH = DATA / "tiny_qwen_diffsynth_controlnet.safetensors"
+QWEN_DIFFSYNTH_BLOCKS = 3  # one per block of the tiny Qwen-Image (DiffSynth's files: 60, one per Qwen-Image block)
 QWEN_INSTANTX_CONFIG = {  # the tiny Qwen-Image of tests/data/make_comfy_qwen_image_reference.py, 2 ControlNet blocks
     "patch_size": 2,
     "in_channels": 64,
@@ -101,6 +103,31 @@ def qwen_instantx_state() -> dict[str, torch.Tensor]:
     return out
 
 
+def qwen_diffsynth_state(width: int = 32, latent_in: int = 64) -> dict[str, torch.Tensor]:
+    """The tiny DiffSynth Qwen-Image ControlNet model patch (DiffSynth-Studio's blockwise ControlNet names:
+    ``img_in`` packing the hint latent, per block ``x_rms`` / ``y_rms`` / ``input_proj`` / ``output_proj``), bf16."""
+    shapes: dict[str, tuple[int, ...]] = {"img_in.weight": (width, latent_in), "img_in.bias": (width,)}
+    for i in range(QWEN_DIFFSYNTH_BLOCKS):
+        block = f"controlnet_blocks.{i}."
+        shapes[block + "x_rms.weight"] = shapes[block + "y_rms.weight"] = (width,)
+        for proj in ("input_proj", "output_proj"):
+            shapes[block + proj + ".weight"], shapes[block + proj + ".bias"] = (width, width), (width,)
+    out = {}
+    for name, shape in sorted(shapes.items()):
+        value = _value(name, shape)
+        if "_rms." in name:
+            value = 1.0 + 0.1 * torch.randn(shape, generator=torch.Generator().manual_seed(zlib.crc32(name.encode())))
+        out[name] = value.to(torch.bfloat16).contiguous()
+    return out
+
+
+def write_qwen_diffsynth(path: Path = QWEN_DIFFSYNTH) -> Path:
+    from safetensors.torch import save_file
+
+    save_file(qwen_diffsynth_state(), str(path))
+    return path
+
+
 def write_qwen_instantx(path: Path = QWEN_INSTANTX) -> Path:
     from safetensors.torch import save_file
 
@@ -123,4 +150,4 @@ def write_flux_union(path: Path = FLUX_UNION) -> Path:
 
 
 if __name__ == "__main__":
-    sys.exit(print(write_flux_union(), write_flux_xlabs(), write_qwen_instantx()))
+    sys.exit(print(write_flux_union(), write_flux_xlabs(), write_qwen_instantx(), write_qwen_diffsynth()))

@@ -17,9 +17,9 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -183,12 +183,51 @@ def chain_residuals(
             )
         hint = hint_for_batch(link.hint, per_entry, entries).to(x_in.device)
         out = runner.residuals(x_in, timestep, cond, guidance, hint, link.control_type, mesh, attention, main_blocks)
-        scaled = [None if r is None else r * link.strength for r in out]
-        if total is None:
-            total = scaled
-        else:
-            total = [a if b is None else b if a is None else a + b for a, b in zip(total, scaled)]
+        scaled = [
+            None if r is None else r * link.strength if isinstance(r, torch.Tensor) else r.scaled(link.strength)
+            for r in out
+        ]
+        total = scaled if total is None else [combine(a, b) for a, b in zip(total, scaled)]
     return total
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockUpdate:
+    """What happens to the image tokens after one main block when a model patch is involved: each patch in
+    turn (``img + patch(img)``, in the order they were attached), then the ControlNets' summed residual
+    (ComfyUI runs a block's model patches before it adds the ControlNet residuals)."""
+
+    patches: tuple[Callable[[torch.Tensor], torch.Tensor], ...] = ()
+    residual: torch.Tensor | None = None
+
+    def apply(self, img: torch.Tensor) -> torch.Tensor:
+        for patch in self.patches:
+            img = img + patch(img).to(img.dtype)
+        return img if self.residual is None else img + self.residual.to(img.dtype)
+
+
+def combine(a: Any, b: Any) -> Any:
+    """Two links' contributions to one block: residual tensors add up, patches keep their order."""
+    if a is None or b is None:
+        return b if a is None else a
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        return a + b
+    a = (
+        a
+        if isinstance(a, BlockUpdate)
+        else BlockUpdate(residual=a)
+        if isinstance(a, torch.Tensor)
+        else BlockUpdate((a,))
+    )
+    b = (
+        b
+        if isinstance(b, BlockUpdate)
+        else BlockUpdate(residual=b)
+        if isinstance(b, torch.Tensor)
+        else BlockUpdate((b,))
+    )
+    residual = a.residual if b.residual is None else b.residual if a.residual is None else a.residual + b.residual
+    return BlockUpdate(a.patches + b.patches, residual)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -210,8 +249,11 @@ class AddResiduals:
         for i in range(adapter.num_blocks):
             acts = adapter.run_block(acts, i, attention)
             residual = self.residuals[i]
-            if residual is not None:
+            if isinstance(residual, torch.Tensor):
                 acts = acts.replace(img=acts.img + residual.to(acts.img.dtype))
+            elif residual is not None:  # a model patch's token update (BlockUpdate or one patch)
+                update = residual if isinstance(residual, BlockUpdate) else BlockUpdate((residual,))
+                acts = acts.replace(img=update.apply(acts.img))
             if hook is not None:
                 hook()
         return acts

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
-from .controlnet_kind import FLUX_INSTANTX, FLUX_XLABS, QWEN_INSTANTX, ControlNetFile
+from .controlnet_kind import FLUX_INSTANTX, FLUX_XLABS, QWEN_DIFFSYNTH, QWEN_INSTANTX, ControlNetFile
 from .safetensors_header import read_header
 
 _OTHER_KINDS = (  # (a tensor only that kind has, what it is), in ComfyUI's order of tests
@@ -62,6 +62,10 @@ def describe_controlnet(path: str | Path) -> ControlNetFile:
         from .families.qwen_image.controlnet import describe_qwen_instantx
 
         return describe_qwen_instantx(path, shapes)
+    if "controlnet_blocks.0.y_rms.weight" in shapes:  # a DiffSynth Qwen-Image model patch (ModelPatchLoader's test)
+        from .families.qwen_image.diffsynth import describe_diffsynth
+
+        return describe_diffsynth(path, shapes)
     what = next((w for k, w in _OTHER_KINDS if k in shapes), "not a ControlNet kind ComfyUI 0.3.64 detects")
     raise ConfigError(
         f"ControlNet file {path.name} is {what}",
@@ -87,6 +91,10 @@ def load_controlnet(info: ControlNetFile, main: Any) -> Any:
         from .families.qwen_image.controlnet import QwenImageControlNet
 
         return QwenImageControlNet.load(info.path, main)
+    if info.kind == QWEN_DIFFSYNTH:
+        from .families.qwen_image.diffsynth import QwenDiffSynthPatch
+
+        return QwenDiffSynthPatch.load(info.path, main)
     raise ConfigError(
         f"ControlNet kind {info.kind!r}", "no runner for it", "use a Flux InstantX / Union or XLabs ControlNet"
     )

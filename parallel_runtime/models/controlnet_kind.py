@@ -11,6 +11,7 @@ from .latent_formats import LatentFormat
 FLUX_INSTANTX = "instantx-union"
 FLUX_XLABS = "xlabs"
 QWEN_INSTANTX = "qwen-instantx"
+QWEN_DIFFSYNTH = "qwen-diffsynth"  # a DiffSynth model patch (models/model_patches), not a ControlNet file
 
 
 @dataclasses.dataclass(frozen=True)

@@ -29,7 +29,7 @@ from ..runtime.jobs import Job
 from ..runtime.pool import WorkerPool
 from ..runtime.pools import PoolRegistry
 from . import input_checks
-from .controlnets import check_controls
+from .controlnets import ModelPatch, check_controls, with_model_patches
 from .host_checks import check_load_request, check_pipefusion_request, host_geometry, text_encoder_files
 from .image_size import FittedSize, fit_image_size
 from .load_job import load_model
@@ -100,6 +100,7 @@ class ParallelModel:
         self._loaded = _LoadedIn(pool, generation, acquire)  # where the model is loaded (shared by its views)
         self.loras: tuple[LoraSpec, ...] = ()  # the LoRA stack this view's jobs carry
         self.caches = Caches()  # Parallel EasyCache / LazyCache and Parallel Block Cache
+        self.model_patches: tuple[ModelPatch, ...] = ()  # DiffSynth ControlNet patches (controlnets.patched_model)
 
     @property
     def pool(self) -> WorkerPool:
@@ -339,6 +340,7 @@ class ParallelModel:
         if sigmas is None and denoise <= 0.0:  # KSampler: no sigmas, the input latent comes back
             return torch.zeros(shape) if latent is None else latent.float().clone()
         self.check_latent_size(shape[-2], shape[-1])
+        positive_branch, negative_branch = with_model_patches(self, shape, positive_branch, negative_branch)
         check_controls(
             self.family, self.latent_channels, self.config, shape, positive_branch, negative_branch, caches=self.caches
         )

@@ -11,9 +11,10 @@ from typing import Any
 from ..errors import ConfigError
 
 
-def fit_to(image: Any, width: int, height: int) -> Any:
+def fit_to(image: Any, width: int, height: int, mode: str = "nearest-exact") -> Any:
     """``image`` [B, C, H, W] cropped symmetrically to the aspect ratio ``width / height`` (the longer side
-    loses ``round(excess / 2)`` on each end) and resized to ``height x width`` by nearest-exact sampling."""
+    loses ``round(excess / 2)`` on each end) and resized to ``height x width`` (nearest-exact sampling, or
+    ``mode="area"``: each output pixel the mean of the input pixels it covers)."""
     import torch.nn.functional as F
 
     h, w = image.shape[-2:]
@@ -21,7 +22,7 @@ def fit_to(image: Any, width: int, height: int) -> Any:
     cut_w = round((w - w * (want / have)) / 2) if have > want else 0
     cut_h = round((h - h * (have / want)) / 2) if have < want else 0
     kept = image[..., cut_h : h - cut_h, cut_w : w - cut_w]
-    return F.interpolate(kept, size=(height, width), mode="nearest-exact")
+    return F.interpolate(kept, size=(height, width), mode=mode)
 
 
 def _check_image(image: Any) -> None:
@@ -35,15 +36,18 @@ def _check_image(image: Any) -> None:
         )
 
 
-def encode_hint(image: Any, vae: Any, latent_shape: tuple[int, ...], hint_format: Any) -> Any:
-    """The hint latent [B, C, h, w] in model space for a latent of ``latent_shape`` ([B, C, h, w])."""
+def encode_hint(
+    image: Any, vae: Any, latent_shape: tuple[int, ...], hint_format: Any, resize: str = "nearest-exact"
+) -> Any:
+    """The hint latent [B, C, h, w] in model space for a latent of ``latent_shape`` ([B, C, h, w]); ``resize``:
+    how the image is scaled to the VAE's multiple of the latent (a DiffSynth model patch scales by area)."""
     import torch
 
     _check_image(image)
     factor = int(vae.spacial_compression_encode()) if hasattr(vae, "spacial_compression_encode") else 8
     h, w = latent_shape[-2:]
     with torch.no_grad():
-        pixels = fit_to(image.float(), w * factor, h * factor)
+        pixels = fit_to(image.float(), w * factor, h * factor, resize)
         latent = vae.encode(pixels.movedim(1, -1))
     if latent.ndim == 5:  # a video VAE's one frame
         latent = latent[:, :, 0]

@@ -6,6 +6,8 @@ loads the ones a new job names; a ControlNet no job names any more is dropped.
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 from collections.abc import Iterable
 from typing import Any
 
@@ -19,6 +21,81 @@ from ..parallel.config import ParallelConfig
 from ..runtime.jobs import JobContext
 
 STATE_KEY = "controlnets"
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class ModelPatch:
+    """A DiffSynth ControlNet model patch on a model (QwenImageDiffsynthControlnet's inputs): it acts on every
+    model call of every branch, whatever the conditioning."""
+
+    info: ControlNetFile
+    image: Any  # IMAGE [B, H, W, C] as ComfyUI passes it (the first 3 channels are read)
+    vae: Any  # the VAE that encodes it (ComfyUI's VAE, or anything with encode / spacial_compression_encode)
+    strength: float = 1.0
+
+    def check_family(self, family: str) -> None:
+        if self.info.family != family:
+            raise ConfigError(
+                f"the model patch {self.info.name} is for {self.info.family} models, this model is {family}",
+                "a model patch updates the blocks of the model family it was trained with",
+                f"use a model patch made for {family}",
+            )
+
+    def link(self, latent_shape: tuple[int, ...]) -> Any:
+        """The patch as a chain link whose hint is the image area-scaled to the latent, encoded, in model space."""
+        from ..denoise.control import ControlLink
+        from .control_hint import encode_hint
+
+        hint = encode_hint(self.image[..., :3].movedim(-1, 1), self.vae, latent_shape, self.info.hint_format, "area")
+        return ControlLink(self.info.path, hint, float(self.strength))
+
+
+def patched_model(model: Any, patch: ModelPatch) -> Any:
+    """``model`` (a ParallelModel: same pool, nothing reloaded) with a DiffSynth ControlNet patch after its others,
+    as QwenImageDiffsynthControlnet patches a MODEL: every model call of every branch, in the order attached."""
+    patch.check_family(model.family)
+    view = copy.copy(model)
+    view.model_patches = model.model_patches + (patch,)
+    return view
+
+
+def model_patch_file(path: str) -> tuple[ControlNetFile, str]:
+    """Parallel Model Patch Loader: what the DiffSynth patch file at ``path`` is, and what the node shows."""
+    from ..models.controlnet_kind import QWEN_DIFFSYNTH
+
+    info = describe_controlnet(path)
+    if info.kind != QWEN_DIFFSYNTH:
+        raise ConfigError(
+            f"{info.name} is a ControlNet file, not a model patch",
+            "Parallel Model Patch Loader reads DiffSynth Qwen-Image ControlNet patches",
+            "load it with Parallel ControlNet Loader and Apply ControlNet",
+        )
+    return info, f"{info.name}: DiffSynth ControlNet patch, {info.double_blocks} blocks"
+
+
+def with_model_patches(model: Any, latent_shape: tuple[int, ...], *branches: Branch | None) -> list[Branch | None]:
+    """Each branch with ``model``'s patches after every entry's ControlNets (entries sharing a chain, or none,
+    keep sharing one, so they still batch as in ComfyUI)."""
+    patches: tuple[ModelPatch, ...] = model.model_patches
+    if not patches:
+        return list(branches)
+    from ..denoise.control import ControlChain
+
+    links = tuple(p.link(latent_shape) for p in patches)
+    chains: dict[int | None, ControlChain] = {}
+    out: list[Branch | None] = []
+    for branch in branches:
+        if branch is None:
+            out.append(None)
+            continue
+        entries = []
+        for entry in branch:
+            key = None if entry.control is None else entry.control.token
+            if key not in chains:
+                chains[key] = ControlChain((entry.control.links if entry.control is not None else ()) + links)
+            entries.append(dataclasses.replace(entry, control=chains[key]))
+        out.append(tuple(entries))
+    return out
 
 
 def control_files(*branches: Branch | None) -> tuple[str, ...]:

@@ -85,6 +85,10 @@ TINY_STAND_INS: dict[str, tuple[str, str]] = {
         "tiny-qwen-image",
         "transformer/diffusion_pytorch_model.safetensors",
     ),
+    "diffusion_models/qwen_image_fp8_e4m3fn.safetensors": (
+        "tiny-qwen-image",
+        "transformer/diffusion_pytorch_model.safetensors",
+    ),
     "vae/qwen_image_vae.safetensors": ("tiny-qwen-image", "vae/diffusion_pytorch_model.safetensors"),
     "text_encoders/qwen_2.5_vl_7b_fp8_scaled.safetensors": ("tiny-qwen-image", "text_encoder/model.safetensors"),
     "diffusion_models/z_image_turbo_bf16.safetensors": (
@@ -117,11 +121,12 @@ INPUT_IMAGES = (
 )
 INPUT_VIDEOS = ("wan_control_pose.mp4",)  # LoadVideo's files: validate_prompt checks the name, never decodes it
 
-# The LoRA and ControlNet files the shipped workflows name, stood in by tiny test files (under tests/data).
+# The LoRA, ControlNet and model patch files the shipped workflows name, stood in by tiny test files (under tests/data).
 LORA_STAND_INS: dict[str, str] = {
     "loras/flux_style_lora.safetensors": "lora/flux_kohya.safetensors",
     "loras/flux_character_lora.safetensors": "lora/flux_peft.safetensors",
     "controlnet/FLUX.1-dev-ControlNet-Union-Pro.safetensors": "tiny_flux_controlnet_union.safetensors",
+    "model_patches/qwen_image_canny_diffsynth_controlnet.safetensors": "tiny_qwen_diffsynth_controlnet.safetensors",
 }
 
 
