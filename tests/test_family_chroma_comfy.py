@@ -8,36 +8,26 @@ tests/data/make_comfy_chroma_reference.py from the ComfyUI snapshot.
 
 from __future__ import annotations
 
-import functools
 import json
-import math
 from pathlib import Path
 
 import pytest
-import torch
-from pack_import import load_pack  # tests/ helper
+from comfy_ksampler_cases import (  # tests/ helper
+    LAYOUTS,
+    TOLERANCE,
+    layout_params,
+    node_context,
+    sample_both_ways,
+    tensor_reader,
+)
 
 from parallel_runtime.denoise.entries import CondEntry
 from parallel_runtime.models.base import Conditioning
-from parallel_runtime.parallel.config import ParallelConfig
 from parallel_runtime.service.api import LoadRequest, load_parallel_model
-
-load_pack()
-from dit_parallel_pack.nodes.bridge import ComfyBridge  # noqa: E402
-from dit_parallel_pack.nodes.context import NodeContext  # noqa: E402
-from dit_parallel_pack.nodes.loader import ParallelModelLoader  # noqa: E402
-from dit_parallel_pack.nodes.sampler import ParallelSampler  # noqa: E402
 
 DATA = Path(__file__).resolve().parent / "data"
 REFERENCE = json.loads((DATA / "comfy_chroma_reference.json").read_text(encoding="utf-8"))
 FILE = DATA / REFERENCE["models"]["chroma"]["file"]
-TOLERANCE = 1e-4  # relative L2, as tests/test_ksampler_fidelity.py
-LAYOUTS = {
-    "1rank": ("cpu:1", ParallelConfig()),
-    "ulysses2": ("cpu:2", ParallelConfig(ulysses=2)),
-    "cfg2": ("cpu:2", ParallelConfig(cfg=2)),
-    "pipefusion2": ("cpu:2", ParallelConfig(pp=2)),
-}
 STEPS = max(case["steps"] for case in REFERENCE["cases"])
 # Every case runs on one rank against ComfyUI. Samplers, schedules, guidance and denoise act the same on every
 # layout, so a parallel layout runs the cases its model pass splits differently: the default one; on Ulysses the odd
@@ -47,24 +37,7 @@ PARALLEL_CASES = {
     "cfg2": ("chroma_default_euler", "chroma_same_lengths_dpmpp_2m"),
     "pipefusion2": ("chroma_default_euler",),
 }
-
-
-@functools.cache
-def tensor(name: str) -> torch.Tensor:
-    t = REFERENCE["tensors"][name]
-    return torch.tensor(t["data"], dtype=torch.float32).reshape(t["shape"])
-
-
-def _params() -> list:
-    params = []
-    for layout in LAYOUTS:
-        for case in REFERENCE["cases"]:
-            if layout == "cfg2" and math.isclose(case["cfg"], 1.0):
-                continue  # one branch: nothing to split
-            if layout != "1rank" and case["name"] not in PARALLEL_CASES[layout]:
-                continue
-            params.append(pytest.param(layout, case, id=f"{layout}-{case['name']}"))
-    return params
+tensor = tensor_reader(REFERENCE)
 
 
 def comfy_conditioning(entries: list[dict]) -> list:
@@ -79,51 +52,16 @@ def api_branch(entries: list[dict]) -> tuple[CondEntry, ...]:
 
 @pytest.fixture(scope="module")
 def node_ctx(pool_registry):
-    return NodeContext.create(registry=pool_registry, bridge=ComfyBridge())
+    return node_context(pool_registry)
 
 
-def relative_error(got: torch.Tensor, expected: torch.Tensor) -> float:
-    assert got.shape == expected.shape, f"shape {tuple(got.shape)} vs ComfyUI's {tuple(expected.shape)}"
-    return float((got.float() - expected).norm() / expected.norm().clamp_min(1e-30))
-
-
-@pytest.mark.parametrize(("layout", "case"), _params())
+@pytest.mark.parametrize(
+    ("layout", "case"), layout_params(REFERENCE["cases"], LAYOUTS, lambda layout, name: name in PARALLEL_CASES[layout])
+)
 def test_parallel_sampler_equals_comfy_ksampler(node_ctx, pool_registry, layout, case):
-    devices, config = LAYOUTS[layout]
-    degrees = dict(ulysses=config.ulysses, ring=1, cfg_parallel=config.cfg, pipefusion=config.pp)
-    (handle,) = ParallelModelLoader(node_ctx).load(
-        model=str(FILE),
-        family="auto",
-        devices=devices,
-        layout="manual",
-        **degrees,
-        pp_patches=0,
-        pp_warmup=STEPS,
-        dtype="fp32",
-        attention="auto",
-    )["result"]
-    model = load_parallel_model(
-        LoadRequest(model=str(FILE), devices=devices, layout=config, pp_warmup=STEPS), pool_registry
+    errors = sample_both_ways(
+        node_ctx, pool_registry, str(FILE), LAYOUTS[layout], case, STEPS, tensor, comfy_conditioning, api_branch
     )
-    latent = tensor(case["latent"]["samples"])
-    settings = (case["seed"], case["steps"], case["cfg"], case["sampler_name"], case["scheduler"], case["denoise"])
-    result = ParallelSampler(node_ctx).sample(
-        handle,
-        comfy_conditioning(case["positive"]),
-        comfy_conditioning(case["negative"]),
-        {"samples": latent},
-        *settings,
-    )
-    api = model.sample(
-        api_branch(case["positive"]),
-        api_branch(case["negative"]),
-        latent,
-        latent.shape[-1] * 8,
-        latent.shape[-2] * 8,
-        **dict(zip(("seed", "steps", "cfg", "sampler_name", "scheduler", "denoise"), settings)),
-    )
-    expected = tensor(case["expected"]["samples"])
-    errors = {"node": relative_error(result["result"][0]["samples"], expected), "api": relative_error(api, expected)}
     assert max(errors.values()) <= TOLERANCE, f"{case['name']} ({case['what']}) on {layout}: {errors}"
 
 

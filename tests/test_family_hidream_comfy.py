@@ -10,42 +10,33 @@ tests/data/make_comfy_hidream_reference.py from the ComfyUI snapshot.
 
 from __future__ import annotations
 
-import functools
 import json
-import math
 from pathlib import Path
 
 import pytest
 import torch
-from pack_import import load_pack  # tests/ helper
+from comfy_ksampler_cases import (  # tests/ helper
+    LAYOUTS,
+    TOLERANCE,
+    layout_params,
+    node_context,
+    relative_error,
+    sample_both_ways,
+    tensor_reader,
+)
 
 from parallel_runtime.attention.usp import SequenceParallelAttention
 from parallel_runtime.denoise.entries import CondEntry
-from parallel_runtime.denoise.model_sampling import model_sampling_sd3_node
 from parallel_runtime.models.base import Conditioning
 from parallel_runtime.models.families.hidream.conditioning import HiDreamText
 from parallel_runtime.parallel.config import ParallelConfig
 from parallel_runtime.parallel.mesh import ParallelMesh
 from parallel_runtime.service.api import LoadRequest, load_parallel_model
 
-load_pack()
-from dit_parallel_pack.nodes.bridge import ComfyBridge  # noqa: E402
-from dit_parallel_pack.nodes.context import NodeContext  # noqa: E402
-from dit_parallel_pack.nodes.loader import ParallelModelLoader  # noqa: E402
-from dit_parallel_pack.nodes.model_sampling import ParallelModelSamplingSD3  # noqa: E402
-from dit_parallel_pack.nodes.sampler import ParallelSampler  # noqa: E402
-
 DATA = Path(__file__).resolve().parent / "data"
 REFERENCE = json.loads((DATA / "comfy_hidream_reference.json").read_text(encoding="utf-8"))
 FILE = DATA / REFERENCE["models"]["hidream"]["file"]
-TOLERANCE = 1e-4  # relative L2, as tests/test_ksampler_fidelity.py
-LAYOUTS = {
-    "1rank": ("cpu:1", ParallelConfig()),
-    "ulysses2": ("cpu:2", ParallelConfig(ulysses=2)),
-    "ring2": ("cpu:2", ParallelConfig(ring=2)),
-    "cfg2": ("cpu:2", ParallelConfig(cfg=2)),
-    "pipefusion2": ("cpu:2", ParallelConfig(pp=2)),
-}
+HIDREAM_LAYOUTS = {**LAYOUTS, "ring2": ("cpu:2", ParallelConfig(ring=2))}
 LAYOUT_CASES = {  # one rank runs every case; the parallel layouts these
     "ulysses2": ("hidream_default_euler", "hidream_full_shift3_dpmpp_2m"),
     "ring2": ("hidream_default_euler",),
@@ -53,24 +44,7 @@ LAYOUT_CASES = {  # one rank runs every case; the parallel layouts these
     "pipefusion2": ("hidream_default_euler",),
 }
 STEPS = max(case["steps"] for case in REFERENCE["cases"])
-
-
-@functools.cache
-def tensor(name: str) -> torch.Tensor:
-    t = REFERENCE["tensors"][name]
-    return torch.tensor(t["data"], dtype=torch.float32).reshape(t["shape"])
-
-
-def _params() -> list:
-    params = []
-    for layout in LAYOUTS:
-        for case in REFERENCE["cases"]:
-            if layout == "cfg2" and math.isclose(case["cfg"], 1.0):
-                continue  # one branch: nothing to split
-            if layout != "1rank" and case["name"] not in LAYOUT_CASES[layout]:
-                continue  # every layout equals one device on more cases in tests/test_family_hidream_parallel.py
-            params.append(pytest.param(layout, case, id=f"{layout}-{case['name']}"))
-    return params
+tensor = tensor_reader(REFERENCE)
 
 
 def comfy_conditioning(entries: list[dict]) -> list:
@@ -88,55 +62,28 @@ def api_branch(entries: list[dict]) -> tuple[CondEntry, ...]:
 
 @pytest.fixture(scope="module")
 def node_ctx(pool_registry):
-    return NodeContext.create(registry=pool_registry, bridge=ComfyBridge())
+    return node_context(pool_registry)
 
 
-def relative_error(got: torch.Tensor, expected: torch.Tensor) -> float:
-    assert got.shape == expected.shape, f"shape {tuple(got.shape)} vs ComfyUI's {tuple(expected.shape)}"
-    return float((got.float() - expected).norm() / expected.norm().clamp_min(1e-30))
-
-
-@pytest.mark.parametrize(("layout", "case"), _params())
+# every layout equals one device on more cases in tests/test_family_hidream_parallel.py
+@pytest.mark.parametrize(
+    ("layout", "case"),
+    layout_params(REFERENCE["cases"], HIDREAM_LAYOUTS, lambda layout, name: name in LAYOUT_CASES[layout]),
+)
 def test_parallel_sampler_equals_comfy_ksampler(node_ctx, pool_registry, layout, case):
-    devices, config = LAYOUTS[layout]
-    degrees = dict(ulysses=config.ulysses, ring=config.ring, cfg_parallel=config.cfg, pipefusion=config.pp)
-    (handle,) = ParallelModelLoader(node_ctx).load(
-        model=str(FILE),
-        family="auto",
-        devices=devices,
-        layout="manual",
-        **degrees,
-        pp_patches=0,
-        pp_warmup=STEPS,
-        dtype="fp32",
-        attention="auto",
-    )["result"]
-    model = load_parallel_model(
-        LoadRequest(model=str(FILE), devices=devices, layout=config, pp_warmup=STEPS), pool_registry
-    )
     node = case.get("model_sampling")
-    if node is not None:
-        handle = ParallelModelSamplingSD3().patch(handle, **node["inputs"])["result"][0]
-        model = model.with_model_sampling(model_sampling_sd3_node(**node["inputs"]))
-    latent = tensor(case["latent"]["samples"])
-    settings = (case["seed"], case["steps"], case["cfg"], case["sampler_name"], case["scheduler"], case["denoise"])
-    result = ParallelSampler(node_ctx).sample(
-        handle,
-        comfy_conditioning(case["positive"]),
-        comfy_conditioning(case["negative"]),
-        {"samples": latent},
-        *settings,
+    errors = sample_both_ways(
+        node_ctx,
+        pool_registry,
+        str(FILE),
+        HIDREAM_LAYOUTS[layout],
+        case,
+        STEPS,
+        tensor,
+        comfy_conditioning,
+        api_branch,
+        None if node is None else node["inputs"],
     )
-    api = model.sample(
-        api_branch(case["positive"]),
-        api_branch(case["negative"]),
-        latent,
-        latent.shape[-1] * 8,
-        latent.shape[-2] * 8,
-        **dict(zip(("seed", "steps", "cfg", "sampler_name", "scheduler", "denoise"), settings)),
-    )
-    expected = tensor(case["expected"]["samples"])
-    errors = {"node": relative_error(result["result"][0]["samples"], expected), "api": relative_error(api, expected)}
     assert max(errors.values()) <= TOLERANCE, f"{case['name']} ({case['what']}) on {layout}: {errors}"
 
 
