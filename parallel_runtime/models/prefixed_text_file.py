@@ -13,6 +13,7 @@ import math
 import os
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -73,3 +74,24 @@ def load_prefixed_model(
     )
     load_tensors(model, source, lambda name: "all", device, dtype, what=what, storage=storage)
     return model.eval().requires_grad_(False)
+
+
+def decoder_config(shapes: Shapes, prefix: str, head_dim: int, layers: int, base: Mapping[str, Any]) -> dict[str, Any]:
+    """The sizes of a transformers decoder-only text model (Hugging Face's names under ``prefix``) read from a
+    header's ``shapes``, with ``head_dim`` and ``layers`` given and the rest (norm epsilon, context length,
+    activation, RoPE base) from ``base``."""
+    attention = prefix + "layers.0.self_attn.{}.weight"
+    vocab, hidden = shapes[prefix + "embed_tokens.weight"]
+    return {
+        "vocab_size": vocab,
+        "hidden_size": hidden,
+        "intermediate_size": shapes[prefix + "layers.0.mlp.gate_proj.weight"][0],
+        "num_hidden_layers": layers,
+        "num_attention_heads": shapes[attention.format("q_proj")][0] // head_dim,
+        "num_key_value_heads": shapes[attention.format("k_proj")][0] // head_dim,
+        "head_dim": head_dim,
+        "rms_norm_eps": base["rms_norm_eps"],
+        "max_position_embeddings": base["max_position_embeddings"],
+        "hidden_act": base["hidden_act"],
+        "rope_parameters": {"rope_type": "default", "rope_theta": base["rope_theta"]},
+    }

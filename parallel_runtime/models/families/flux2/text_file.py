@@ -27,7 +27,7 @@ from torch import nn
 
 from ....errors import ConfigError
 from ...base import Conditioning
-from ...prefixed_text_file import load_prefixed_model
+from ...prefixed_text_file import decoder_config, load_prefixed_model
 from ...text_parts import loaded_device_of
 from ...weights import parameters_on_meta
 from ..spec import TextEncoderFile
@@ -66,22 +66,7 @@ def mistral_text_config(shapes: Mapping[str, tuple[int, ...]], overrides: Mappin
             f"{LAYERS_BUILT} layers",
             "use Comfy-Org's mistral_3_small_flux2 file (40 layers, or 30 when pruned for FLUX.2)",
         )
-    vocab, hidden = shapes[TEXT_PREFIX + "embed_tokens.weight"]
-    head_dim = int(base["head_dim"])
-    return {
-        "vocab_size": vocab,
-        "hidden_size": hidden,
-        "intermediate_size": shapes[TEXT_PREFIX + "layers.0.mlp.gate_proj.weight"][0],
-        "num_hidden_layers": LAYERS_BUILT,
-        "num_attention_heads": shapes[key.format("q_proj")][0] // head_dim,
-        "num_key_value_heads": shapes[key.format("k_proj")][0] // head_dim,
-        "head_dim": head_dim,
-        "rms_norm_eps": base["rms_norm_eps"],
-        "max_position_embeddings": base["max_position_embeddings"],
-        "hidden_act": base["hidden_act"],
-        "sliding_window": None,
-        "rope_parameters": {"rope_type": "default", "rope_theta": base["rope_theta"]},
-    }
+    return {**decoder_config(shapes, TEXT_PREFIX, int(base["head_dim"]), LAYERS_BUILT, base), "sliding_window": None}
 
 
 def load_mistral_text_file(

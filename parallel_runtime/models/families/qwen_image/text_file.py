@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from ....errors import ConfigError
-from ...prefixed_text_file import load_prefixed_model
+from ...prefixed_text_file import decoder_config, load_prefixed_model
 from ...weights import parameters_on_meta
 from ..spec import TextEncoderFile
 from .text import QWEN_DEFAULT_LENGTH, encode_qwen_image
@@ -48,26 +48,15 @@ def qwen25_text_config(shapes: Mapping[str, tuple[int, ...]], overrides: Mapping
             "Qwen-Image's text encoder is Qwen2.5-VL 7B, stored by ComfyUI under 'model.'",
             "pick qwen_2.5_vl_7b*.safetensors from models/text_encoders",
         )
-    vocab, hidden = shapes[TEXT_PREFIX + "embed_tokens.weight"]
     head_dim = int(base["head_dim"])
     layers = len({k.split(".")[2] for k in shapes if k.startswith(TEXT_PREFIX + "layers.")})
     mrope = list(base["mrope_section"])
     if sum(mrope) != head_dim // 2:  # other head widths: the same three-way split, scaled
         side = head_dim // 2 // 3
         mrope = [head_dim // 2 - 2 * side, side, side]
-    return {
-        "vocab_size": vocab,
-        "hidden_size": hidden,
-        "intermediate_size": shapes[TEXT_PREFIX + "layers.0.mlp.gate_proj.weight"][0],
-        "num_hidden_layers": layers,
-        "num_attention_heads": shapes[key.format("q_proj")][0] // head_dim,
-        "num_key_value_heads": shapes[key.format("k_proj")][0] // head_dim,
-        "head_dim": head_dim,
-        "rms_norm_eps": base["rms_norm_eps"],
-        "max_position_embeddings": base["max_position_embeddings"],
-        "hidden_act": base["hidden_act"],
-        "rope_parameters": {"rope_type": "default", "rope_theta": base["rope_theta"], "mrope_section": mrope},
-    }
+    config = decoder_config(shapes, TEXT_PREFIX, head_dim, layers, base)
+    config["rope_parameters"]["mrope_section"] = mrope
+    return config
 
 
 def load_qwen25_text_file(

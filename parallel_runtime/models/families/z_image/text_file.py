@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from ....errors import ConfigError
-from ...prefixed_text_file import load_prefixed_model
+from ...prefixed_text_file import decoder_config, load_prefixed_model
 from ...weights import parameters_on_meta
 from ..spec import TextEncoderFile
 from .text import DEFAULT_LENGTH, encode_z_image
@@ -45,21 +45,8 @@ def qwen3_text_config(shapes: Mapping[str, tuple[int, ...]], overrides: Mapping[
             "Z-Image's text encoder is Qwen3-4B, stored by ComfyUI under 'model.'",
             "pick qwen_3_4b*.safetensors from models/text_encoders",
         )
-    vocab, hidden = shapes[TEXT_PREFIX + "embed_tokens.weight"]
-    head_dim = shapes[key.format("q_norm")][0]
-    return {
-        "vocab_size": vocab,
-        "hidden_size": hidden,
-        "intermediate_size": shapes[TEXT_PREFIX + "layers.0.mlp.gate_proj.weight"][0],
-        "num_hidden_layers": len({k.split(".")[2] for k in shapes if k.startswith(TEXT_PREFIX + "layers.")}),
-        "num_attention_heads": shapes[key.format("q_proj")][0] // head_dim,
-        "num_key_value_heads": shapes[key.format("k_proj")][0] // head_dim,
-        "head_dim": head_dim,
-        "rms_norm_eps": base["rms_norm_eps"],
-        "max_position_embeddings": base["max_position_embeddings"],
-        "hidden_act": base["hidden_act"],
-        "rope_parameters": {"rope_type": "default", "rope_theta": base["rope_theta"]},
-    }
+    layers = len({k.split(".")[2] for k in shapes if k.startswith(TEXT_PREFIX + "layers.")})
+    return decoder_config(shapes, TEXT_PREFIX, shapes[key.format("q_norm")][0], layers, base)
 
 
 def load_qwen3_text_file(
