@@ -36,9 +36,21 @@ KEPT = {  # names (fragments) the quantiser leaves in the conversion type, per a
     "qwen_image": (),
     "sd3": ("final_layer.", "context_embedder.", "t_embedder.", "y_embedder.", "x_embedder.", "pos_embed"),
     "lumina2": ("t_embedder.", "x_embedder.", "final_layer.", "cap_embedder.", "context_refiner.", "noise_refiner."),
+    "hidream": (
+        "p_embedder.",
+        "t_embedder.",
+        "x_embedder.",
+        "final_layer.",
+        ".ff_i.gate.weight",
+        "caption_projection.",
+    ),
     "ltxv": ("adaln_single.", "caption_projection.", "patchify_proj.", "proj_out.", "scale_shift_table"),
 }
-HIGH_PRECISION = {"wan": (".modulation",), "ltxv": ("scale_shift_table",)}
+HIGH_PRECISION = {
+    "wan": (".modulation",),
+    "ltxv": ("scale_shift_table",),
+    "hidream": (".ff_i.gate.weight", "img_emb.emb_pos"),  # ComfyUI-GGUF's keys_hiprec: plain parameters
+}
 
 
 def random_blocks(qtype: str, rows: int, cols: int, seed: int, std: float) -> np.ndarray:

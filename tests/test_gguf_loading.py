@@ -189,7 +189,7 @@ def _llm_file(path: Path, arch: str, qtype: str = "Q8_0") -> Path:
         ("llama", "text-encoder GGUF"),
         ("t5", "Parallel Text Encode"),
         ("gemma3", "not a diffusion-transformer GGUF"),
-        ("hidream", "load this file with ComfyUI-GGUF"),
+        ("cosmos", "load this file with ComfyUI-GGUF"),
     ],
 )
 def test_files_that_are_not_our_transformers_are_refused_by_architecture_and_types(tmp_path, arch, expected):

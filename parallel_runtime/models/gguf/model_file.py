@@ -22,7 +22,7 @@ from .reader import GGUFFile
 TRANSFORMER_PREFIX = "model.diffusion_model."
 # ComfyUI-GGUF's image architectures (its IMG_ARCH_LIST) that no family here stated when this was written; one
 # that a family's GGUFFacts states is read before this list is asked
-OTHER_IMAGE_ARCHITECTURES = ("sd1", "sdxl", "aura", "hidream", "cosmos", "ltxv", "hyvid", "lumina2")
+OTHER_IMAGE_ARCHITECTURES = ("sd1", "sdxl", "aura", "cosmos", "ltxv", "hyvid", "lumina2")
 TEXT_ARCHITECTURES = ("t5", "t5encoder", "llama", "qwen2vl", "qwen3", "qwen3vl")
 UNNAMED_ARCHITECTURES = (None, "pig", "cow")  # stable-diffusion.cpp files and old ComfyUI-GGUF ones
 

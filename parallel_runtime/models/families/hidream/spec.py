@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
+from types import MappingProxyType
 
 from ....parallel.layout import LayoutHints
 from ..flux.latent import FLUX_PREVIEW  # ComfyUI's supported_models.HiDream: latent_formats.Flux
-from ..spec import FamilySpec, TextFacts
+from ..spec import FamilySpec, GGUFFacts, TextFacts
 from . import HIDREAM_I1, ID
 from .comfy_inputs import COMFY_CONDITIONING
 
@@ -27,6 +28,13 @@ def _text_encoding():
     from .text import ENCODING
 
     return ENCODING
+
+
+GGUF = GGUFFacts(  # ComfyUI-GGUF's "hidream" files: the release's (= diffusers') names; the MoE gates stay F32
+    architecture="hidream",
+    quantiser_keeps=("p_embedder.", "t_embedder.", "x_embedder.", "final_layer.", "caption_projection."),
+    q4_k_m=MappingProxyType({r".*\.to_v\.weight": "Q6_K", r".*experts\..*\.w2\.weight": "Q6_K"}),
+)
 
 
 FAMILY = FamilySpec(
@@ -51,4 +59,5 @@ FAMILY = FamilySpec(
     generate_cfg=5.0,
     lora_markers=("double_stream_blocks", "single_stream_blocks"),
     comfy_conditioning=COMFY_CONDITIONING,
+    gguf=GGUF,
 )
