@@ -5,7 +5,8 @@ gates F32): the Linear weights stay in their GGML blocks, experts included.
 Oracles:
 - ComfyUI 0.3.64's KSampler on ComfyUI-GGUF's ``UnetLoaderGGUF`` of the same tiny files (Q8_0, Q4_0):
   tests/data/comfy_hidream_gguf_reference.json, written by tests/data/make_comfy_hidream_gguf_reference.py. The
-  Parallel Sampler (node and API) on one rank, Ulysses 2 and PipeFusion 2 (warmup = steps: exact) within 1e-4.
+  Parallel Sampler (node and API) on one rank, Ulysses 2 and PipeFusion 2 (warmup = steps: exact) within 1e-4;
+  with two LoRA files stacked (LoraLoaderModelOnly on the GGUF model vs the Parallel LoRA Loader), the same.
 - The same tensors dequantised by ComfyUI-GGUF's own ``dequantize_tensor`` (default arithmetic), saved as a
   .safetensors file and loaded through the safetensors path: the GGUF model samples exactly the same latent.
 - A PipeFusion stage reads only its share of the file's GGML bytes and holds the whole model's tensors.
@@ -20,7 +21,15 @@ from pathlib import Path
 import pytest
 import torch
 from comfy_gguf import comfy_reference_file
-from comfy_ksampler_cases import LAYOUTS, TOLERANCE, layout_params, node_context, sample_both_ways, tensor_reader
+from comfy_ksampler_cases import (
+    LAYOUTS,
+    TOLERANCE,
+    layout_params,
+    node_context,
+    relative_error,
+    sample_both_ways,
+    tensor_reader,
+)
 from test_family_hidream_comfy import api_branch, comfy_conditioning
 
 from parallel_runtime.denoise.loop import denoise_latent
@@ -33,11 +42,15 @@ from parallel_runtime.models.gguf.reader import GGUFFile
 from parallel_runtime.models.single_file import inspect_single_file, load_single_file_components
 from parallel_runtime.parallel.mesh import ParallelMesh
 from parallel_runtime.pipefusion.stage_loading import load_single_file_stage
+from parallel_runtime.service.api import LoadRequest, load_parallel_model
+from parallel_runtime.service.lora import LoraSpec
 
 DATA = Path(__file__).resolve().parent / "data"
 REFERENCE = json.loads((DATA / "comfy_hidream_gguf_reference.json").read_text(encoding="utf-8"))
 GGUF_LAYOUTS = {k: LAYOUTS[k] for k in ("1rank", "ulysses2", "pipefusion2")}
 ON_PARALLEL = ("Q8_0.hidream_default_euler", "Q4_0.hidream_default_euler")
+PLAIN = [case for case in REFERENCE["cases"] if not case.get("loras")]
+WITH_LORAS = [case for case in REFERENCE["cases"] if case.get("loras")]
 STEPS = max(case["steps"] for case in REFERENCE["cases"])
 tensor = tensor_reader(REFERENCE)
 
@@ -57,7 +70,7 @@ def node_ctx(pool_registry):
 @pytest.mark.parametrize(
     ("layout", "case"),
     layout_params(
-        REFERENCE["cases"],
+        PLAIN,
         GGUF_LAYOUTS,
         lambda layout, name: name in ON_PARALLEL and (layout != "pipefusion2" or name.startswith("Q8_0")),
     ),
@@ -77,6 +90,29 @@ def test_parallel_sampler_equals_comfyui_gguf_ksampler(node_ctx, pool_registry, 
         None if node is None else node["inputs"],
     )
     assert max(errors.values()) <= TOLERANCE, f"{case['name']} ({case['what']}) on {layout}: {errors}"
+
+
+@pytest.mark.parametrize("layout", list(GGUF_LAYOUTS))
+def test_lora_stack_on_gguf_samples_as_comfyui_gguf(pool_registry, layout):
+    """The Parallel LoRA Loader on the GGUF model: patches on quantised (attention, experts), F32 and F16 weights."""
+    (case,) = WITH_LORAS
+    devices, config = GGUF_LAYOUTS[layout]
+    request = LoadRequest(model=str(model_file(case["model"])), devices=devices, layout=config, pp_warmup=STEPS)
+    model = load_parallel_model(request, pool_registry)
+    specs = [LoraSpec.of(DATA / "lora" / f"{stem}.safetensors", strength) for stem, strength in case["loras"]]
+    latent = tensor(case["latent"]["samples"])
+    settings = {k: case[k] for k in ("seed", "steps", "cfg", "sampler_name", "scheduler", "denoise")}
+    args = (
+        api_branch(case["positive"]),
+        api_branch(case["negative"]),
+        latent,
+        latent.shape[-1] * 8,
+        latent.shape[-2] * 8,
+    )
+    expected = tensor(case["expected"]["samples"])
+    error = relative_error(model.with_loras(*specs).sample(*args, **settings), expected)
+    assert error <= TOLERANCE, f"{layout}: relative error {error:.2e} against ComfyUI-GGUF + LoraLoaderModelOnly"
+    assert relative_error(model.sample(*args, **settings), expected) > 100 * TOLERANCE  # the LoRAs matter
 
 
 def sample(comps, seed: int = 0) -> torch.Tensor:

@@ -12,7 +12,8 @@ Run by hand (not in CI) with the Python of ComfyUI's venv that has ``gguf`` (tes
    Q8_0 and Q4_0 (the attention projections quantised too, see ``attention_types``).
 2. Loads each with ComfyUI-GGUF's ``UnetLoaderGGUF`` and runs ComfyUI's ``KSampler`` (ModelSamplingSD3 where a case
    names it) on the CONDITIONING of make_comfy_hidream_reference.py's cases (QuadrupleCLIPLoader + CLIPTextEncode's
-   shape: T5 states, pooled CLIPs, conditioning_llama3), all on the CPU in float32 compute.
+   shape: T5 states, pooled CLIPs, conditioning_llama3), all on the CPU in float32 compute; one case also through
+   ``LoraLoaderModelOnly`` with make_comfy_hidream_lora_reference.py's two LoRA files stacked.
 
 The only patch is make_comfy_hidream_reference.py's: ComfyUI's detection hard-codes HiDream's published widths,
 replaced by the tiny ones. Nothing from parallel_runtime is imported.
@@ -49,6 +50,10 @@ CASES = {  # quantised type -> the cases of make_comfy_hidream_reference.py it s
     "Q8_0": ("hidream_default_euler", "hidream_full_shift3_dpmpp_2m"),
     "Q4_0": ("hidream_default_euler",),
 }
+LORA_DIR = HERE / "lora"
+# LoraLoaderModelOnly on UnetLoaderGGUF's model (make_comfy_hidream_lora_reference.py's files: quantised
+# attention and experts, F32 caption projection, F16 input / output layers): (quantised type, case, stack)
+LORA_CASES = (("Q8_0", "hidream_default_euler", (("hidream_lora_peft", 0.8), ("hidream_lora_kohya", -0.5))),)
 
 
 def attention_types(state: dict[str, torch.Tensor], quant: str) -> dict[str, str]:
@@ -83,6 +88,7 @@ def run(args: argparse.Namespace, base: Path) -> None:
     models_dir = base / "models" / "unet"
     models_dir.mkdir(parents=True)
     folder_paths.add_model_folder_path("diffusion_models", str(models_dir), is_default=True)
+    folder_paths.add_model_folder_path("loras", str(LORA_DIR), is_default=True)
     gguf_nodes.update_folder_names_and_paths("unet_gguf", ["diffusion_models", "unet"])
     GGUF_DIR.mkdir(exist_ok=True)
     state = {k: v.float() for k, v in load_file(str(HERE / FILE_NAME)).items()}
@@ -103,6 +109,19 @@ def run(args: argparse.Namespace, base: Path) -> None:
         for name in CASES[quant]:
             case = {**cases[name], "name": f"{quant}.{name}", "model": quant}
             records.append(run_case(c, b, models, case))
+        for lora_quant, name, stack in LORA_CASES:
+            if lora_quant != quant:
+                continue
+            patched = model
+            for stem, strength in stack:
+                (patched,) = c.nodes.LoraLoaderModelOnly().load_lora_model_only(
+                    patched, f"{stem}.safetensors", strength
+                )
+            case = {**cases[name], "name": f"{quant}.lora.{name}", "model": "patched"}
+            record = run_case(c, b, {"patched": patched}, case)
+            records.append(
+                {**record, "model": quant, "loras": [list(x) for x in stack], "patches": len(patched.patches)}
+            )
         c.comfy.model_management.unload_all_models()
     reference = {
         "generator": "tests/data/make_comfy_hidream_gguf_reference.py",
