@@ -234,6 +234,10 @@ class ModelAdapter(abc.ABC):
     ) -> Activations:
         """Embeddings of the whole (unsplit) sequence."""
 
+    def trace_conditioning(self, cond: Conditioning) -> Conditioning:
+        """``cond`` of the meta shape trace (``models.extra_roles``) with the extras ``embed_full`` requires."""
+        return cond
+
     @abc.abstractmethod
     def call_block(self, list_name: str, block: nn.Module, acts: Activations) -> Activations:
         """Run one diffusers block on local activations."""
@@ -255,9 +259,8 @@ class ModelAdapter(abc.ABC):
 
     @property
     def dtype(self) -> torch.dtype:
-        """The compute dtype: the loader's record of it (fp8-stored weights compute in a wider type), else that
-        of most of a block's weights (small modules such as modulation tables may be kept in float32, as
-        diffusers keeps them)."""
+        """The compute dtype: the loader's record of it (fp8-stored weights compute wider), else that of most of
+        a block's weights (small modules such as modulation tables may stay float32, as diffusers keeps them)."""
         recorded = getattr(self.transformer, COMPUTE_DTYPE_ATTR, None)
         if recorded is not None:
             return recorded

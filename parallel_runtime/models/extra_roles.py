@@ -63,9 +63,11 @@ def trace_extra_roles(model_cls: type, config: dict[str, Any]) -> ExtraRoles:
         x = torch.zeros(1, adapter.plan.latent_channels, *frames, 2 * p, 2 * p, device="meta")
         sizes = adapter.config_sizes(config)
         dim, pooled_dim = sizes.text_dim, sizes.pooled_dim
-        cond = Conditioning(
-            torch.zeros(1, 4, int(dim), device="meta"),
-            torch.zeros(1, int(pooled_dim), device="meta") if pooled_dim else None,
+        cond = adapter.trace_conditioning(
+            Conditioning(
+                torch.zeros(1, 4, int(dim), device="meta"),
+                torch.zeros(1, int(pooled_dim), device="meta") if pooled_dim else None,
+            )
         )
         one = torch.zeros(1, device="meta")
         with _TensorUse(names) as embed_use:

@@ -83,6 +83,12 @@ class HiDreamAdapter(ModelAdapter):
         blocks = int(config["num_layers"]) + int(config["num_single_layers"])
         return ConfigSizes(heads, head_dim, blocks, int(config["caption_channels"][0]), int(config["text_emb_dim"]))
 
+    def trace_conditioning(self, cond: Conditioning) -> Conditioning:
+        """Zero Llama states of every layer the blocks read: the trace needs their shapes only."""
+        config = self.transformer.config
+        shape = (cond.batch_size, max(config.llama_layers) + 1, 1, int(config.caption_channels[1]))
+        return dataclasses.replace(cond, extras=HiDreamText(cond.prompt_embeds.new_zeros(shape)))
+
     def embed_full(
         self, x: torch.Tensor, timestep: torch.Tensor, cond: Conditioning, guidance: torch.Tensor | None = None
     ) -> Activations:
@@ -94,9 +100,6 @@ class HiDreamAdapter(ModelAdapter):
                 "encode the prompt with ComfyUI's QuadrupleCLIPLoader and CLIPTextEncode",
             )
         layers = list(t.config.llama_layers)
-        if x.device.type == "meta" and not isinstance(cond.extras, HiDreamText):  # models.extra_roles' shape trace
-            width = int(t.config.caption_channels[1])
-            cond = dataclasses.replace(cond, extras=HiDreamText(x.new_zeros(x.shape[0], max(layers) + 1, 1, width)))
         states = llama_states(cond, max(layers) + 1)
         rows, cols = self.grid_of(x)
         img = t.x_embedder(self.patchify(x))
