@@ -123,3 +123,33 @@ def sample_both_ways(
     )
     expected = tensor(case["expected"]["samples"])
     return {"node": relative_error(result["result"][0]["samples"], expected), "api": relative_error(api, expected)}
+
+
+def sample_api(model, case: dict, tensor: Callable[[str], torch.Tensor], api_branch: Callable[[list[dict]], tuple]):
+    """``case`` sampled through the API on ``model``."""
+    latent = tensor(case["latent"]["samples"])
+    args = (
+        api_branch(case["positive"]),
+        api_branch(case["negative"]),
+        latent,
+        latent.shape[-1] * 8,
+        latent.shape[-2] * 8,
+    )
+    return model.sample(*args, **{k: case[k] for k in SETTINGS})
+
+
+def lora_stack_errors(
+    model, reference: Mapping[str, Any], tensor: Callable[[str], torch.Tensor], api_branch: Callable, lora_dir
+) -> tuple[dict[str, float], dict[str, float]]:
+    """Per case of a LoRA reference: the relative error to ComfyUI's samples of ``model`` with the case's LoRA
+    stack (files ``lora_dir/<stem>.safetensors``), and that of ``model`` without LoRAs (what the LoRAs change)."""
+    from parallel_runtime.service.lora import LoraSpec
+
+    errors, moved = {}, {}
+    plain = sample_api(model, reference["cases"][0], tensor, api_branch)
+    for case in reference["cases"]:
+        specs = [LoraSpec.of(lora_dir / f"{stem}.safetensors", strength) for stem, strength in case["loras"]]
+        expected = tensor(case["expected"]["samples"])
+        errors[case["name"]] = relative_error(sample_api(model.with_loras(*specs), case, tensor, api_branch), expected)
+        moved[case["name"]] = relative_error(plain, expected)
+    return errors, moved

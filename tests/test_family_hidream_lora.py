@@ -10,24 +10,21 @@ comfy_ref_hidream.safetensors.
 
 from __future__ import annotations
 
-import functools
 import json
 from pathlib import Path
 
 import pytest
-import torch
+from comfy_ksampler_cases import TOLERANCE, lora_stack_errors, tensor_reader  # tests/ helper
 
 from parallel_runtime.denoise.entries import CondEntry
 from parallel_runtime.models.base import Conditioning
 from parallel_runtime.models.families.hidream.conditioning import HiDreamText
 from parallel_runtime.parallel.config import ParallelConfig
 from parallel_runtime.service.api import LoadRequest, load_parallel_model
-from parallel_runtime.service.lora import LoraSpec
 
 DATA = Path(__file__).resolve().parent / "data"
 REFERENCE = json.loads((DATA / "comfy_hidream_lora_reference.json").read_text(encoding="utf-8"))
 FILE = DATA / REFERENCE["model"]
-TOLERANCE = 1e-4  # relative L2, as tests/test_ksampler_fidelity.py
 LAYOUTS = {
     "1rank": ("cpu:1", ParallelConfig()),
     "ulysses2": ("cpu:2", ParallelConfig(ulysses=2)),
@@ -36,10 +33,7 @@ LAYOUTS = {
 STEPS = max(case["steps"] for case in REFERENCE["cases"])
 
 
-@functools.cache
-def tensor(name: str) -> torch.Tensor:
-    t = REFERENCE["tensors"][name]
-    return torch.tensor(t["data"], dtype=torch.float32).reshape(t["shape"])
+tensor = tensor_reader(REFERENCE)
 
 
 def branch(entries: list[dict]) -> tuple[CondEntry, ...]:
@@ -49,31 +43,12 @@ def branch(entries: list[dict]) -> tuple[CondEntry, ...]:
     )
 
 
-def relative_error(got: torch.Tensor, expected: torch.Tensor) -> float:
-    assert got.shape == expected.shape, f"shape {tuple(got.shape)} vs ComfyUI's {tuple(expected.shape)}"
-    return float((got.float() - expected).norm() / expected.norm().clamp_min(1e-30))
-
-
-def sample(model, case: dict) -> torch.Tensor:
-    latent = tensor(case["latent"]["samples"])
-    names = ("seed", "steps", "cfg", "sampler_name", "scheduler", "denoise")
-    settings = {k: case[k] for k in names}
-    args = (branch(case["positive"]), branch(case["negative"]), latent, latent.shape[-1] * 8, latent.shape[-2] * 8)
-    return model.sample(*args, **settings)
-
-
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_lora_stacks_sample_as_comfyui(pool_registry, layout):
     devices, config = LAYOUTS[layout]
     model = load_parallel_model(
         LoadRequest(model=str(FILE), devices=devices, layout=config, pp_warmup=STEPS), pool_registry
     )
-    errors, moved = {}, {}
-    plain = sample(model, REFERENCE["cases"][0])
-    for case in REFERENCE["cases"]:
-        specs = [LoraSpec.of(DATA / "lora" / f"{stem}.safetensors", strength) for stem, strength in case["loras"]]
-        expected = tensor(case["expected"]["samples"])
-        errors[case["name"]] = relative_error(sample(model.with_loras(*specs), case), expected)
-        moved[case["name"]] = relative_error(plain, expected)  # what the LoRAs change: far above the tolerance
+    errors, moved = lora_stack_errors(model, REFERENCE, tensor, branch, DATA / "lora")
     assert max(errors.values()) <= TOLERANCE, (layout, errors)
     assert min(moved.values()) > 100 * TOLERANCE, moved
