@@ -124,10 +124,11 @@ def encode_weighted(
     min_length: int,
     masked: bool,
     empty_row: Callable[[int], list[int]],
+    zero_padding: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(states [B, L, D], mask [B, L]) of ``prompts`` in ComfyUI's weight syntax (``prompt_weights``): tokens + END
-    padded to ``min_length``; ``masked``: the encoder sees the mask and the padding's states are zeroed;
-    ``empty_row(L)``: the empty prompt's tokens weighted tokens are measured from (a family's rule)."""
+    padded to ``min_length``; ``masked``: the encoder sees the mask, and with ``zero_padding`` the padding's states
+    are zeroed; ``empty_row(L)``: the empty prompt's tokens weighted tokens are measured from (a family's rule)."""
     from .prompt_weights import apply_weights, weighted_tokens
 
     rows, weights = zip(*(weighted_tokens(p, ids_of, END) for p in prompts))
@@ -137,7 +138,7 @@ def encode_weighted(
         if not masked:
             return encoder(ids)
         states = encoder(ids, mask)
-        return states * mask.to(states.device, states.dtype).unsqueeze(-1)
+        return states * mask.to(states.device, states.dtype).unsqueeze(-1) if zero_padding else states
 
     states = run(ids, mask)
     if any(w != 1.0 for row in weights for w in row):

@@ -15,7 +15,8 @@ What it does, all on the CPU:
    scale_weight, the scaled_fp8 marker) and t5-v1_1-xxl-encoder-Q8_0.gguf's (llama.cpp's, Q8_0).
 2. Loads them with ``CLIPLoader`` types chroma and pixart (all three layouts; the GGUF with ``CLIPLoaderGGUF``) and
    type sd3 (bf16 and the GGUF: T5 alone, no CLIP-L / CLIP-G), encodes the prompts with ``CLIPTextEncode`` and
-   stores each CONDITIONING with its pooled output (``--add pixart``: only that family's cases, from the files
+   stores each CONDITIONING with its pooled output and attention mask (type ltxv, LTX-Video's: the prompt padded to 128
+   tokens, the mask in the CONDITIONING) (``--add pixart``: only that family's cases, from the files
    already in tests/data, the other cases kept).
 3. Builds a seeded random CLIP-L text tower (128 wide, 2 heads of 64 as CLIP-L's, 2 layers, feed-forward 256,
    77 positions, text_projection) under transformers' ``text_model.*`` names in float16 (clip_l.safetensors'
@@ -66,6 +67,9 @@ CASES = [
     ("pixart", "bf16"),
     ("pixart", "fp8_scaled"),
     ("pixart", "Q8_0"),
+    ("ltxv", "bf16"),
+    ("ltxv", "fp8_scaled"),
+    ("ltxv", "Q8_0"),
 ]
 PROMPTS = [
     "a red fox in the snow",
@@ -288,6 +292,9 @@ def run(args, base: Path) -> None:
                         "cond": tensor_json(cond[0][0][0]),
                         "pooled": None if pooled is None else tensor_json(pooled),
                         "extra": sorted(k for k in cond[0][1] if k != "pooled_output"),
+                        "attention_mask": (
+                            cond[0][1]["attention_mask"].tolist() if "attention_mask" in cond[0][1] else None
+                        ),
                     }
                 )
         reference["cases"][f"{kind}_{layout}"] = {"family": kind, "file": FILES[layout], "conditioning": rows}

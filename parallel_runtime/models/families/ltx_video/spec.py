@@ -30,6 +30,12 @@ def _text_encoding():
     return ENCODING
 
 
+def _text_encoder_file():
+    from .text_file import ENCODER_FILE
+
+    return ENCODER_FILE
+
+
 def _vae_file():
     from .vae_file import FORMAT
 
@@ -77,6 +83,7 @@ FAMILY = FamilySpec(
     lora_markers=("patchify_proj", "adaln_single"),
     default_size=(768, 512, 97),
     vae_file=_vae_file,
+    text_encoder_file=_text_encoder_file,
     video_vae=_video_vae,
     comfy_conditioning=COMFY_CONDITIONING,
     gguf=GGUF,
