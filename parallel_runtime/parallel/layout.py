@@ -339,7 +339,7 @@ def _pipefusion_for_memory(
                 return (
                     1,
                     None,
-                    f"the model ({gib:.1f} GiB) fits on every device (smallest has {smallest.free_bytes / GiB:.1f} GiB free)",
+                    f"the model ({format_bytes(model.weight_bytes)}) fits on every device (smallest has {format_bytes(smallest.free_bytes)} free)",
                 )
             continue
         even_counts = model.stage_counts(pp)
@@ -350,8 +350,8 @@ def _pipefusion_for_memory(
                 pp,
                 None if model.uniform_split(pp) else even_counts,
                 (
-                    f"the model ({gib:.1f} GiB) does not fit one device ({smallest.label} {smallest.name}: "
-                    f"{smallest.free_bytes / GiB:.1f} GiB free): PipeFusion pp={pp} splits its {model.num_layers} layers"
+                    f"the model ({format_bytes(model.weight_bytes)}) does not fit one device ({smallest.label} {smallest.name}: "
+                    f"{format_bytes(smallest.free_bytes)} free): PipeFusion pp={pp} splits its {model.num_layers} layers"
                 ),
             )
         weights = tuple(c / sum(capacity) for c in capacity)
@@ -362,8 +362,8 @@ def _pipefusion_for_memory(
                 pp,
                 tuple(round(w, 3) for w in weights) if not model.block_bytes else counts,
                 (
-                    f"the model ({gib:.1f} GiB) does not fit one device ({smallest.label} {smallest.name}: "
-                    f"{smallest.free_bytes / GiB:.1f} GiB free): PipeFusion pp={pp} with uneven stage weights "
+                    f"the model ({format_bytes(model.weight_bytes)}) does not fit one device ({smallest.label} {smallest.name}: "
+                    f"{format_bytes(smallest.free_bytes)} free): PipeFusion pp={pp} with uneven stage weights "
                     f"from free memory ({frees} GiB free)"
                 ),
             )

@@ -3,18 +3,23 @@ directly (NVLink / PCIe P2P), as the layout planner sees it.
 
 ``MachineInfo.detect()`` reads torch.cuda (device count, memory, ``can_device_access_peer``) and
 degrades to CPU ranks when no GPU is visible; ``MachineInfo.cpu`` and ``MachineInfo.uniform``
-describe machines for planning and tests.
+describe machines for planning and tests. CPU ranks share the host's available memory, or have the memory
+per rank that ``$DIT_PARALLEL_CPU_MEMORY`` states (e.g. ``512MiB``): a CPU stand-in for smaller devices.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
+import re
 from collections.abc import Sequence
 
 from ..errors import ConfigError
 from .config import parse_devices
 
 GiB = 1024**3
+CPU_MEMORY_ENV = "DIT_PARALLEL_CPU_MEMORY"  # memory per CPU rank the layout planner assumes (bytes, or 512MiB, 2GB)
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 1024, "mib": 1024**2, "gib": GiB}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,12 +102,12 @@ class MachineInfo:
             cuda_count = 0
         if devices is None or (isinstance(devices, str) and devices.strip().lower() in ("", "all")):
             if cuda_count == 0:
-                return cls.cpu(1)
+                return cls.cpu(1, cpu_memory_override(1))
             names = [f"cuda:{i}" for i in range(cuda_count)]
         else:
             names = parse_devices(devices)
         if all(n == "cpu" for n in names):
-            return cls.cpu(len(names))
+            return cls.cpu(len(names), cpu_memory_override(len(names)))
         ids = [int(n.split(":")[1]) for n in names]
         bad = [f"cuda:{i}" for i in ids if i >= cuda_count]
         if bad:
@@ -135,6 +140,24 @@ def _can_access(i: int, j: int) -> bool:
         return bool(torch.cuda.can_device_access_peer(i, j))
     except Exception:
         return False
+
+
+def cpu_memory_override(ranks: int) -> int | None:
+    """The memory of ``ranks`` CPU ranks as ``$DIT_PARALLEL_CPU_MEMORY`` states it per rank, or None (unset):
+    planning CPU ranks as devices of that size shows on CPU what the auto layout does with smaller GPUs."""
+    text = os.environ.get(CPU_MEMORY_ENV, "").strip()
+    if not text:
+        return None
+    match = re.fullmatch(r"([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)", text)
+    unit = _UNITS.get(match.group(2).lower(), 0) if match else 0
+    per_rank = int(float(match.group(1)) * unit) if match else 0
+    if per_rank <= 0:
+        raise ConfigError(
+            f"{CPU_MEMORY_ENV}={text!r}",
+            "it states the memory of each CPU rank for the layout planner, a positive size",
+            f"give bytes or a size such as 512MiB or 2GB, or unset {CPU_MEMORY_ENV} to use the host's free memory",
+        )
+    return per_rank * ranks
 
 
 def _available_ram() -> int:
