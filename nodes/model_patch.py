@@ -3,7 +3,7 @@ QwenImageDiffsynthControlnet for a PARALLEL_MODEL.
 
 A shared graph maps over by two swaps: ModelPatchLoader -> Parallel Model Patch Loader (same folder,
 models/model_patches) and QwenImageDiffsynthControlnet -> Parallel Qwen-Image DiffSynth ControlNet (same inputs:
-the model, the patch, the VAE, the image, the strength). The VAE, image and the text stay ComfyUI's own nodes; the
+the model, the patch, the VAE, the image, the strength, an inpainting patch's optional mask). The VAE, image and the text stay ComfyUI's own nodes; the
 workers load the patch file beside the model and apply it split like the model's tokens.
 """
 
@@ -76,7 +76,8 @@ class ParallelQwenImageDiffsynthControlnet(DeclaredNode):
         description=(
             "Like QwenImageDiffsynthControlnet: the control image is area-scaled to the latent, encoded with the "
             "VAE, and the patch updates the image tokens after every block, on every model call of both branches. "
-            "Chain several to apply them in order. Runs on the workers, split like the model (Ulysses / Ring / CFG)."
+            "Chain several to apply them in order. An inpainting patch takes the optional mask (where to inpaint). "
+            "Runs on the workers, split like the model (Ulysses / Ring / CFG)."
         ),
         inputs=(
             Socket("parallel_model", PARALLEL_MODEL, "The parallel Qwen-Image model to patch."),
@@ -84,13 +85,25 @@ class ParallelQwenImageDiffsynthControlnet(DeclaredNode):
             Socket("vae", "VAE", "The model's VAE (encodes the control image)."),
             Socket("image", "IMAGE", "The control image (canny edges, depth, pose ...)."),
             Float("strength", "How strongly the patch steers the image.", 1.0, -10.0, 10.0, step=0.01),
+            Socket(
+                "mask",
+                "MASK",
+                "For an inpainting patch: where to inpaint (1), stretched to the latent; none: keep everything.",
+                optional=True,
+            ),
         ),
         outputs=(Output(PARALLEL_MODEL, "The same parallel model (same workers) with the patch."),),
         function="diffsynth_controlnet",
     )
 
     def diffsynth_controlnet(
-        self, parallel_model: ParallelModelHandle, model_patch: Any, vae: Any, image: Any, strength: float
+        self,
+        parallel_model: ParallelModelHandle,
+        model_patch: Any,
+        vae: Any,
+        image: Any,
+        strength: float,
+        mask: Any = None,
     ) -> dict[str, Any]:
         from parallel_runtime.errors import ConfigError
         from parallel_runtime.service.controlnets import ModelPatch
@@ -102,5 +115,5 @@ class ParallelQwenImageDiffsynthControlnet(DeclaredNode):
                 "ComfyUI's process",
                 "load the patch with Parallel Model Patch Loader (same file, models/model_patches)",
             )
-        modifier = ModelPatchModifier(ModelPatch(model_patch.info, image, vae, float(strength)))
+        modifier = ModelPatchModifier(ModelPatch(model_patch.info, image, vae, float(strength), mask))
         return {"ui": {"text": [modifier.describe()]}, "result": (parallel_model.derive(modifier),)}

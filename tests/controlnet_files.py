@@ -20,6 +20,7 @@ FLUX_UNION = DATA / "tiny_flux_controlnet_union.safetensors"
 FLUX_XLABS = DATA / "tiny_flux_controlnet_xlabs.safetensors"
 QWEN_INSTANTX = DATA / "tiny_qwen_controlnet_instantx.safetensors"
 QWEN_DIFFSYNTH = DATA / "tiny_qwen_diffsynth_controlnet.safetensors"
+QWEN_DIFFSYNTH_INPAINT = DATA / "tiny_qwen_diffsynth_inpaint.safetensors"  # img_in reads the latent and a mask
 QWEN_DIFFSYNTH_BLOCKS = 3  # one per block of the tiny Qwen-Image (DiffSynth's files: 60, one per Qwen-Image block)
 QWEN_INSTANTX_CONFIG = {  # the tiny Qwen-Image of tests/data/make_comfy_qwen_image_reference.py, 2 ControlNet blocks
     "patch_size": 2,
@@ -128,6 +129,20 @@ def write_qwen_diffsynth(path: Path = QWEN_DIFFSYNTH) -> Path:
     return path
 
 
+def qwen_diffsynth_inpaint_state() -> dict[str, torch.Tensor]:
+    """The tiny DiffSynth inpainting patch: as the ControlNet patch, its ``img_in`` packing 17 channels (the
+    16-channel latent and one mask channel, 2x2 each: 68 inputs, as DiffSynth's Qwen-Image-Blockwise-ControlNet-
+    Inpaint file)."""
+    return qwen_diffsynth_state(latent_in=(16 + 1) * 4)
+
+
+def write_qwen_diffsynth_inpaint(path: Path = QWEN_DIFFSYNTH_INPAINT) -> Path:
+    from safetensors.torch import save_file
+
+    save_file(qwen_diffsynth_inpaint_state(), str(path))
+    return path
+
+
 def write_qwen_instantx(path: Path = QWEN_INSTANTX) -> Path:
     from safetensors.torch import save_file
 
@@ -150,4 +165,12 @@ def write_flux_union(path: Path = FLUX_UNION) -> Path:
 
 
 if __name__ == "__main__":
-    sys.exit(print(write_flux_union(), write_flux_xlabs(), write_qwen_instantx(), write_qwen_diffsynth()))
+    sys.exit(
+        print(
+            write_flux_union(),
+            write_flux_xlabs(),
+            write_qwen_instantx(),
+            write_qwen_diffsynth(),
+            write_qwen_diffsynth_inpaint(),
+        )
+    )

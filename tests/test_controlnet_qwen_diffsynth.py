@@ -17,7 +17,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from controlnet_files import QWEN_DIFFSYNTH, qwen_diffsynth_state  # tests/ helper
+from controlnet_files import (  # tests/ helper
+    QWEN_DIFFSYNTH,
+    QWEN_DIFFSYNTH_INPAINT,
+    qwen_diffsynth_inpaint_state,
+    qwen_diffsynth_state,
+)
 
 from parallel_runtime.denoise.entries import CondEntry
 from parallel_runtime.denoise.settings import SamplingSettings
@@ -33,6 +38,7 @@ sys.path.insert(0, str(DATA))
 from controlnet_hint_vae import HintVAE  # noqa: E402
 
 REFERENCE = json.loads((DATA / "comfy_qwen_diffsynth_reference.json").read_text(encoding="utf-8"))
+INPAINT = json.loads((DATA / "comfy_qwen_diffsynth_inpaint_reference.json").read_text(encoding="utf-8"))
 MODEL = DATA / REFERENCE["model_file"]
 TOLERANCE = 1e-4  # relative L2
 LAYOUTS = {
@@ -43,8 +49,8 @@ LAYOUTS = {
 
 
 @functools.cache
-def tensor(name: str) -> torch.Tensor:
-    t = REFERENCE["tensors"][name]
+def tensor(name: str, reference: str = "patch") -> torch.Tensor:
+    t = (REFERENCE if reference == "patch" else INPAINT)["tensors"][name]
     return torch.tensor(t["data"], dtype=torch.float32).reshape(t["shape"])
 
 
@@ -63,8 +69,8 @@ def patched(model, applies):
     return model
 
 
-def run(model, case) -> torch.Tensor:
-    entry = lambda name: (CondEntry(Conditioning(tensor(f"text.{name}"))),)  # noqa: E731
+def run(model, case, reference: str = "patch") -> torch.Tensor:
+    entry = lambda name: (CondEntry(Conditioning(tensor(f"text.{name}", reference))),)  # noqa: E731
     shape = case["latent_shape"]
     return model.sample(
         entry(case["positive"]),
@@ -86,11 +92,11 @@ def relative_error(got: torch.Tensor, expected: torch.Tensor) -> float:
     return float((got.float() - expected).norm() / expected.norm())
 
 
-def _params():
+def _params(reference=REFERENCE):
     return [
         pytest.param(layout, case, id=f"{layout}-{case['name']}")
         for layout in LAYOUTS
-        for case in REFERENCE["cases"]
+        for case in reference["cases"]
         if not (layout == "cfg2" and math.isclose(case["cfg"], 1.0))
     ]
 
@@ -118,6 +124,38 @@ def test_diffsynth_patch_equals_comfy(pool_registry, layout, case):
             assert relative_error(swapped, expected) > 10 * TOLERANCE
 
 
+def inpaint_patched(model, case, mask: torch.Tensor | None):
+    image = tensor(f"hint.{case['hint']}", "inpaint")
+    patch = ModelPatch(
+        describe_controlnet(QWEN_DIFFSYNTH_INPAINT), image, HintVAE(frame_axis=True), case["strength"], mask
+    )
+    return patched_model(model, patch)
+
+
+def test_stored_inpaint_patch_is_what_the_builder_makes():
+    from safetensors.torch import load_file
+
+    stored, built = load_file(str(QWEN_DIFFSYNTH_INPAINT)), qwen_diffsynth_inpaint_state()
+    assert stored.keys() == built.keys() and all(torch.equal(stored[k], built[k]) for k in built)
+    assert hashlib.sha256(QWEN_DIFFSYNTH_INPAINT.read_bytes()).hexdigest() == INPAINT["patch_sha256"]
+    info = describe_controlnet(QWEN_DIFFSYNTH_INPAINT)
+    assert (info.kind, info.double_blocks, info.hint_channels) == ("qwen-diffsynth", 3, 17)
+
+
+@pytest.mark.parametrize(("layout", "case"), _params(INPAINT))
+def test_diffsynth_inpaint_patch_equals_comfy(pool_registry, layout, case):
+    """The inpainting patch reads the latent and the area to keep (the mask stretched to the latent; all of it
+    without a mask), as ComfyUI's QwenImageDiffsynthControlnet with its optional mask."""
+    model = model_on(layout, pool_registry)
+    mask = None if case["mask"] is None else tensor(f"mask.{case['mask']}", "inpaint")
+    expected = tensor(f"{case['name']}.expected", "inpaint")
+    error = relative_error(run(inpaint_patched(model, case, mask), case, "inpaint"), expected)
+    assert error <= TOLERANCE, f"{case['name']} on {layout}: {error}"
+    if layout == "1rank" and mask is not None:  # the mask changes the picture, and it is the area to keep
+        for wrong in (None, 1.0 - mask):
+            assert relative_error(run(inpaint_patched(model, case, wrong), case, "inpaint"), expected) > 10 * TOLERANCE
+
+
 def test_patch_errors_on_the_host(pool_registry):
     case = REFERENCE["cases"][0]
     with pytest.raises(ConfigError, match="PipeFusion"):
@@ -125,6 +163,9 @@ def test_patch_errors_on_the_host(pool_registry):
             LoadRequest(model=str(MODEL), devices="cpu:2", layout=ParallelConfig(pp=2), pp_warmup=1), pool_registry
         )
         run(patched(pp, case["applies"]), case)
+    inpaint = INPAINT["cases"][0]
+    with pytest.raises(ConfigError, match="MASK"):  # a mask without its batch axis
+        run(inpaint_patched(model_on("1rank", pool_registry), inpaint, torch.ones(40, 56)), inpaint, "inpaint")
 
 
 def test_patch_tokens_stay_split_under_ulysses(pool_registry):
@@ -181,6 +222,7 @@ def test_diffsynth_nodes_equal_comfy(pool_registry, tmp_path, monkeypatch):
     )["result"]
     (patch,) = ParallelModelPatchLoader(ctx).load_model_patch(QWEN_DIFFSYNTH.name)["result"]
     case = next(c for c in REFERENCE["cases"] if c["name"] == "chained")
+    base = handle
     for a in case["applies"]:
         image = tensor(f"hint.{a['hint']}")
         (handle,) = ParallelQwenImageDiffsynthControlnet(ctx).diffsynth_controlnet(
@@ -199,5 +241,29 @@ def test_diffsynth_nodes_equal_comfy(pool_registry, tmp_path, monkeypatch):
         1.0,
     )["result"][0]["samples"]
     assert relative_error(out, tensor(f"{case['name']}.expected")) <= TOLERANCE
+    shutil.copy(QWEN_DIFFSYNTH_INPAINT, tmp_path / "model_patches" / QWEN_DIFFSYNTH_INPAINT.name)
+    (inpaint,) = ParallelModelPatchLoader(ctx).load_model_patch(QWEN_DIFFSYNTH_INPAINT.name)["result"]
+    case = next(c for c in INPAINT["cases"] if c["mask"] is not None and c["cfg"] > 1)
+    (masked,) = ParallelQwenImageDiffsynthControlnet(ctx).diffsynth_controlnet(
+        base,
+        inpaint,
+        HintVAE(frame_axis=True),
+        tensor(f"hint.{case['hint']}", "inpaint"),
+        case["strength"],
+        mask=tensor(f"mask.{case['mask']}", "inpaint"),
+    )["result"]
+    out = ParallelSampler(ctx).sample(
+        masked,
+        [[tensor(f"text.{case['positive']}", "inpaint"), {}]],
+        [[tensor(f"text.{case['negative']}", "inpaint"), {}]],
+        {"samples": torch.zeros(case["latent_shape"])},
+        case["seed"],
+        case["steps"],
+        case["cfg"],
+        case["sampler_name"],
+        case["scheduler"],
+        1.0,
+    )["result"][0]["samples"]
+    assert relative_error(out, tensor(f"{case['name']}.expected", "inpaint")) <= TOLERANCE
     with pytest.raises(ConfigError, match="Parallel Model Patch Loader"):
         ParallelQwenImageDiffsynthControlnet(ctx).diffsynth_controlnet(handle, object(), HintVAE(), image, 1.0)

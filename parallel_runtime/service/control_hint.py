@@ -62,3 +62,31 @@ def image_hint(image: Any, latent_shape: tuple[int, ...], scale: int) -> Any:
     h, w = latent_shape[-2:]
     with torch.no_grad():
         return fit_to(image.float(), w * scale, h * scale).cpu().contiguous()
+
+
+def kept_area(mask: Any, batch: int, channels: int, size: tuple[int, int]) -> Any:
+    """An inpainting model patch's mask channels [B, channels, h, w] for a hint latent of ``size``: one minus the
+    MASK (1 = inpaint there), averaged over its channels and bilinearly stretched to ``size`` (no crop, unlike the
+    image); all ones when there is no mask."""
+    import torch
+    import torch.nn.functional as F
+
+    if mask is None:
+        return torch.ones(batch, channels, *size)
+    if not isinstance(mask, torch.Tensor) or mask.ndim not in (3, 4):
+        raise ConfigError(
+            f"an inpainting mask of {type(mask).__name__} {tuple(getattr(mask, 'shape', ()))}",
+            "the mask is a MASK [batch, height, width] (1 where the patch inpaints)",
+            "connect a MASK (e.g. from Load Image's mask output) to the mask input",
+        )
+    kept = 1.0 - (mask.float() if mask.ndim == 4 else mask.float().unsqueeze(1)).mean(dim=1, keepdim=True)
+    if channels != 1 or kept.shape[0] not in (1, batch):
+        raise ConfigError(
+            f"an inpainting mask of shape {list(mask.shape)} for a patch reading {channels} mask channels on a "
+            f"batch of {batch} control images",
+            "the patch reads one mask channel, one mask per control image (or one for all)",
+            "give one mask, or one per control image, to an inpainting patch",
+        )
+    with torch.no_grad():
+        kept = F.interpolate(kept.cpu(), size=tuple(size), mode="bilinear")
+    return kept.expand(batch, -1, -1, -1).contiguous()

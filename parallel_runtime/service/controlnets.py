@@ -11,6 +11,8 @@ import dataclasses
 from collections.abc import Iterable
 from typing import Any
 
+import torch
+
 from ..denoise.caching.specs import Caches
 from ..denoise.control import ControlRunner, refuse_with_cache
 from ..denoise.entries import Branch
@@ -32,6 +34,7 @@ class ModelPatch:
     image: Any  # IMAGE [B, H, W, C] as ComfyUI passes it (the first 3 channels are read)
     vae: Any  # the VAE that encodes it (ComfyUI's VAE, or anything with encode / spacial_compression_encode)
     strength: float = 1.0
+    mask: Any = None  # MASK [B, H, W] (or [B, C, H, W]): the area to inpaint, for an inpainting patch
 
     def check_family(self, family: str) -> None:
         if self.info.family != family:
@@ -44,9 +47,12 @@ class ModelPatch:
     def link(self, latent_shape: tuple[int, ...]) -> Any:
         """The patch as a chain link whose hint is the image area-scaled to the latent, encoded, in model space."""
         from ..denoise.control import ControlLink
-        from .control_hint import encode_hint
+        from .control_hint import encode_hint, kept_area
 
         hint = encode_hint(self.image[..., :3].movedim(-1, 1), self.vae, latent_shape, self.info.hint_format, "area")
+        extra = self.info.hint_channels - hint.shape[1]
+        if extra > 0:  # an inpainting patch: the area to keep beside the latent (all of it without a mask)
+            hint = torch.cat([hint, kept_area(self.mask, hint.shape[0], extra, hint.shape[-2:])], dim=1)
         return ControlLink(self.info.path, hint, float(self.strength))
 
 

@@ -3,8 +3,9 @@ files, ComfyUI's ModelPatchLoader + QwenImageDiffsynthControlnet), run split lik
 
 The patch has no attention of its own. Its hint is the control image VAE-encoded at the latent's size (the image
 cropped about its centre to the latent's aspect and area-resized to 8x the latent), the first 16 channels put in
-Qwen-Image's model space (Wan 2.1 statistics), an inpainting file's extra channels (a mask, all ones when none is
-given) kept as they are; it is packed in 2x2 patches like the latent and embedded once, ``y = img_in(hint)``.
+Qwen-Image's model space (Wan 2.1 statistics), an inpainting file's extra channel (the area to keep: one minus the
+node's mask, averaged over its channels and bilinearly stretched to the latent's size; all ones when no mask is
+given) appended as it is; it is packed in 2x2 patches like the latent and embedded once, ``y = img_in(hint)``.
 After main block ``i`` every image token becomes ``img + strength * block_i(img, y)`` with
 ``block_i(x, y) = output_proj(gelu(input_proj(rms(x) * a_i + rms(y) * b_i)))`` (RMS norms with eps 1e-6): a
 token-wise map, so each sp rank applies it to the image tokens it holds with its own share of ``y``. Several
@@ -31,6 +32,7 @@ from .adapter import PACK, wan21_latent_format
 
 RMS_EPS = 1e-6
 MARKER = "controlnet_blocks.0.y_rms.weight"
+INPAINT_MASK_CHANNELS = 1  # an inpainting patch's hint: the latent, then the kept-area mask at the latent's size
 
 
 def _rms(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -121,11 +123,13 @@ def describe_diffsynth(path: Path, shapes: dict[str, list[int]]) -> ControlNetFi
             "use a DiffSynth Qwen-Image ControlNet file (Qwen-Image-Blockwise-ControlNet)",
         )
     channels = hint_in // (PACK * PACK)
-    if channels != 16:
+    if channels not in (16, 16 + INPAINT_MASK_CHANNELS):
         raise ConfigError(
             f"model patch {path.name} takes {channels} hint channels",
-            "a DiffSynth inpainting patch reads a mask beside Qwen-Image's 16-channel latent; it is not run yet",
-            "use a DiffSynth Qwen-Image ControlNet for canny / depth / pose (16 hint channels)",
+            "a DiffSynth Qwen-Image ControlNet reads Qwen-Image's 16-channel latent, an inpainting one that latent "
+            f"and {INPAINT_MASK_CHANNELS} mask channel",
+            "use a DiffSynth Qwen-Image ControlNet (canny / depth / pose: 16 hint channels) or its inpainting "
+            "patch (17)",
         )
     blocks = len({k.split(".")[1] for k in shapes if k.startswith("controlnet_blocks.")})
     return ControlNetFile(
