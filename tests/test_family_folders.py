@@ -32,6 +32,7 @@ COMFY_MODELS = {
     "z-image": ("Flux",),  # 0.3.64 has no Z-Image; later ComfyUI's ZImage takes latent_formats.Flux, as Flux does
     "chroma": ("Chroma",),
     "hidream-i1": ("HiDream",),
+    "ltx2": (),  # ComfyUI 0.3.64 has no LTX-2
 }
 
 

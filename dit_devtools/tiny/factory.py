@@ -38,7 +38,7 @@ TINY_VIDEO_MODELS: tuple[str, ...] = (
     "tiny-ltx-video",
 )
 # Models without text encoders (their conditioning comes from ComfyUI's encoders): for tests, not built-ins.
-TINY_CONDITIONED_MODELS: tuple[str, ...] = ("tiny-hidream",)
+TINY_CONDITIONED_MODELS: tuple[str, ...] = ("tiny-hidream", "tiny-ltx2")
 CACHE_ENV = "DIT_PARALLEL_TINY_ROOT"
 # Widened tiny models for speed measurements (``bench families``): 512 wide (8 heads x 64), a few blocks.
 WIDENED: dict[str, dict[str, Any]] = {
@@ -49,7 +49,7 @@ WIDENED: dict[str, dict[str, Any]] = {
 
 
 def _builders() -> dict[str, Callable[[dict[str, Any]], dict[str, Any]]]:
-    from . import big, chroma, hidream, hunyuan_video, hunyuan_video15, image, ltx_video, video, z_image
+    from . import big, chroma, hidream, hunyuan_video, hunyuan_video15, image, ltx2, ltx_video, video, z_image
 
     builders = {**image.BUILDERS, "tiny-qwen-image": big.qwen_image, "tiny-flux2": big.flux2, **video.BUILDERS}
     return {
@@ -60,6 +60,7 @@ def _builders() -> dict[str, Callable[[dict[str, Any]], dict[str, Any]]]:
         "tiny-z-image": z_image.z_image,
         **chroma.BUILDERS,
         **hidream.BUILDERS,
+        **ltx2.BUILDERS,
     }
 
 

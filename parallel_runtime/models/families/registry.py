@@ -15,6 +15,7 @@ from .flux2.spec import FAMILY as FLUX2
 from .hidream.spec import FAMILY as HIDREAM
 from .hunyuan_video.spec import FAMILY as HUNYUAN_VIDEO
 from .hunyuan_video15.spec import FAMILY as HUNYUAN_VIDEO15
+from .ltx2.spec import FAMILY as LTX2
 from .ltx_video.spec import FAMILY as LTX_VIDEO
 from .pixart.spec import FAMILY as PIXART
 from .qwen_image.spec import FAMILY as QWEN_IMAGE
@@ -36,6 +37,7 @@ FAMILIES: tuple[FamilySpec, ...] = (
     Z_IMAGE,
     CHROMA,
     HIDREAM,
+    LTX2,
 )  # the order users see them in
 
 

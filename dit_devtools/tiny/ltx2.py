@@ -1,0 +1,101 @@
+"""Tiny random-weight LTX-2 pipeline (diffusers folder) for tests and benchmarks.
+
+Same rules as :mod:`.factory`: a diffusers folder built from configs with a fixed seed. Structure follows the
+released LTX-2.0 model ("split" rotary tables, double-precision frequencies, the audio stream and the audio<->video
+cross-attentions present in every block), sizes do not: 2 blocks, 2 heads x 8 (video and audio). The folder holds
+LTX2Pipeline's transformer, video VAE (AutoencoderKLLTX2Video: 32x spatial, 8x temporal, 128 latent channels,
+per-channel statistics set off 0 / 1) and scheduler (the release's dynamic-shift config); the text side (Gemma-3,
+connectors), audio VAE and vocoder are absent (video-only: the family's README row).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+SEED = 0
+TEXT_WIDTH = 32  # the connectors' output width = the transformer's caption_channels
+LATENT_CHANNELS = 128  # the released VAE's; the transformer's in/out channels
+
+
+def ltx2_vae():
+    """Tiny AutoencoderKLLTX2Video with the release's level pattern (patch 4, three spatio-temporal levels)."""
+    from diffusers import AutoencoderKLLTX2Video
+
+    torch.manual_seed(SEED)
+    vae = AutoencoderKLLTX2Video(
+        latent_channels=LATENT_CHANNELS,
+        block_out_channels=(8, 16, 32, 32),
+        decoder_block_out_channels=(8, 16, 32),
+        layers_per_block=(1, 1, 1, 1, 1),
+        decoder_layers_per_block=(1, 1, 1, 1),
+        decoder_causal=False,  # the release's decoder
+    )
+    with torch.no_grad():
+        vae.latents_mean.copy_(torch.randn(LATENT_CHANNELS) * 0.1)
+        vae.latents_std.copy_(torch.rand(LATENT_CHANNELS) + 0.5)
+    return vae.eval()
+
+
+def ltx2_transformer(seed: int = SEED, **overrides: Any):
+    from diffusers import LTX2VideoTransformer3DModel
+
+    config = dict(
+        in_channels=LATENT_CHANNELS,
+        out_channels=LATENT_CHANNELS,
+        num_attention_heads=2,
+        attention_head_dim=8,
+        cross_attention_dim=16,
+        audio_in_channels=16,
+        audio_out_channels=16,
+        audio_num_attention_heads=2,
+        audio_attention_head_dim=8,
+        audio_cross_attention_dim=16,
+        num_layers=2,
+        caption_channels=TEXT_WIDTH,
+        rope_type="split",
+        rope_double_precision=True,
+    )
+    config.update(overrides)
+    torch.manual_seed(seed)
+    model = LTX2VideoTransformer3DModel(**config).eval()
+    with torch.no_grad():  # lift the q/k RMS norms off 1 so the tests see them
+        for name, param in model.named_parameters():
+            if name.endswith(("norm_q.weight", "norm_k.weight")):
+                param.add_(torch.randn_like(param) * 0.1)
+    return model
+
+
+def ltx2_scheduler():
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    return FlowMatchEulerDiscreteScheduler(
+        num_train_timesteps=1000,
+        shift=1.0,
+        use_dynamic_shifting=True,
+        base_shift=0.95,
+        max_shift=2.05,
+        base_image_seq_len=1024,
+        max_image_seq_len=4096,
+        time_shift_type="exponential",
+    )
+
+
+def tiny_ltx2(overrides: dict[str, Any]) -> dict[str, Any]:
+    from diffusers import LTX2Pipeline
+
+    return dict(
+        cls=LTX2Pipeline,
+        transformer=ltx2_transformer(**overrides),
+        vae=ltx2_vae(),
+        scheduler=ltx2_scheduler(),
+        audio_vae=None,
+        text_encoder=None,
+        tokenizer=None,
+        connectors=None,
+        vocoder=None,
+    )
+
+
+BUILDERS = {"tiny-ltx2": tiny_ltx2}

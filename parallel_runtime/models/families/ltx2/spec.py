@@ -1,0 +1,54 @@
+"""LTX-2's declaration: see ``families.spec.FamilySpec`` for what each field means."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ....parallel.layout import LayoutHints
+from ..spec import FamilySpec, TextFacts
+from . import ID, LTX2_19B
+
+
+def _adapter():
+    from .adapter import LTX2Adapter
+
+    return LTX2Adapter
+
+
+def _original_layout():
+    from .keys import LAYOUT
+
+    return LAYOUT
+
+
+def _text_encoding():
+    from .text import ENCODING
+
+    return ENCODING
+
+
+def geometry(latent_channels: int | None) -> tuple[int, int]:
+    """(pixels per token side, frames per latent frame): VAE 32x x patch 1, 8 frames per latent frame."""
+    return 32, 8
+
+
+FAMILY = FamilySpec(
+    id=ID,
+    label="LTX-2",
+    transformer_class="LTX2VideoTransformer3DModel",
+    pipeline_class="LTX2Pipeline",
+    adapter=_adapter,
+    markers=("av_ca_a2v_gate_adaln_single.", "av_cross_attn_video_a2v_gate."),
+    detection_priority=2,  # before LTX-Video 0.9 (1): its files hold patchify_proj. too
+    variants=(LTX2_19B,),
+    folder=Path(__file__).resolve().parent,
+    original_layout=_original_layout,
+    text=TextFacts(max_length=1024, comfy_nodes="none: ComfyUI 0.3.64 has no LTX-2 text encoder"),
+    text_encoding=_text_encoding,
+    layout=LayoutHints(default_cfg=3.0, text_tokens=0),  # cross-attention: the text is not in the sequence
+    head_dim=128,
+    geometry=geometry,
+    generate_cfg=3.0,
+    lora_markers=("av_ca_", "audio_attn1"),
+    default_size=(768, 512, 121),
+)

@@ -1,0 +1,181 @@
+"""LTX-2, video-only. In process: the adapter's embed -> blocks -> output equals diffusers' transformer forward with
+the audio<->video cross-attentions off (``isolate_modalities=True``: then the audio stream cannot reach the video,
+which the test shows), for both rotary types and per-video frame rates; the single-device engine equals a denoise
+loop of diffusers' scheduler (the release's dynamic-shift config) and transformer with CFG; LTX-2.3 configs and
+text prompts are refused. In real worker processes (gloo): Ulysses, Ring, CFG parallel and PipeFusion equal one
+device, PipeFusion after warmup stays within the stale-K/V bound and beats patch-local attention."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from family_layout_cases import LAYOUTS, FamilyReference, close, layout_result, stale_errors  # tests/ helpers
+from pipefusion_cases import STALE_BOUND, STALE_VS_PATCH_LOCAL  # tests/ helper
+
+from dit_devtools.tiny import ensure_tiny_model
+from dit_devtools.tiny.ltx2 import ltx2_transformer
+from parallel_runtime.attention.usp import SequenceParallelAttention
+from parallel_runtime.denoise import SamplingSettings, denoise_latent, model_sampling_for
+from parallel_runtime.errors import ConfigError
+from parallel_runtime.models.base import Conditioning
+from parallel_runtime.models.families.ltx2.adapter import LTX2Adapter, dynamic_shift
+from parallel_runtime.models.families.ltx2.conditioning import LTX2FrameRate
+from parallel_runtime.models.families.ltx2.text import ENCODING
+from parallel_runtime.models.loading import load_pipeline_components
+from parallel_runtime.parallel.mesh import ParallelMesh
+
+NAME = "tiny-ltx2"
+TEXT_WIDTH = 32
+
+
+@pytest.fixture(scope="module")
+def comps():
+    return load_pipeline_components(ensure_tiny_model(NAME), "cpu", torch.float32)
+
+
+def _packed(x: torch.Tensor) -> torch.Tensor:
+    return x.flatten(2).transpose(1, 2)  # [B, C, T, H, W] -> [B, T*H*W, C] (patch 1)
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    assert a.shape == b.shape
+    return ((a - b).norm() / b.norm()).item()
+
+
+def _theirs(transformer, x, text, mask, t, fps, audio, isolate=True):
+    """diffusers' forward on the packed video and an audio stream; the video prediction."""
+    frames, height, width = x.shape[2:]
+    return transformer(
+        hidden_states=_packed(x), audio_hidden_states=audio, encoder_hidden_states=text,
+        audio_encoder_hidden_states=text[..., :TEXT_WIDTH], timestep=t, sigma=t, encoder_attention_mask=mask,
+        audio_encoder_attention_mask=mask, num_frames=frames, height=height, width=width, fps=fps,
+        audio_num_frames=audio.shape[1], isolate_modalities=isolate, return_dict=False,
+    )[0]  # fmt: skip
+
+
+def _conds(seed: int = 0, tokens: tuple[int, int] = (9, 6), rate: float | None = 24.0):
+    """Stand-ins for the text connectors' video context: a positive and a shorter negative (padded, masked)."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for n in tokens:
+        text, mask = torch.randn(1, 9, TEXT_WIDTH, generator=g), torch.zeros(1, 9)
+        mask[:, :n] = 1
+        extras = None if rate is None else LTX2FrameRate(torch.tensor([rate]))
+        out.append(Conditioning(text, None, mask, extras))
+    return out
+
+
+@torch.no_grad()
+def test_adapter_equals_the_transformers_video_only_forward(comps):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 128, 3, 4, 6, generator=g)
+    text = torch.randn(2, 9, TEXT_WIDTH, generator=g)
+    mask = torch.ones(2, 9)
+    mask[0, 7:], mask[1, 5:] = 0, 0  # prompts of different lengths: padded tokens masked
+    t = torch.tensor([700.0, 250.0])
+    audio = torch.randn(2, 5, 16, generator=g)
+    mesh = ParallelMesh.single()
+    released = comps.adapter()
+    assert released.plan.latent_channels == 128 and released.num_blocks == 2 and released.plan.text_attention == "cross"
+    interleaved = LTX2Adapter(ltx2_transformer(rope_type="interleaved", rope_double_precision=False))
+    for adapter in (released, interleaved):
+        transformer = adapter.transformer
+        for rate in (24.0, 12.5):
+            ref = _theirs(transformer, x, text, mask, t, rate, audio)
+            cond = Conditioning(text, None, mask, LTX2FrameRate(torch.tensor([rate])))
+            ours = adapter.forward(x, t / 1000, cond, mesh, SequenceParallelAttention(mesh))
+            assert _rel(_packed(ours), ref) <= 1e-6
+        # isolated, the audio stream cannot reach the video; the joint forward (a2v on) differs: what we leave out
+        assert torch.equal(_theirs(transformer, x, text, mask, t, rate, audio * 3 + 1), ref)
+        assert _rel(_theirs(transformer, x, text, mask, t, rate, audio, isolate=False), ref) > 1e-3
+    other = released.forward(x, t / 1000, Conditioning(text, None, mask), mesh, SequenceParallelAttention(mesh))
+    assert _rel(other, ours) > 1e-4  # the default 24 fps differs from 12.5: the frame rate moves the time positions
+    with pytest.raises(ConfigError, match="frame rate"):
+        released.forward(x, t, Conditioning(text, None, mask, LTX2FrameRate(torch.tensor([0.0, 24.0]))), mesh,
+                         SequenceParallelAttention(mesh))  # fmt: skip
+
+
+def test_later_releases_and_text_prompts_are_refused(comps):
+    from diffusers import LTX2VideoTransformer3DModel
+
+    config = dict(comps.transformer.config)
+    config = LTX2VideoTransformer3DModel.from_config({**config, "cross_attn_mod": True}).config
+    with pytest.raises(ConfigError, match="LTX-2.0's video stream") as info:
+        LTX2Adapter.make_plan(config, None)
+    assert "load the LTX-2.0 transformer" in str(info.value)
+    with pytest.raises(ConfigError, match="Gemma-3"):
+        ENCODING.encode(comps, ["a fox"], 1024, torch.device("cpu"))
+
+
+def test_audio_is_refused_by_the_samplers_latent_check():
+    """No audio is sampled: an audio latent (diffusers' [B, 8, frames, mel bins]) is refused on the host, before any
+    worker runs, by the sampler's latent check (the video model's 128 channels)."""
+    from parallel_runtime.service.input_checks import model_latent
+
+    audio_latent = torch.randn(1, 8, 5, 16)
+    with pytest.raises(ConfigError, match="8 channels but this ltx2 model works with 128"):
+        model_latent(audio_latent, "ltx2", 128, 3)
+
+
+@torch.no_grad()
+def test_single_device_equals_the_release_schedulers_denoise_loop(comps):
+    """Euler over the scheduler's own sigmas (LTX2Pipeline's retrieve_timesteps with the token count's mu), CFG 3 on
+    the velocity, diffusers' transformer (video-only) and scheduler.step: our engine's result."""
+    from diffusers.pipelines.ltx2.pipeline_ltx2 import calculate_shift
+
+    pos, neg = _conds()
+    noise = torch.randn(1, 128, 2, 3, 4, generator=torch.Generator().manual_seed(3))
+    tokens, steps, cfg = noise[0, 0].numel(), 4, 3.0
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    scheduler = FlowMatchEulerDiscreteScheduler.from_config(comps.scheduler_config)
+    mu = calculate_shift(tokens, 1024, 4096, 0.95, 2.05)
+    assert mu == pytest.approx(dynamic_shift(tokens))
+    scheduler.set_timesteps(sigmas=np.linspace(1.0, 1 / steps, steps), mu=mu)
+    audio = torch.zeros(2, 1, 16)
+    text = torch.cat([neg.prompt_embeds, pos.prompt_embeds])
+    mask = torch.cat([neg.attention_mask, pos.attention_mask])
+    latents = _packed(noise)
+    for t in scheduler.timesteps:
+        x = latents.transpose(1, 2).reshape(noise.shape).repeat(2, 1, 1, 1, 1)
+        uncond, cond = _theirs(comps.transformer, x, text, mask, t.expand(2), 24.0, audio).chunk(2)
+        latents = scheduler.step(uncond + cfg * (cond - uncond), t, latents, return_dict=False)[0]
+    adapter = comps.adapter()
+    settings = SamplingSettings(seed=0, cfg=cfg, sampler="euler", sigmas=scheduler.sigmas.float())
+    ours = denoise_latent(
+        adapter, ParallelMesh.single(), model_sampling_for(adapter), pos, neg, torch.zeros_like(noise), settings,
+        start_model_space=noise,
+    )  # fmt: skip
+    assert _rel(_packed(ours), latents) <= 1e-4
+
+
+class LTX2Reference(FamilyReference):
+    """The tiny LTX-2's single-device results on a 3 x 3 x 5 latent (45 tokens: divisible by neither 2 nor 4)."""
+
+    def __init__(self):
+        self.path = str(ensure_tiny_model(NAME))
+        self.components = load_pipeline_components(self.path, "cpu", torch.float32)
+        self.adapter = self.components.adapter()
+        self.pos, self.neg = _conds(1)
+        self.latent = torch.zeros(1, 128, 3, 3, 5)
+        self.steps, self.cfg = 3, 3.0
+        self.results = {}
+
+
+@pytest.fixture(scope="module")
+def reference():
+    return LTX2Reference()
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_every_layout_equals_single_device(cpu_pool, reference, layout):
+    assert close(layout_result(cpu_pool, reference, layout), reference.result())
+
+
+def test_pipefusion_after_warmup_stays_within_the_stale_bound(cpu_pool, reference):
+    """One warmup step, then stale K/V: within the bound, and several times closer than each patch attending only to
+    its own tokens (stale K/V off)."""
+    stale, local = stale_errors(cpu_pool, reference, (2, 3))
+    assert all(0 < e < STALE_BOUND for e in stale.values()), stale
+    assert local > STALE_VS_PATCH_LOCAL * stale[3], (stale, local)
