@@ -31,6 +31,12 @@ def _text_encoding():
     return ENCODING
 
 
+def _text_encoder_file():
+    from .text_file import ENCODER_FILE
+
+    return ENCODER_FILE
+
+
 def _vae_file():
     from .vae_file import FORMAT
 
@@ -90,6 +96,7 @@ FAMILY = FamilySpec(
     lora_markers=("img_attn_qkv", "txt_attn_qkv", "individual_token_refiner", "token_refiner"),
     lora_aliases=lora_aliases,
     vae_file=_vae_file,
+    text_encoder_file=_text_encoder_file,
     video_vae=_video_vae,
     comfy_conditioning=COMFY_CONDITIONING,
     gguf=GGUF,
