@@ -161,6 +161,7 @@ TOKENIZER_DIRS = {  # file-name fragment -> ComfyUI's bundled tokenizer (comfy/t
     "t5xxl": "t5_tokenizer",
     "t5-v1_1": "t5_tokenizer",
     "llava_llama3": "llama_tokenizer",
+    "byt5": "byt5_tokenizer",
     "clip_l": "../sd1_tokenizer",  # CLIP's is comfy/sd1_tokenizer, beside comfy/text_encoders
 }
 TEXT_ENCODER_NONE = "(none)"

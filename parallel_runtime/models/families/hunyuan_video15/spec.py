@@ -21,6 +21,12 @@ def _original_layout():
     return LAYOUT
 
 
+def _text_encoder_file():
+    from .text_file import ENCODER_FILE
+
+    return ENCODER_FILE
+
+
 def _text_encoding():
     from .text import ENCODING
 
@@ -51,6 +57,7 @@ FAMILY = FamilySpec(
     original_layout=_original_layout,
     text=TextFacts(max_length=1000, comfy_nodes="Parallel Text Encode with the diffusers folder (Qwen2.5-VL + ByT5)"),
     text_encoding=_text_encoding,
+    text_encoder_file=_text_encoder_file,
     layout=LayoutHints(default_cfg=6.0, text_tokens=64),
     head_dim=128,
     geometry=geometry,
