@@ -3,10 +3,12 @@ names, which are diffusers'; embedders, caption projections and the final layer 
 gates F32): the Linear weights stay in their GGML blocks, experts included.
 
 Oracles:
-- ComfyUI 0.3.64's KSampler on ComfyUI-GGUF's ``UnetLoaderGGUF`` of the same tiny files (Q8_0, Q4_0):
-  tests/data/comfy_hidream_gguf_reference.json, written by tests/data/make_comfy_hidream_gguf_reference.py. The
-  Parallel Sampler (node and API) on one rank, Ulysses 2 and PipeFusion 2 (warmup = steps: exact) within 1e-4;
-  with two LoRA files stacked (LoraLoaderModelOnly on the GGUF model vs the Parallel LoRA Loader), the same.
+- ComfyUI 0.3.64's KSampler on ComfyUI-GGUF's ``UnetLoaderGGUF`` of the same tiny files (Q8_0, Q4_0, and the
+  K-quants Q4_K and Q6_K: random valid blocks in the experts' and feed-forwards' w2, whose rows are whole 256-value
+  blocks): tests/data/comfy_hidream_gguf_reference.json, written by tests/data/make_comfy_hidream_gguf_reference.py.
+  The Parallel Sampler (node and API) on one rank, Ulysses 2 (not Q6_K) and (Q8_0) PipeFusion 2 (warmup = steps:
+  exact) within 1e-4; with two LoRA files stacked (LoraLoaderModelOnly on the GGUF model vs the Parallel LoRA
+  Loader), the same.
 - The same tensors dequantised by ComfyUI-GGUF's own ``dequantize_tensor`` (default arithmetic), saved as a
   .safetensors file and loaded through the safetensors path: the GGUF model samples exactly the same latent.
 - A PipeFusion stage reads only its share of the file's GGML bytes and holds the whole model's tensors.
@@ -48,7 +50,7 @@ from parallel_runtime.service.lora import LoraSpec
 DATA = Path(__file__).resolve().parent / "data"
 REFERENCE = json.loads((DATA / "comfy_hidream_gguf_reference.json").read_text(encoding="utf-8"))
 GGUF_LAYOUTS = {k: LAYOUTS[k] for k in ("1rank", "ulysses2", "pipefusion2")}
-ON_PARALLEL = ("Q8_0.hidream_default_euler", "Q4_0.hidream_default_euler")
+ON_PARALLEL = tuple(f"{q}.hidream_default_euler" for q in ("Q8_0", "Q4_0", "Q4_K"))  # Q6_K: one rank
 PLAIN = [case for case in REFERENCE["cases"] if not case.get("loras")]
 WITH_LORAS = [case for case in REFERENCE["cases"] if case.get("loras")]
 STEPS = max(case["steps"] for case in REFERENCE["cases"])
@@ -136,15 +138,18 @@ def sample(comps, seed: int = 0) -> torch.Tensor:
         )  # fmt: skip
 
 
-@pytest.mark.parametrize("quant", ["Q8_0", "Q4_0"])
+@pytest.mark.parametrize("quant", ["Q8_0", "Q4_0", "Q4_K", "Q6_K"])
 def test_hidream_gguf_keeps_blocks_and_samples_like_comfyui_gguf_dequantised_weights(tmp_path, quant):
     path = model_file(quant)
     assert GGUFFile(path).architecture == "hidream"
     assert inspect_single_file(path).family == "hidream-i1"
     comps = load_single_file_components(path, "cpu", torch.float32)
     kinds = {name: layer.kind.name for name, layer in gguf_layers(comps.transformer).items()}
-    assert kinds["double_stream_blocks.0.block.ff_i.experts.0.w1"] == quant  # the routed experts stay quantised
-    assert kinds["single_stream_blocks.1.block.attn1.to_q"] == quant
+    assert kinds["double_stream_blocks.0.block.ff_i.experts.0.w2"] == quant  # the routed experts stay quantised
+    assert kinds["single_stream_blocks.1.block.ff_i.shared_experts.w2"] == quant
+    assert sum(kind == quant for kind in kinds.values()) == (22 if quant.endswith("_K") else 94)
+    # 32-value rows: whole Q8_0 / Q4_0 blocks, not 256-value K blocks (then F32, as the converter leaves 1,024 values)
+    assert kinds["single_stream_blocks.1.block.attn1.to_q"] == ("F32" if quant.endswith("_K") else quant)
     assert kinds["caption_projection.0.linear"] != quant  # the quantiser keeps the caption projections
     gate = comps.transformer.get_parameter("double_stream_blocks.0.block.ff_i.gate.weight")
     assert gate.dtype == torch.float32 and gate.device.type == "cpu"  # a plain parameter, F32 in the file

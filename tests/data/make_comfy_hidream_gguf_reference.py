@@ -9,7 +9,9 @@ Run by hand (not in CI) with the Python of ComfyUI's venv that has ``gguf`` (tes
 1. Writes the tiny HiDream-I1 of tests/data/comfy_ref_hidream.safetensors (make_comfy_hidream_reference.py) as
    GGUF files laid out as ComfyUI-GGUF's tools write them (tests/gguf_files.py, architecture "hidream": the
    release's names, embedders / caption projections / final layer in the fallback type, the MoE gates F32), in
-   Q8_0 and Q4_0 (the attention projections quantised too, see ``attention_types``).
+   Q8_0 and Q4_0 (the attention projections quantised too, see ``attention_types``), and in Q4_K and Q6_K: random
+   valid blocks in every weight whose rows are whole 256-value blocks (the experts' and feed-forwards' w2), the
+   rest in the fallback type.
 2. Loads each with ComfyUI-GGUF's ``UnetLoaderGGUF`` and runs ComfyUI's ``KSampler`` (ModelSamplingSD3 where a case
    names it) on the CONDITIONING of make_comfy_hidream_reference.py's cases (QuadrupleCLIPLoader + CLIPTextEncode's
    shape: T5 states, pooled CLIPs, conditioning_llama3), all on the CPU in float32 compute; one case also through
@@ -45,10 +47,13 @@ from make_comfy_ksampler_reference import COMFY_COMMIT, run_case  # noqa: E402
 
 JSON_NAME = "comfy_hidream_gguf_reference.json"
 GGUF_DIR = HERE / "gguf"
-QUANTS = {"Q8_0": "F16", "Q4_0": "BF16"}  # quantised type -> the fallback of the kept / non-block tensors
+# quantised type -> the fallback of the kept / non-block tensors
+QUANTS = {"Q8_0": "F16", "Q4_0": "BF16", "Q4_K": "F16", "Q6_K": "BF16"}
 CASES = {  # quantised type -> the cases of make_comfy_hidream_reference.py it samples
     "Q8_0": ("hidream_default_euler", "hidream_full_shift3_dpmpp_2m"),
     "Q4_0": ("hidream_default_euler",),
+    "Q4_K": ("hidream_default_euler",),
+    "Q6_K": ("hidream_default_euler",),
 }
 LORA_DIR = HERE / "lora"
 # LoraLoaderModelOnly on UnetLoaderGGUF's model (make_comfy_hidream_lora_reference.py's files: quantised
@@ -58,7 +63,10 @@ LORA_CASES = (("Q8_0", "hidream_default_euler", (("hidream_lora_peft", 0.8), ("h
 
 def attention_types(state: dict[str, torch.Tensor], quant: str) -> dict[str, str]:
     """The converter leaves tensors of at most 1024 values in F32, which at the tiny width are the 32 x 32
-    attention projections; here they are ``quant`` too, as in the published files."""
+    attention projections; here they are ``quant`` too, as in the published files. (A K type's 256-value blocks do
+    not fit their 32-value rows: those keep the fallback type, as the quantiser would.)"""
+    if quant.endswith("_K"):
+        return {}
     return {k: quant for k, v in state.items() if ".attn1.to_" in k and k.endswith(".weight") and v.ndim == 2}
 
 
