@@ -26,7 +26,7 @@ class ParallelControlNetLoader(DeclaredNode):
         description=(
             "Like Load ControlNet Model, for the Parallel Sampler: wire it into ComfyUI's Apply ControlNet (with the "
             "model's VAE) and Set Union ControlNet Type as usual. The workers load the file and run it split like "
-            "the model. Flux ControlNets of the InstantX / Union and XLabs layouts."
+            "the model. Flux ControlNets of the InstantX / Union, XLabs and Mistoline layouts, InstantX Qwen-Image ones."
         ),
         inputs=(
             Choice("control_net_name", "A file from models/controlnet.", lambda: controlnet_choices(shared_bridge())),

@@ -18,6 +18,9 @@ import torch
 DATA = Path(__file__).resolve().parent / "data"
 FLUX_UNION = DATA / "tiny_flux_controlnet_union.safetensors"
 FLUX_XLABS = DATA / "tiny_flux_controlnet_xlabs.safetensors"
+FLUX_MISTOLINE = DATA / "tiny_flux_controlnet_mistoline.safetensors"
+MISTOLINE_BLOCKS = (2, 3)  # double, single blocks of the tiny Mistoline file
+MISTOLINE_KERNELS = (3, 1, 3, 3, 3, 3, 3, 3, 1, 3)  # its hint encoder's convolutions (input_cond_block.encoder.2k)
 QWEN_INSTANTX = DATA / "tiny_qwen_controlnet_instantx.safetensors"
 QWEN_DIFFSYNTH = DATA / "tiny_qwen_diffsynth_controlnet.safetensors"
 QWEN_DIFFSYNTH_INPAINT = DATA / "tiny_qwen_diffsynth_inpaint.safetensors"  # img_in reads the latent and a mask
@@ -85,6 +88,33 @@ def flux_xlabs_state() -> dict[str, torch.Tensor]:
         shapes[f"input_hint_block.{2 * k}.weight"] = (16, 3 if k == 0 else 16, 3, 3)
         shapes[f"input_hint_block.{2 * k}.bias"] = (16,)
     return {k: _value(k, tuple(s)).to(torch.float16).contiguous() for k, s in sorted(shapes.items())}
+
+
+def flux_mistoline_state() -> dict[str, torch.Tensor]:
+    """The tiny Mistoline Flux ControlNet in the layout ComfyUI detects (Black Forest Labs' block names, double and
+    single blocks, control blocks ``controlnet_blocks.N.linear`` / ``single_controlnet_blocks.N.linear``,
+    ``pos_embed_input``, a ten-convolution hint encoder ``input_cond_block.encoder.2k``), as fp16."""
+    from parallel_runtime.models.families.flux.keys import skeleton
+
+    doubles, singles = MISTOLINE_BLOCKS
+    config = {**FLUX_UNION_CONFIG, "num_layers": doubles, "num_single_layers": singles}
+    hidden = config["num_attention_heads"] * config["attention_head_dim"]
+    shapes = {k: v for k, v in skeleton(config).items() if not k.startswith("final_layer.")}
+    for prefix, count in (("controlnet_blocks", doubles), ("single_controlnet_blocks", singles)):
+        for i in range(count):
+            shapes[f"{prefix}.{i}.linear.weight"], shapes[f"{prefix}.{i}.linear.bias"] = (hidden, hidden), (hidden,)
+    shapes["pos_embed_input.weight"], shapes["pos_embed_input.bias"] = (hidden, config["in_channels"]), (hidden,)
+    for k, size in enumerate(MISTOLINE_KERNELS):
+        shapes[f"input_cond_block.encoder.{2 * k}.weight"] = (16, 3 if k == 0 else 16, size, size)
+        shapes[f"input_cond_block.encoder.{2 * k}.bias"] = (16,)
+    return {k: _value(k, tuple(s)).to(torch.float16).contiguous() for k, s in sorted(shapes.items())}
+
+
+def write_flux_mistoline(path: Path = FLUX_MISTOLINE) -> Path:
+    from safetensors.torch import save_file
+
+    save_file(flux_mistoline_state(), str(path))
+    return path
 
 
 def qwen_instantx_state() -> dict[str, torch.Tensor]:
@@ -172,5 +202,6 @@ if __name__ == "__main__":
             write_qwen_instantx(),
             write_qwen_diffsynth(),
             write_qwen_diffsynth_inpaint(),
+            write_flux_mistoline(),
         )
     )

@@ -2,9 +2,10 @@
 ``load_controlnet_state_dict`` tells them apart by their tensor names) and loading it beside a main model.
 
 Runs today: Flux InstantX / Union files (diffusers' FluxControlNetModel layout: ``controlnet_blocks.N.weight``
-and ``controlnet_x_embedder.weight``) and XLabs Flux files (Black Forest Labs' ``double_blocks`` beside
-``controlnet_blocks.N.weight``), and InstantX Qwen-Image files (diffusers' QwenImageControlNetModel layout:
-``transformer_blocks.N.img_mlp`` beside ``controlnet_blocks.N.weight``). The other kinds ComfyUI reads are named in a clear refusal.
+and ``controlnet_x_embedder.weight``), XLabs Flux files (Black Forest Labs' ``double_blocks`` beside
+``controlnet_blocks.N.weight``), Mistoline Flux files (``controlnet_blocks.N.linear``), and InstantX Qwen-Image
+files (diffusers' QwenImageControlNetModel layout: ``transformer_blocks.N.img_mlp`` beside
+``controlnet_blocks.N.weight``). The other kinds ComfyUI reads are named in a clear refusal.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
-from .controlnet_kind import FLUX_INSTANTX, FLUX_XLABS, QWEN_DIFFSYNTH, QWEN_INSTANTX, ControlNetFile
+from .controlnet_kind import FLUX_INSTANTX, FLUX_MISTOLINE, FLUX_XLABS, QWEN_DIFFSYNTH, QWEN_INSTANTX, ControlNetFile
 from .safetensors_header import read_header
 
 _OTHER_KINDS = (  # (a tensor only that kind has, what it is), in ComfyUI's order of tests
@@ -23,7 +24,6 @@ _OTHER_KINDS = (  # (a tensor only that kind has, what it is), in ComfyUI's orde
     ("double_blocks.0.img_attn.norm.key_norm.scale", "an XLabs Flux ControlNet"),
     ("pos_embed_input.proj.weight", "an SD3 / SD3.5 ControlNet"),
     ("transformer_blocks.0.img_mlp.net.0.proj.weight", "an InstantX Qwen-Image ControlNet"),
-    ("controlnet_blocks.0.linear.weight", "a Mistoline Flux ControlNet"),
     ("zero_convs.0.0.weight", "a UNet ControlNet (SD1.x / SDXL)"),
     ("control_model.zero_convs.0.0.weight", "a UNet ControlNet (SD1.x / SDXL)"),
 )
@@ -62,6 +62,10 @@ def describe_controlnet(path: str | Path) -> ControlNetFile:
         from .families.qwen_image.controlnet import describe_qwen_instantx
 
         return describe_qwen_instantx(path, shapes)
+    if "controlnet_blocks.0.linear.weight" in shapes and "controlnet_blocks.0.weight" not in shapes:  # Mistoline
+        from .families.flux.controlnet_mistoline import describe_mistoline
+
+        return describe_mistoline(path, shapes)
     if "controlnet_blocks.0.y_rms.weight" in shapes:  # a DiffSynth Qwen-Image model patch (ModelPatchLoader's test)
         from .families.qwen_image.diffsynth import describe_diffsynth
 
@@ -70,7 +74,7 @@ def describe_controlnet(path: str | Path) -> ControlNetFile:
     raise ConfigError(
         f"ControlNet file {path.name} is {what}",
         "the Parallel Sampler runs Flux ControlNets of the InstantX / Union layout (diffusers' FluxControlNetModel "
-        "file), XLabs Flux ControlNets and InstantX Qwen-Image ControlNets so far",
+        "file), XLabs and Mistoline Flux ControlNets and InstantX Qwen-Image ControlNets so far",
         "use a Flux InstantX / Union or XLabs ControlNet (e.g. FLUX.1-dev-ControlNet-Union), an InstantX "
         "Qwen-Image ControlNet, or ComfyUI's own KSampler for this ControlNet",
     )
@@ -87,6 +91,10 @@ def load_controlnet(info: ControlNetFile, main: Any) -> Any:
         from .families.flux.controlnet_xlabs import XLabsFluxControlNet
 
         return XLabsFluxControlNet.load(info.path, main)
+    if info.kind == FLUX_MISTOLINE:
+        from .families.flux.controlnet_mistoline import MistolineFluxControlNet
+
+        return MistolineFluxControlNet.load(info.path, main)
     if info.kind == QWEN_INSTANTX:
         from .families.qwen_image.controlnet import QwenImageControlNet
 

@@ -10,6 +10,7 @@ from .latent_formats import LatentFormat
 
 FLUX_INSTANTX = "instantx-union"
 FLUX_XLABS = "xlabs"
+FLUX_MISTOLINE = "mistoline"
 QWEN_INSTANTX = "qwen-instantx"
 QWEN_DIFFSYNTH = "qwen-diffsynth"  # a DiffSynth model patch (models/model_patches), not a ControlNet file
 
@@ -19,7 +20,7 @@ class ControlNetFile:
     """What the host knows of a ControlNet file before any worker loads it."""
 
     path: str
-    kind: str  # FLUX_INSTANTX (Flux's InstantX / Union layout), FLUX_XLABS or QWEN_INSTANTX
+    kind: str  # FLUX_INSTANTX (Flux's InstantX / Union layout), FLUX_XLABS, FLUX_MISTOLINE, QWEN_INSTANTX ...
     family: str  # the model family it controls
     union_modes: int  # a union file's control types (0: not a union file)
     hint_channels: int  # channels of the hint the ControlNet reads (the encoded latent's, or 3 for an image)

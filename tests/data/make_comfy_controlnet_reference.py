@@ -3,11 +3,14 @@
 Run by hand (not in CI) with the Python that imports ComfyUI:
 
     PYTHONDONTWRITEBYTECODE=1 ~/.cache/dit-parallel/comfyui-venv-*/bin/python \
-        tests/data/make_comfy_controlnet_reference.py --comfy /work/shared/ComfyUI [--kind xlabs]
+        tests/data/make_comfy_controlnet_reference.py --comfy /work/shared/ComfyUI [--kind xlabs|mistoline]
 
 ``--kind xlabs`` writes tests/data/comfy_controlnet_xlabs_reference.json instead, for the tiny XLabs file
 (tiny_flux_controlnet_xlabs.safetensors: two double blocks, a pixel hint, no union type; ComfyUI's
 ``load_controlnet_flux_xlabs_mistoline``); its apply node gets the same VAE, which ComfyUI leaves unused there.
+``--kind mistoline`` writes tests/data/comfy_controlnet_mistoline_reference.json, for the tiny Mistoline file
+(tiny_flux_controlnet_mistoline.safetensors: two double and three single blocks, the same loader with
+``mistoline=True``).
 
 The graph per case: ``UNETLoader`` (tests/data/comfy_ref_flux_dev.safetensors, the tiny FLUX.1-dev of
 make_comfy_ksampler_reference.py, fp32) -> ``ControlNetLoader`` (tests/data/tiny_flux_controlnet_union
@@ -42,6 +45,7 @@ MODEL_FILE = "comfy_ref_flux_dev.safetensors"
 KINDS = {  # kind -> (ControlNet file, reference JSON)
     "union": ("tiny_flux_controlnet_union.safetensors", "comfy_controlnet_reference.json"),
     "xlabs": ("tiny_flux_controlnet_xlabs.safetensors", "comfy_controlnet_xlabs_reference.json"),
+    "mistoline": ("tiny_flux_controlnet_mistoline.safetensors", "comfy_controlnet_mistoline_reference.json"),
 }
 HINTS = {"edges": (1, 36, 60), "depth": (2, 40, 40)}  # name -> (seed, height, width): other sizes than the latent's
 
@@ -104,6 +108,26 @@ XLABS_CASES = (
         [("depth", "auto", 0.6, 0.0, 0.5), ("edges", "auto", 0.9, 0.2, 1.0)],
     ),
 )
+MISTOLINE_CASES = (
+    (
+        "mistoline_canny",
+        "Mistoline 0.8, cfg 2, texts of 5 and 3 tokens (branches run apart)",
+        5,
+        3,
+        2.0,
+        4,
+        [("edges", "auto", 0.8, 0.0, 1.0)],
+    ),
+    (
+        "mistoline_chained",
+        "Mistoline depth 0.6 over 0..0.5, then edges 0.9 over 0.2..1, cfg 1.5, both texts 4 tokens (one batch)",
+        4,
+        4,
+        1.5,
+        5,
+        [("depth", "auto", 0.6, 0.0, 0.5), ("edges", "auto", 0.9, 0.2, 1.0)],
+    ),
+)
 LATENT = (48, 32)  # EmptyLatentImage width, height -> a [1, 16, 4, 6] latent
 
 
@@ -117,7 +141,7 @@ def main() -> None:
     parser.add_argument("--kind", choices=sorted(KINDS), default="union")
     args = parser.parse_args()
     controlnet_file, json_name = KINDS[args.kind]
-    cases = XLABS_CASES if args.kind == "xlabs" else CASES
+    cases = {"xlabs": XLABS_CASES, "mistoline": MISTOLINE_CASES}.get(args.kind, CASES)
     torch.set_num_threads(1)
     tensors: dict[str, torch.Tensor] = {}
     records = []
@@ -133,6 +157,8 @@ def main() -> None:
         control_dtype = str(controlnet.control_model.dtype)
         net = controlnet.control_model
         control_model = f"{type(net).__name__}(latent_input={net.latent_input}, double={len(net.double_blocks)})"
+        if args.kind == "mistoline":
+            control_model = f"{control_model[:-1]}, single={len(net.single_blocks)}, mistoline={net.mistoline})"
         images = {name: hint_image(*spec) for name, spec in HINTS.items()}
         for name, image in images.items():
             tensors[f"hint.{name}"] = image

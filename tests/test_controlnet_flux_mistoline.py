@@ -1,0 +1,114 @@
+"""Mistoline Flux ControlNet on the worker pool, against ComfyUI 0.3.64's own graph.
+
+Oracle: tests/data/comfy_controlnet_mistoline_reference.json, written by ``tests/data/make_comfy_controlnet_reference.py
+--kind mistoline`` (ControlNetLoader -> ControlNetApplyAdvanced -> KSampler on the tiny FLUX.1-dev file and
+tests/controlnet_files.py's tiny Mistoline file: two double and three single blocks, which ComfyUI loads with
+``load_controlnet_flux_xlabs_mistoline(mistoline=True)``). Here the same file goes through Parallel ControlNet Loader's
+CONTROL_NET into the Parallel Sampler node on real CPU pools: one rank, Ulysses 2, CFG 2. The hint is the image
+itself (the apply node's VAE is never called). Also the spread of its residuals (cyclic over 19 double and 38 single
+blocks) against the formula, and PipeFusion's refusal.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from controlnet_files import FLUX_MISTOLINE, MISTOLINE_BLOCKS, flux_mistoline_state  # tests/ helper
+from test_controlnet_flux import MODEL, apply, load_node, node_ctx, relative_error, union_type  # noqa: F401
+
+from parallel_runtime.errors import ConfigError
+from parallel_runtime.models.controlnet_files import describe_controlnet
+from parallel_runtime.models.controlnet_kind import FLUX_MISTOLINE as MISTOLINE_KIND
+from parallel_runtime.models.families.flux.controlnet_mistoline import MistolineFluxControlNet
+from parallel_runtime.service.comfy_control import ParallelControlNet
+
+DATA = Path(__file__).resolve().parent / "data"
+REFERENCE = json.loads((DATA / "comfy_controlnet_mistoline_reference.json").read_text(encoding="utf-8"))
+TOLERANCE = 1e-4  # relative L2
+LAYOUTS = ("1rank", "ulysses2", "cfg2")
+
+from controlnet_hint_vae import HintVAE  # noqa: E402  (tests/data is on sys.path through test_controlnet_flux)
+from dit_parallel_pack.nodes.sampler import ParallelSampler  # noqa: E402
+
+
+def tensor(name: str) -> torch.Tensor:
+    t = REFERENCE["tensors"][name]
+    return torch.tensor(t["data"], dtype=torch.float32).reshape(t["shape"])
+
+
+def graph(case: dict):
+    positive = [[tensor(f"{case['name']}.pos"), {"pooled_output": tensor(f"{case['name']}.pos_pooled")}]]
+    negative = [[tensor(f"{case['name']}.neg"), {"pooled_output": tensor(f"{case['name']}.neg_pooled")}]]
+    net, vae = ParallelControlNet(describe_controlnet(FLUX_MISTOLINE)), HintVAE()
+    for a in case["applies"]:
+        typed = union_type(net, a["type"])
+        positive, negative = apply(
+            positive, negative, typed, tensor(f"hint.{a['hint']}"), a["strength"], a["start_percent"],
+            a["end_percent"], vae,
+        )  # fmt: skip
+    return positive, negative, vae
+
+
+def sample(ctx, handle, positive, negative, case, latent):
+    return ParallelSampler(ctx).sample(
+        handle, positive, negative, latent, case["seed"], case["steps"], case["cfg"], case["sampler_name"],
+        case["scheduler"], 1.0,
+    )["result"][0]["samples"]  # fmt: skip
+
+
+def test_stored_mistoline_file_is_what_the_builder_makes_and_reads_as_mistoline():
+    from safetensors.torch import load_file
+
+    stored, built = load_file(str(FLUX_MISTOLINE)), flux_mistoline_state()
+    assert stored.keys() == built.keys() and all(torch.equal(stored[k], built[k]) for k in built)
+    info = describe_controlnet(FLUX_MISTOLINE)
+    assert (info.kind, info.union_modes, info.hint_channels, info.hint_format, info.hint_scale) == (
+        MISTOLINE_KIND, 0, 3, None, 8
+    )  # fmt: skip
+    assert (info.double_blocks, info.single_blocks) == MISTOLINE_BLOCKS
+    doubles, singles = MISTOLINE_BLOCKS
+    assert REFERENCE["controlnet_model"] == (
+        f"ControlNetFlux(latent_input=False, double={doubles}, single={singles}, mistoline=True)"
+    )
+
+
+def test_mistoline_residuals_repeat_cyclically_over_flux_blocks():
+    doubles = [torch.full((1,), float(i)) for i in range(2)]
+    singles = [torch.full((1,), 10.0 + i) for i in range(3)]
+    main = ["transformer_blocks"] * 21 + ["single_transformer_blocks"] * 40
+    out = [None if r is None else int(r) for r in MistolineFluxControlNet.spread(doubles, singles, main)]
+    assert out[:21] == [j % 2 for j in range(19)] + [None] * 2
+    assert out[21:] == [10 + j % 3 for j in range(38)] + [None] * 2
+
+
+@pytest.mark.parametrize(
+    ("layout", "case"),
+    [pytest.param(layout, case, id=f"{layout}-{case['name']}") for layout in LAYOUTS for case in REFERENCE["cases"]],
+)
+def test_parallel_sampler_with_mistoline_controlnet_equals_comfy(node_ctx, layout, case):  # noqa: F811
+    handle = load_node(node_ctx, layout)
+    positive, negative, vae = graph(case)
+    latent = {"samples": torch.zeros(1, 16, case["latent"][1] // 8, case["latent"][0] // 8)}
+    expected = tensor(f"{case['name']}.expected")
+    error = relative_error(sample(node_ctx, handle, positive, negative, case, latent), expected)
+    assert error <= TOLERANCE, f"{case['name']} on {layout}: {error}"
+    assert vae.calls == case["vae_encode_calls"] == []  # the image itself is the hint
+    if layout == "1rank":  # the ControlNet changes the picture (the test is not vacuous)
+        plain = [[e[0], {"pooled_output": e[1]["pooled_output"]}] for e in positive]
+        plain_neg = [[e[0], {"pooled_output": e[1]["pooled_output"]}] for e in negative]
+        assert relative_error(sample(node_ctx, handle, plain, plain_neg, case, latent), expected) > 100 * TOLERANCE
+
+
+def test_mistoline_under_pipefusion_is_refused(node_ctx):  # noqa: F811
+    from dit_parallel_pack.nodes.loader import ParallelModelLoader
+
+    (handle,) = ParallelModelLoader(node_ctx).load(
+        model=str(MODEL), family="auto", devices="cpu:2", layout="manual", ulysses=1, ring=1, cfg_parallel=1,
+        pipefusion=2, pp_patches=2, pp_warmup=1, dtype="fp32", attention="auto",
+    )["result"]  # fmt: skip
+    case = REFERENCE["cases"][0]
+    with pytest.raises(ConfigError, match="PipeFusion"):
+        sample(node_ctx, handle, *graph(case)[:2], case, {"samples": torch.zeros(1, 16, 4, 6)})
