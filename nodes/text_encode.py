@@ -22,7 +22,7 @@ class ParallelTextEncode(DeclaredNode):
         display_name="Parallel Text Encode",
         description=(
             "Encodes a prompt into ComfyUI conditioning with the model's own text encoders (CLIP / T5 / Qwen2.5-VL "
-            "/ Mistral of a diffusers folder), or with text-encoder files (Qwen-Image's Qwen2.5-VL, Z-Image's Qwen3, Wan's UMT5, Chroma's / SD3's / PixArt's T5-XXL, Flux.1's T5-XXL + CLIP-L)."
+            "/ Mistral of a diffusers folder), or with text-encoder files (Qwen-Image's Qwen2.5-VL, Z-Image's Qwen3, Wan's UMT5, Chroma's / SD3's / PixArt's / LTX-Video's T5-XXL, Flux.1's T5-XXL + CLIP-L, HunyuanVideo's LLaVA-Llama-3 + CLIP-L, HunyuanVideo 1.5's Qwen2.5-VL + ByT5)."
         ),
         inputs=(
             Socket("parallel_model", PARALLEL_MODEL, "From Parallel Model Loader."),
@@ -31,8 +31,10 @@ class ParallelTextEncode(DeclaredNode):
                 "text_encoder",
                 "The model's own encoders (a diffusers folder's), or a file from models/text_encoders or "
                 "models/clip (qwen_2.5_vl_7b*.safetensors, or a Qwen2.5-VL GGUF as ComfyUI-GGUF's CLIPLoaderGGUF "
-                "reads it, for a Qwen-Image transformer file; umt5_xxl* for Wan; t5xxl* for Chroma / SD3 / PixArt; "
-                "mistral_3_small_flux2*.safetensors for FLUX.2; t5xxl* with clip_l as text_encoder_2 for Flux.1).",
+                "reads it, for a Qwen-Image transformer file; umt5_xxl* for Wan; t5xxl* for Chroma / SD3 / PixArt / "
+                "LTX-Video; mistral_3_small_flux2*.safetensors for FLUX.2; t5xxl* with clip_l as text_encoder_2 for "
+                "Flux.1; llava_llama3* with clip_l for HunyuanVideo; qwen_2.5_vl_7b* with byt5_small_glyphxl* for "
+                "HunyuanVideo 1.5).",
                 lambda: text_encoder_choices(shared_bridge()),
                 default=TEXT_ENCODER_OWN,
                 optional=True,
@@ -40,7 +42,8 @@ class ParallelTextEncode(DeclaredNode):
             Choice(
                 "text_encoder_2",
                 "A second text-encoder file, for a family that reads two as ComfyUI's DualCLIPLoader: clip_l.safetensors "
-                "beside t5xxl* for Flux.1 (either order). (none) for every other family.",
+                "beside t5xxl* for Flux.1 or llava_llama3* for HunyuanVideo, byt5_small_glyphxl* beside qwen_2.5_vl_7b* for "
+                "HunyuanVideo 1.5 (either order). (none) for every other family.",
                 lambda: second_text_encoder_choices(shared_bridge()),
                 default=TEXT_ENCODER_NONE,
                 optional=True,
