@@ -9,8 +9,10 @@
 # private folder ($GPU_CHECK_SITE, default /tmp/dit-gpu-site; nothing in the machine's Python changes), says
 # which optional modules it found, then runs the tests marked `cuda` (tests/test_gpu_cuda.py) and the kernel
 # selection tests (with pytest when there is one, else dit_devtools/cuda_tests.py), `bench gpu` (Flux.1 12B
-# layout, engine step against diffusers) and `bench gpu-speed` (attention kernels x compiled blocks x bf16 /
-# fp8, within the time left). JSON lands in benchmarks/results/ (gpu_<gpu>.json, gpu_speed_<gpu>.json) and,
+# layout, engine step against diffusers), the GGUF check (dit_devtools/gguf_device_check.py: Q8_0 / Q4_K blocks
+# kept and dequantised on the GPU, equal to the CPU's dequantisation, step time over bf16) and `bench gpu-speed`
+# (attention kernels x compiled blocks x bf16 / fp8, within the time left). JSON lands in benchmarks/results/
+# (gpu_<gpu>.json, gguf_device_<gpu>.json, gpu_speed_<gpu>.json) and,
 # when $OUT is set, in $OUT with the logs. A step that fails or runs out of time is reported and the next runs.
 set -euo pipefail
 
@@ -19,10 +21,11 @@ WHEELS="$ROOT/.whl"
 PYTHON=${PYTHON:-python3}
 TOTAL_S=${GPU_CHECK_TOTAL_S:-420}  # the whole run's target (8 minutes, less the worst case's margins)
 # The wheels the bare device image lacks for the engine, its CUDA tests and the benches (all pure Python;
-# sageattention 1.0.6 is Triton code). Versions: those the CPU test suite runs with.
+# sageattention 1.0.6 is Triton code; gguf needs PyYAML, a binary wheel). Versions: those the CPU test suite runs with.
 WANTED=(
   diffusers==0.42.1 importlib_metadata==10.2.0 zipp==4.1.2 torchsde==0.2.6 trampoline==0.1.2
   sageattention==1.0.6 pytest==9.2.0 pluggy==1.7.0 iniconfig==2.3.1 pytest-timeout==2.4.0 packaging==26.4
+  gguf==0.19.0 pyyaml==6.0.4
 )
 ALWAYS=(diffusers)  # installed even when the machine has another version
 
@@ -67,7 +70,7 @@ c = torch.cuda.is_available()
 print("torch", torch.__version__, "GPU", torch.cuda.get_device_name(0) if c else "none (CPU dry run)",
       "sm%d%d" % torch.cuda.get_device_capability(0) if c else "")
 for m in ("diffusers", "transformers", "safetensors", "huggingface_hub", "torchsde", "triton", "sageattention",
-          "flash_attn", "flash_attn_interface", "pytest"):
+          "flash_attn", "flash_attn_interface", "gguf", "yaml", "pytest"):
     print(f"  {m}: {'found' if importlib.util.find_spec(m) else 'MISSING'}")
 PY
   local gpu
@@ -81,6 +84,9 @@ else 'cpu'; print((re.findall(r'[a-z]+\d+[a-z]*', n) or [n.split()[0]])[-1])")
   echo "== bench gpu ($((SECONDS - start)) s)"
   timeout 150 "$PYTHON" -m parallel_runtime bench gpu --json "$results/gpu_$gpu.json" \
     2>&1 | tee "$logs/gpu_check_bench_gpu.log" || echo "bench gpu failed or timed out"
+  echo "== GGUF on the device ($((SECONDS - start)) s)"
+  timeout 150 "$PYTHON" -m dit_devtools.gguf_device_check --json "$results/gguf_device_$gpu.json" \
+    2>&1 | tee "$logs/gpu_check_gguf.log" || echo "GGUF check failed or timed out (see gpu_check_gguf.log)"
   local left=$((TOTAL_S - (SECONDS - start) - 30))
   [ "$left" -lt 60 ] && left=60
   echo "== bench gpu-speed, budget ${left} s ($((SECONDS - start)) s)"
@@ -88,7 +94,8 @@ else 'cpu'; print((re.findall(r'[a-z]+\d+[a-z]*', n) or [n.split()[0]])[-1])")
     --json "$results/gpu_speed_$gpu.json" 2>&1 | tee "$logs/gpu_check_bench_gpu_speed.log" \
     || echo "bench gpu-speed failed or timed out"
   if [ -n "$out" ]; then
-    cp -f "$results/gpu_$gpu.json" "$results/gpu_speed_$gpu.json" "$out/" 2>/dev/null || true
+    cp -f "$results/gpu_$gpu.json" "$results/gguf_device_$gpu.json" "$results/gpu_speed_$gpu.json" "$out/" \
+      2>/dev/null || true
   fi
   echo "== done in $((SECONDS - start)) s"
 }
