@@ -29,3 +29,27 @@ def test_token_replace_i2v_is_refused_and_the_others_plan():
     assert "33-channel" in str(refused.value)  # the fix names what runs
     assert HunyuanVideoAdapter.make_plan(_config(I2V_CONCAT), None).latent_channels == 16
     assert HunyuanVideoAdapter.make_plan(_config(T2V), None).latent_channels == 16
+
+
+def test_a_hunyuan_video15_image_to_video_folder_is_refused(tmp_path):
+    """A HunyuanVideo15ImageToVideoPipeline folder holds the text-to-video transformer class: refused on the host
+    and by the loader, where its transformer would otherwise run as text-to-video with no start image."""
+    from dit_devtools.tiny import ensure_tiny_model
+    from parallel_runtime.models.loading import load_pipeline_components
+    from parallel_runtime.service.host_checks import check_load_request
+    from parallel_runtime.service.load_request import LoadRequest
+
+    tiny = ensure_tiny_model("tiny-hunyuan-video-1.5")
+    folder = tmp_path / "hyv15-i2v"
+    folder.mkdir()
+    for part in tiny.iterdir():
+        if part.is_dir():
+            (folder / part.name).symlink_to(part)
+    index = json.loads((tiny / "model_index.json").read_text())
+    (folder / "model_index.json").write_text(json.dumps({**index, "_class_name": "HunyuanVideo15ImageToVideoPipeline"}))
+    check_load_request(LoadRequest(model=str(tiny)), tiny)  # the text-to-video folder passes
+    with pytest.raises(ConfigError, match="HunyuanVideo15ImageToVideoPipeline folder") as refused:
+        check_load_request(LoadRequest(model=str(folder)), folder)
+    assert "480p_t2v" in str(refused.value)
+    with pytest.raises(ConfigError, match="HunyuanVideo15ImageToVideoPipeline folder"):
+        load_pipeline_components(folder, "cpu", parts=("transformer",))

@@ -77,16 +77,23 @@ def check_second_expert(request: LoadRequest, path: Path) -> None:
 
 
 def _check_folder_family(path: Path, chosen: str | None) -> None:
-    """The family chosen by hand against the one a diffusers folder's transformer config names."""
+    """The family chosen by hand against the one a diffusers folder's transformer config names, and the folder's
+    pipeline against those its family refuses."""
     import json
 
-    from ..models.families.registry import confirm_family, family_of_class_name
+    from ..models.families.registry import check_pipeline_class, confirm_family, family_of_class_name
 
     config = path / "transformer" / "config.json"
-    if chosen is None or not config.is_file():
+    if not config.is_file():
         return
     spec = family_of_class_name(str(json.loads(config.read_text(encoding="utf-8")).get("_class_name", "")))
-    if spec is not None:
+    if spec is None:
+        return
+    index = path / "model_index.json"
+    if index.is_file():
+        pipeline = str(json.loads(index.read_text(encoding="utf-8")).get("_class_name", ""))
+        check_pipeline_class(spec.id, pipeline, path.name)
+    if chosen is not None:
         confirm_family(path.name, spec.id, chosen)
 
 

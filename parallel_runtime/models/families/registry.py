@@ -120,3 +120,10 @@ def lora_markers() -> tuple[tuple[str, str], ...]:
     unique = [(m, ids[0]) for m, ids in owners.items() if len(ids) == 1]
     shared = [(m, " or ".join(ids)) for m, ids in owners.items() if len(ids) > 1]
     return tuple(unique + shared)
+
+
+def check_pipeline_class(family_id: str, pipeline_class: str, where: str) -> None:
+    """A ConfigError when a diffusers folder (``where``) of ``family_id`` is a pipeline the family refuses."""
+    refusal = family(family_id).refused_pipelines.get(pipeline_class)
+    if refusal is not None:
+        raise ConfigError(f"{where} is a {pipeline_class} folder", *refusal)

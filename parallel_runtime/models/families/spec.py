@@ -188,6 +188,8 @@ class FamilySpec:
     video_vae: Callable[[], VideoVae] | None = None  # a causal 3-D VAE decoded whole, band-parallel (vae.causal3d)
     comfy_conditioning: ComfyConditioning | None = None
     gguf: GGUFFacts | None = None  # ComfyUI-GGUF's files of the family (None: it has none)
+    # diffusers pipelines whose folders hold the family's transformer but that it does not run -> (why, fix)
+    refused_pipelines: Mapping[str, tuple[str, str]] = dataclasses.field(default_factory=lambda: MappingProxyType({}))
 
     def preview_for(self, latent_format: LatentFormat) -> LatentPreview | None:
         """The preview factors of a model of this family whose latents have ``latent_format`` (None: the family
