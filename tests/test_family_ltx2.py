@@ -3,7 +3,8 @@ the audio<->video cross-attentions off (``isolate_modalities=True``: then the au
 which the test shows), for both rotary types and per-video frame rates; the single-device engine equals a denoise
 loop of diffusers' scheduler (the release's dynamic-shift config) and transformer with CFG; LTX-2.3 configs and
 text prompts are refused. In real worker processes (gloo): Ulysses, Ring, CFG parallel and PipeFusion equal one
-device, PipeFusion after warmup stays within the stale-K/V bound and beats patch-local attention."""
+device, PipeFusion after warmup stays within the stale-K/V bound and beats patch-local attention. The VAE decode (one
+device and band-parallel on two ranks) equals diffusers' decode."""
 
 from __future__ import annotations
 
@@ -24,6 +25,8 @@ from parallel_runtime.models.families.ltx2.conditioning import LTX2FrameRate
 from parallel_runtime.models.families.ltx2.text import ENCODING
 from parallel_runtime.models.loading import load_pipeline_components
 from parallel_runtime.parallel.mesh import ParallelMesh
+from parallel_runtime.service.model_jobs import decode
+from parallel_runtime.vae.decode import decode_latent
 
 NAME = "tiny-ltx2"
 TEXT_WIDTH = 32
@@ -179,3 +182,34 @@ def test_pipefusion_after_warmup_stays_within_the_stale_bound(cpu_pool, referenc
     stale, local = stale_errors(cpu_pool, reference, (2, 3))
     assert all(0 < e < STALE_BOUND for e in stale.values()), stale
     assert local > STALE_VS_PATCH_LOCAL * stale[3], (stale, local)
+
+
+@torch.no_grad()
+def test_vae_decode_equals_diffusers(comps):
+    vae = comps.vae
+    z = torch.randn(1, 128, 2, 3, 2, generator=torch.Generator().manual_seed(1))
+    ours = decode_latent(vae, z, ParallelMesh.single(), None)
+    torch.testing.assert_close(ours, vae.decode(_raw(vae, z)).sample, atol=1e-5, rtol=0)
+    assert ours.shape == (1, 3, 9, 96, 64)
+
+
+def _raw(vae, z: torch.Tensor) -> torch.Tensor:
+    """The model-space latent un-normalised with the VAE's statistics, as LTX2Pipeline does before vae.decode."""
+    shape = (1, -1, 1, 1, 1)
+    return z * vae.latents_std.view(shape) / vae.config.scaling_factor + vae.latents_mean.view(shape)
+
+
+@pytest.mark.parametrize("rows", [3, 4])
+def test_vae_decode_band_parallel_equals_diffusers(cpu_pool, reference, rows):
+    """The decode job on Ulysses 2: each rank decodes a band of every frame's rows, the convs' halos exchanged and the
+    clip's top and bottom rows reflected (4 latent rows: 2 + 2; 3 rows: too few for two bands of the minimum 2, one
+    rank decodes them all while the other sits out), equal to diffusers' decode of the whole clip."""
+    pool = cpu_pool(LAYOUTS["ulysses2"])
+    reference.load(pool)
+    z = torch.randn(1, 128, 2, rows, 5, generator=torch.Generator().manual_seed(rows))
+    image = pool.submit(decode, z).result(300)
+    vae = reference.components.vae
+    with torch.no_grad():
+        own = vae.decode(_raw(vae, z)).sample
+    assert image.shape == (9, 32 * rows, 160, 3)
+    torch.testing.assert_close(image, ((own + 1) / 2).clamp(0, 1)[0].movedim(0, -1), atol=2e-5, rtol=0)

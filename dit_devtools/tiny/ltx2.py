@@ -31,6 +31,8 @@ def ltx2_vae():
         layers_per_block=(1, 1, 1, 1, 1),
         decoder_layers_per_block=(1, 1, 1, 1),
         decoder_causal=False,  # the release's decoder
+        spatial_compression_ratio=32,  # stated, as the release's config does (the levels alone would say 64)
+        temporal_compression_ratio=8,
     )
     with torch.no_grad():
         vae.latents_mean.copy_(torch.randn(LATENT_CHANNELS) * 0.1)

@@ -174,6 +174,13 @@ def ltx_video_vae_conv_class() -> type:
     return LTXVideoCausalConv3d
 
 
+def ltx2_video_vae_conv_class() -> type:
+    """LTX2VideoCausalConv3d of diffusers' AutoencoderKLLTX2Video."""
+    from diffusers.models.autoencoders.autoencoder_kl_ltx2 import LTX2VideoCausalConv3d
+
+    return LTX2VideoCausalConv3d
+
+
 def hunyuan_video_vae_layer_classes() -> tuple[type, type]:
     """(HunyuanVideoCausalConv3d, HunyuanVideoMidBlock3D) of diffusers' AutoencoderKLHunyuanVideo."""
     from diffusers.models.autoencoders.autoencoder_kl_hunyuan_video import (

@@ -5,7 +5,8 @@ first frame, GroupNorms over all frames and pixels, and a mid-block attention ov
 (frame-causal or not). ``vae.causal3d`` splits the rows of every frame over the ranks and runs the VAE's own
 decoder on each band, with these layers swapped for band versions; a family names its VAE's layers here:
 
-- ``CausalConv``: a module whose forward pads (w, w, h, h, t, 0) in ``mode`` and applies ``conv``;
+- ``CausalConv``: a module whose forward pads (w, w, h, h, t, 0) in ``mode`` and applies ``conv`` (arguments
+  beyond the input, e.g. LTX convs' ``causal``, are ignored in band mode: ``conv`` states their effect);
 - GroupNorm modules over [B, C, T, H, W] (statistics over the whole clip);
 - attention modules, with a band forward the family writes from ``attend`` (queries of this band against the
   keys and values of every band, see ``vae.causal3d``).
@@ -35,7 +36,7 @@ class CausalConv:
     module: nn.Module
     conv: nn.Module  # an nn.Conv3d with stride 1 and no padding of its own
     padding: tuple[int, int, int, int, int, int]  # (w, w, h, h, t before, t after) as F.pad takes it
-    mode: str  # "replicate" or "constant"
+    mode: str  # "replicate", "constant" or "reflect" (the rows beyond the clip's top and bottom)
 
 
 @dataclasses.dataclass(frozen=True)

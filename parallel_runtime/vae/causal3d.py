@@ -65,14 +65,21 @@ class _Band:
 
 def _rows_with_halo(x: torch.Tensor, halo: int, layout: RowBands, mode: str) -> torch.Tensor:
     """``x`` [B, C, T, rows, W] with ``halo`` rows of the neighbouring bands above and below; at the clip's
-    true border the rows the conv's own padding would add (``mode``: replicate or zeros)."""
+    true border the rows the conv's own padding would add (``mode``: replicate, zeros or reflect; a reflected
+    border row may come from the neighbour's halo when this band is thinner than the halo + 1)."""
     pending = exchange_halo(x, halo, layout.up, layout.down, layout.group, layout.stats, dim=3, op="video_vae_halo")
     from_up, from_down = pending.wait()
+    if mode == "reflect":
+        inner = torch.cat([t for t in (from_up, x, from_down) if t is not None], dim=3)
+        if inner.shape[3] > halo:  # else a rank sitting out (its rows are dropped): replicated below
+            top = from_up if from_up is not None else inner[:, :, :, 1 : halo + 1].flip(3)
+            bottom = from_down if from_down is not None else inner[:, :, :, -halo - 1 : -1].flip(3)
+            return torch.cat([top, x, bottom], dim=3)
 
     def border(edge: torch.Tensor) -> torch.Tensor:
         return (
             edge.expand(*edge.shape[:3], halo, edge.shape[4])
-            if mode == "replicate"
+            if mode in ("replicate", "reflect")
             else torch.zeros_like(edge).expand(*edge.shape[:3], halo, edge.shape[4])
         )
 
@@ -90,7 +97,7 @@ def _causal_conv(layer: CausalConv, band: _Band):
             "decode this VAE on one device",
         )
 
-    def forward(x: torch.Tensor) -> torch.Tensor:
+    def forward(x: torch.Tensor, *args, **kwargs) -> torch.Tensor:  # extra arguments: the family's conv states them
         if h0:
             x = _rows_with_halo(x, h0, band.at(x.shape[3]), layer.mode)
         x = F.pad(x, (w0, w1, 0, 0, t0, t1), mode=layer.mode) if (w0 or w1 or t0 or t1) else x

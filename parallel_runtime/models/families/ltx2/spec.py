@@ -27,6 +27,12 @@ def _text_encoding():
     return ENCODING
 
 
+def _video_vae():
+    from .vae_bands import VIDEO_VAE
+
+    return VIDEO_VAE
+
+
 def geometry(latent_channels: int | None) -> tuple[int, int]:
     """(pixels per token side, frames per latent frame): VAE 32x x patch 1, 8 frames per latent frame."""
     return 32, 8
@@ -51,4 +57,5 @@ FAMILY = FamilySpec(
     generate_cfg=3.0,
     lora_markers=("av_ca_", "audio_attn1"),
     default_size=(768, 512, 121),
+    video_vae=_video_vae,
 )
