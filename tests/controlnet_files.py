@@ -63,12 +63,13 @@ def _value(name: str, shape: tuple[int, ...]) -> torch.Tensor:
     return t * scale
 
 
-def flux_union_state() -> dict[str, torch.Tensor]:
-    """The tiny Flux Union ControlNet (diffusers' FluxControlNetModel names), stored as fp16."""
+def flux_union_state(config: dict | None = None) -> dict[str, torch.Tensor]:
+    """The tiny Flux Union ControlNet (diffusers' FluxControlNetModel names), stored as fp16; ``config`` other
+    widths than FLUX_UNION_CONFIG's."""
     from diffusers.models.controlnets.controlnet_flux import FluxControlNetModel
 
     with torch.device("meta"):
-        model = FluxControlNetModel(**FLUX_UNION_CONFIG)
+        model = FluxControlNetModel(**(config or FLUX_UNION_CONFIG))
     shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     return {k: _value(k, s).to(torch.float16).contiguous() for k, s in sorted(shapes.items())}
 
