@@ -49,6 +49,13 @@ def test_cpu_memory_is_stated_per_rank_or_refused(monkeypatch):
         monkeypatch.setenv(CPU_MEMORY_ENV, bad)
         with pytest.raises(ConfigError, match=f"{CPU_MEMORY_ENV}='{bad}'"):
             MachineInfo.detect("cpu:2")
+    monkeypatch.setenv(CPU_MEMORY_ENV, "64KiB")  # too little even split: the sizes as they are, and the setting named
+    info = model_info_from_path(WAN, dtype="fp32")
+    with pytest.raises(
+        ConfigError, match=r"needs about 2\.3 MiB of weights but the 2 device\(s\) have 128\.0 KiB"
+    ) as err:
+        plan_layout(MachineInfo.detect("cpu:2"), info, _request())
+    assert f"raise ${CPU_MEMORY_ENV}" in str(err.value) and "64.0 KiB of 64.0 KiB free" in str(err.value)
 
 
 def test_a_q4_model_larger_than_each_rank_is_split_and_equals_one_device(pool_registry, monkeypatch):

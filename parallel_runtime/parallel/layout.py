@@ -23,11 +23,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from collections.abc import Sequence
 
 from ..errors import ConfigError
 from .config import ParallelConfig
-from .machine import GiB, MachineInfo
+from .machine import CPU_MEMORY_ENV, GiB, MachineInfo, format_bytes
 from .stages import balanced_counts, plan_stages
 
 ASSUMED_SIDE = 1024  # image side the planner assumes when the size is not known
@@ -304,21 +305,12 @@ def weights_held(model: ModelInfo, stage_bytes: Sequence[int]) -> str:
     )
 
 
-def format_bytes(n: float) -> str:
-    """1.5 GiB / 640.0 MiB / 12.0 KiB."""
-    for unit, size in (("GiB", GiB), ("MiB", 1024**2), ("KiB", 1024)):
-        if n >= size or unit == "KiB":
-            return f"{n / size:.1f} {unit}"
-    return f"{n} B"
-
-
 def _pipefusion_for_memory(
     machine: MachineInfo, order: Sequence[int], model: ModelInfo, request: LayoutRequest, cfg: int, group: int
 ) -> tuple[int, tuple[float, ...] | None, str]:
     """Smallest pp degree whose stages fit; stage weights from free memory on mixed cards."""
     devs = [machine.devices[i] for i in order]
     smallest = min(devs, key=lambda d: d.free_bytes)
-    gib = model.weight_bytes / GiB
     branches = 1 if cfg == 2 else (2 if request.cfg_for(model) > 1 else 1)
     for pp in _divisors(group):
         if pp > model.num_layers:
@@ -367,10 +359,14 @@ def _pipefusion_for_memory(
                     f"from free memory ({frees} GiB free)"
                 ),
             )
-    total = sum(d.free_bytes for d in devs) / GiB
+    total = sum(d.free_bytes for d in devs)
+    stated = (
+        f"; CPU ranks: unset or raise ${CPU_MEMORY_ENV}" if machine.is_cpu and os.environ.get(CPU_MEMORY_ENV) else ""
+    )
     raise ConfigError(
-        f"the model needs about {gib:.1f} GiB of weights but the {len(devs)} device(s) have {total:.1f} GiB free "
-        f"in all ({machine.describe()})",
+        f"the model needs about {format_bytes(model.weight_bytes)} of weights but the {len(devs)} device(s) have "
+        f"{format_bytes(total)} free in all ({machine.describe()})",
         "even split into PipeFusion stages over every device, the layers do not fit next to activations and the reserve",
-        "use bf16/fp16 instead of fp32, free GPU memory (close other programs, unload ComfyUI models), or add GPUs",
+        "use bf16/fp16 instead of fp32, free GPU memory (close other programs, unload ComfyUI models), or add GPUs"
+        + stated,
     )

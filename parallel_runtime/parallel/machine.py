@@ -67,7 +67,8 @@ class MachineInfo:
 
     def describe(self) -> str:
         lines = [
-            f"{d.name} {d.label}: {d.free_bytes / GiB:.1f} of {d.total_bytes / GiB:.1f} GiB free" for d in self.devices
+            f"{d.name} {d.label}: {format_bytes(d.free_bytes)} of {format_bytes(d.total_bytes)} free"
+            for d in self.devices
         ]
         return "; ".join(lines)
 
@@ -140,6 +141,14 @@ def _can_access(i: int, j: int) -> bool:
         return bool(torch.cuda.can_device_access_peer(i, j))
     except Exception:
         return False
+
+
+def format_bytes(n: float) -> str:
+    """1.5 GiB / 640.0 MiB / 12.0 KiB."""
+    for unit, size in (("GiB", GiB), ("MiB", 1024**2), ("KiB", 1024)):
+        if n >= size or unit == "KiB":
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
 
 
 def cpu_memory_override(ranks: int) -> int | None:
