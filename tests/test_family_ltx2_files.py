@@ -100,3 +100,21 @@ def test_conversion_only_renames(folder, checkpoint):
     assert set(plan.unused) == {"video_embeddings_connector.learnable_registers"}
     assert set(plan.pieces) == set(folder.transformer.state_dict())
     assert all(len(p) == 1 and p[0].r0 == 0 and p[0].r1 == shapes[p[0].key][0] for p in plan.pieces.values())
+
+
+def test_bench_families_counts_every_weight_of_the_released_config():
+    """``bench families``' byte accounting at the shipped LTX-2 config equals the parameters of the model built from
+    it (18.9B: the release's "19B", the audio stream included: its weights are loaded though only the video stream
+    runs), 2 bytes each; 768x512 px, 121 frames is 16 x 24 x 16 = 6144 video tokens (the text is cross-attention)."""
+    from diffusers import LTX2VideoTransformer3DModel
+
+    from parallel_runtime.models.families.registry import family
+    from parallel_runtime.models.single_file import shipped_config
+    from parallel_runtime.tools.bench_families import default_tokens, weight_gb
+
+    spec, (config, _) = family("ltx2"), shipped_config(LTX2_19B)
+    with torch.device("meta"):
+        params = sum(p.numel() for p in LTX2VideoTransformer3DModel.from_config(config).parameters())
+    assert 18.8e9 < params < 19.0e9
+    assert weight_gb(spec, LTX2_19B, "auto")["pp1"] == round(2 * params / 1e9, 3)
+    assert default_tokens(spec, LTX2_19B) == {"size": "768x512x121", "image_tokens": 6144, "sequence_tokens": 6144}
