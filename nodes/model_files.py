@@ -163,6 +163,8 @@ TOKENIZER_DIRS = {  # file-name fragment -> ComfyUI's bundled tokenizer (comfy/t
     "llava_llama3": "llama_tokenizer",
     "byt5": "byt5_tokenizer",
     "clip_l": "../sd1_tokenizer",  # CLIP's is comfy/sd1_tokenizer, beside comfy/text_encoders
+    "clip_g": "../sd1_tokenizer",  # CLIP-G reads the same vocabulary (ComfyUI pads its tokens with 0)
+    "llama": "llama_tokenizer",
 }
 TEXT_ENCODER_NONE = "(none)"
 

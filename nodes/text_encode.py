@@ -22,7 +22,7 @@ class ParallelTextEncode(DeclaredNode):
         display_name="Parallel Text Encode",
         description=(
             "Encodes a prompt into ComfyUI conditioning with the model's own text encoders (CLIP / T5 / Qwen2.5-VL "
-            "/ Mistral of a diffusers folder), or with text-encoder files (Qwen-Image's Qwen2.5-VL, Z-Image's Qwen3, Wan's UMT5, Chroma's / SD3's / PixArt's / LTX-Video's T5-XXL, Flux.1's T5-XXL + CLIP-L, HunyuanVideo's LLaVA-Llama-3 + CLIP-L, HunyuanVideo 1.5's Qwen2.5-VL + ByT5)."
+            "/ Mistral of a diffusers folder), or with text-encoder files (Qwen-Image's Qwen2.5-VL, Z-Image's Qwen3, Wan's UMT5, Chroma's / SD3's / PixArt's / LTX-Video's T5-XXL, Flux.1's T5-XXL + CLIP-L, HunyuanVideo's LLaVA-Llama-3 + CLIP-L, HunyuanVideo 1.5's Qwen2.5-VL + ByT5, HiDream's Llama-3.1 + T5-XXL + CLIP-L + CLIP-G)."
         ),
         inputs=(
             Socket("parallel_model", PARALLEL_MODEL, "From Parallel Model Loader."),
@@ -34,7 +34,7 @@ class ParallelTextEncode(DeclaredNode):
                 "reads it, for a Qwen-Image transformer file; umt5_xxl* for Wan; t5xxl* for Chroma / SD3 / PixArt / "
                 "LTX-Video; mistral_3_small_flux2*.safetensors for FLUX.2; t5xxl* with clip_l as text_encoder_2 for "
                 "Flux.1; llava_llama3* with clip_l for HunyuanVideo; qwen_2.5_vl_7b* with byt5_small_glyphxl* for "
-                "HunyuanVideo 1.5).",
+                "HunyuanVideo 1.5; for HiDream its four files in text_encoder .. text_encoder_4).",
                 lambda: text_encoder_choices(shared_bridge()),
                 default=TEXT_ENCODER_OWN,
                 optional=True,
@@ -44,6 +44,21 @@ class ParallelTextEncode(DeclaredNode):
                 "A second text-encoder file, for a family that reads two as ComfyUI's DualCLIPLoader: clip_l.safetensors "
                 "beside t5xxl* for Flux.1 or llava_llama3* for HunyuanVideo, byt5_small_glyphxl* beside qwen_2.5_vl_7b* for "
                 "HunyuanVideo 1.5 (either order). (none) for every other family.",
+                lambda: second_text_encoder_choices(shared_bridge()),
+                default=TEXT_ENCODER_NONE,
+                optional=True,
+            ),
+            Choice(
+                "text_encoder_3",
+                "A third text-encoder file, for HiDream (its four files as ComfyUI's QuadrupleCLIPLoader, any order: "
+                "llama_3.1_8b_instruct*, t5xxl*, clip_l_hidream, clip_g_hidream). (none) for every other family.",
+                lambda: second_text_encoder_choices(shared_bridge()),
+                default=TEXT_ENCODER_NONE,
+                optional=True,
+            ),
+            Choice(
+                "text_encoder_4",
+                "A fourth text-encoder file, for HiDream (see text_encoder_3). (none) for every other family.",
                 lambda: second_text_encoder_choices(shared_bridge()),
                 default=TEXT_ENCODER_NONE,
                 optional=True,
@@ -61,10 +76,14 @@ class ParallelTextEncode(DeclaredNode):
         text: str,
         text_encoder: str = TEXT_ENCODER_OWN,
         text_encoder_2: str = TEXT_ENCODER_NONE,
+        text_encoder_3: str = TEXT_ENCODER_NONE,
+        text_encoder_4: str = TEXT_ENCODER_NONE,
     ) -> tuple[list]:
         from parallel_runtime.service.comfy_graph import encode
 
         model = parallel_model.model()
         bridge = parallel_model.context.bridge
-        first, second = (resolve_text_encoder(n, bridge) for n in (text_encoder, text_encoder_2))
-        return (encode(model, text, first, second),)
+        names = (text_encoder, text_encoder_2, text_encoder_3, text_encoder_4)
+        first, second, third, fourth = (resolve_text_encoder(n, bridge) for n in names)
+        further = {"text_encoder_3": third, "text_encoder_4": fourth}
+        return (encode(model, text, first, second, **{k: v for k, v in further.items() if v is not None}),)

@@ -244,16 +244,16 @@ class ParallelModel:
         text_encoder: tuple[str, str | None] | None = None,
         should_cancel: Callable[[], bool] | None = None,
         text_encoder_2: tuple[str, str | None] | None = None,
+        text_encoder_3: tuple[str, str | None] | None = None,
+        text_encoder_4: tuple[str, str | None] | None = None,
     ) -> Conditioning:
-        """Conditioning of ``prompt`` with the model's own text encoders, or with ``text_encoder`` = (a
-        text-encoder file from ComfyUI's models/text_encoders, its tokenizer folder or None when the file
-        carries its tokenizer), and ``text_encoder_2`` the same of a second file for a family that reads two
-        (Flux.1: T5-XXL and CLIP-L, in either order)."""
+        """Conditioning of ``prompt`` with the model's own text encoders, or with ``text_encoder`` = (a text-encoder
+        file from models/text_encoders, its tokenizer folder or None when the file carries its tokenizer) and
+        ``text_encoder_2`` .. ``_4`` the same of the further files of a family reading several (any order)."""
         prompts = input_checks.prompts(prompt)
-        files = text_encoder_files(self.family, text_encoder, text_encoder_2)
+        files = text_encoder_files(self.family, text_encoder, text_encoder_2, (text_encoder_3, text_encoder_4))
         if files is not None:
-            (first, tokenizer), second = files
-            job = self._run(encode_text_file, first, tokenizer, prompts, second=second, should_cancel=should_cancel)
+            job = self._run(encode_text_file, *files[0], prompts, more=files[1:], should_cancel=should_cancel)
             return concat_conditioning(*job)
         conds = self._run(encode_text, prompts, loras=stack_entries(self.loras), should_cancel=should_cancel)
         return concat_conditioning(*conds)

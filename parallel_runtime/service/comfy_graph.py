@@ -185,15 +185,20 @@ def encode(
     text: str,
     text_encoder: tuple[str, str | None] | None = None,
     text_encoder_2: tuple[str, str | None] | None = None,
+    text_encoder_3: tuple[str, str | None] | None = None,
+    text_encoder_4: tuple[str, str | None] | None = None,
 ) -> list[list[Any]]:
     """ComfyUI CONDITIONING of ``text`` with the model's own text encoders, or with ``text_encoder`` (a
-    text-encoder file and its tokenizer folder) and ``text_encoder_2`` (a second one, for Flux.1's CLIP-L)."""
-    if text_encoder is None and text_encoder_2 is None:
+    text-encoder file and its tokenizer folder) and ``text_encoder_2`` .. ``_4`` (the further files of a family
+    that reads several: Flux.1's CLIP-L; HiDream's T5-XXL, CLIP-L and CLIP-G beside its Llama-3.1)."""
+    further = {"text_encoder_2": text_encoder_2, "text_encoder_3": text_encoder_3, "text_encoder_4": text_encoder_4}
+    further = {k: v for k, v in further.items() if v is not None}
+    if text_encoder is None and not further:
         cond = model.encode_text(text)
-    elif text_encoder_2 is None:
+    elif not further:
         cond = model.encode_text(text, text_encoder)
     else:
-        cond = model.encode_text(text, text_encoder, text_encoder_2=text_encoder_2)
+        cond = model.encode_text(text, text_encoder, **further)
     return from_runtime(cond)
 
 

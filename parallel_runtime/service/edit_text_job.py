@@ -54,7 +54,7 @@ def check_edit_text_request(
                 "an IMAGE is a [batch, height, width, channels] tensor with 3 or more channels",
                 "connect a Load Image or another IMAGE output",
             )
-    (path, tokenizer), _ = text_encoder_files(family_id, text_encoder, None)
+    path, tokenizer = text_encoder_files(family_id, text_encoder, None)[0]
     if any(image is not None for image in images):
         from ..models.tensor_files import SafetensorsFile
 

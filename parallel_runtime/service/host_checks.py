@@ -222,59 +222,83 @@ def check_text_encoder_file(reader: Any, encoder_path: str, tokenizer_dir: str |
         reader.check(encoder_path)
 
 
+FileChoice = tuple[str, str | None]  # (a text-encoder file, its tokenizer folder or None)
+
+
 def check_text_encoder_files(
-    reader: Any, first: tuple[str, str | None], second: tuple[str, str | None] | None, family_id: str
-) -> tuple[tuple[str, str | None], tuple[str, str | None] | None]:
+    reader: Any,
+    first: FileChoice,
+    second: FileChoice | None,
+    family_id: str,
+    more: tuple[FileChoice, ...] = (),
+) -> tuple[FileChoice, ...]:
     """The (file, tokenizer folder) pairs a family's ``TextEncoderFile`` reads, checked on the host and in its
-    order (a family reading two, e.g. Flux.1's T5-XXL and CLIP-L, takes them either way, as ComfyUI's
-    DualCLIPLoader): a ConfigError for one file where two are needed, or two where one is."""
-    name = Path(first[0]).name
-    if reader.second is None and second is not None:
+    order (first, second, *more): a family reading several (Flux.1's T5-XXL and CLIP-L, as ComfyUI's
+    DualCLIPLoader; HiDream's four, as its QuadrupleCLIPLoader) takes them in any order. A ConfigError for fewer
+    or more files than the family reads."""
+    given = [first, *((second,) if second is not None else ()), *more]
+    extra = reader.extra_files
+    names = ", ".join(Path(f[0]).name for f in given)
+    if len(given) != 1 + len(extra):
+        kinds = [reader.what, *(e.what for e in extra)]
+        count = {1: "one", 2: "two", 3: "three", 4: "four"}
         raise ConfigError(
-            f"two text-encoder files ({name}, {Path(second[0]).name}) for a {family_id} model",
-            f"a {family_id} model reads one {reader.what} text-encoder file",
-            "leave text_encoder_2 at (none)",
+            f"{count.get(len(given), len(given))} text-encoder file{'s' * (len(given) > 1)} ({names}) for a "
+            f"{family_id} model",
+            f"a {family_id} model reads "
+            + (f"one {reader.what} text-encoder file" if not extra else f"{' + '.join(kinds)}, one file each"),
+            "leave text_encoder_2 at (none)"
+            if not extra
+            else f"choose the {' / '.join(kinds)} files as text_encoder"
+            + "".join(f" / text_encoder_{i + 2}" for i in range(len(extra))),
         )
-    if reader.second is not None and second is None:
-        raise ConfigError(
-            f"one text-encoder file ({name}) for a {family_id} model",
-            f"a {family_id} model is conditioned by {reader.what} and {reader.second.what} together, from two files "
-            "(as ComfyUI's DualCLIPLoader reads them)",
-            f"choose the {reader.what} file as text_encoder and the {reader.second.what} file (e.g. clip_l.safetensors) "
-            "as text_encoder_2",
-        )
-    if second is not None and reader.second.recognise(first[0]) and not reader.second.recognise(second[0]):
-        first, second = second, first
-    check_text_encoder_file(reader, *first)
-    if second is not None:
-        if not second[1]:
+    if reader.arrange is not None:
+        given = [given[i] for i in reader.arrange([f[0] for f in given])]
+    elif extra and extra[0].recognise(given[0][0]) and not extra[0].recognise(given[1][0]):
+        given[0], given[1] = given[1], given[0]
+    check_text_encoder_file(reader, *given[0])
+    for kind, (path, tokenizer) in zip(extra, given[1:]):
+        if not tokenizer:
             raise ConfigError(
-                f"no tokenizer found for {Path(second[0]).name}",
-                f"a {reader.second.what} text encoder needs its tokenizer folder (ComfyUI ships it in comfy/)",
-                f"put the tokenizer files in a folder {Path(second[0]).stem}_tokenizer next to the encoder file",
+                f"no tokenizer found for {Path(path).name}",
+                f"a {kind.what} text encoder needs its tokenizer folder (ComfyUI ships it in comfy/)",
+                f"put the tokenizer files in a folder {Path(path).stem}_tokenizer next to the encoder file",
             )
-        reader.second.check(second[0])
-    return first, second
+        kind.check(path)
+    return tuple(given)
 
 
 def text_encoder_files(
-    family_id: str, first: tuple[str, str | None] | None, second: tuple[str, str | None] | None
-) -> tuple[tuple[str, str | None], tuple[str, str | None] | None] | None:
-    """Parallel Text Encode's (file, tokenizer folder) choices for a ``family_id`` model, checked on the host and
-    in the family's order (``check_text_encoder_files``); None: the model's own encoders."""
-    if first is None and second is not None:
+    family_id: str, first: FileChoice | None, second: FileChoice | None, more: tuple[FileChoice | None, ...] = ()
+) -> tuple[FileChoice, ...] | None:
+    """Parallel Text Encode's (file, tokenizer folder) choices for a ``family_id`` model (``more``: the third and
+    fourth, None where not chosen), checked on the host and in the family's order (``check_text_encoder_files``);
+    None: the model's own encoders."""
+    more = tuple(f for f in more if f is not None)
+    if first is None and (second is not None or more):
+        other = second if second is not None else more[0]
         raise ConfigError(
-            f"a second text-encoder file ({Path(second[0]).name}) without a first",
-            "text_encoder_2 is the second file of a family that reads two (Flux.1: T5-XXL and CLIP-L)",
-            "choose the first file as text_encoder too, or leave text_encoder_2 at (none)",
+            f"a second text-encoder file ({Path(other[0]).name}) without a first",
+            "text_encoder_2 (and _3, _4) are the further files of a family that reads several (Flux.1: T5-XXL and "
+            "CLIP-L; HiDream: Llama-3.1, T5-XXL, CLIP-L and CLIP-G)",
+            "choose the first file as text_encoder too, or leave the others at (none)",
         )
     spec = family(family_id)
     if first is None:
         if not spec.text_encoding().on_workers:
+            files = spec.text_encoder_file
+            kinds = [files().what, *(e.what for e in files().extra_files)] if files is not None else []
             raise ConfigError(
-                f"{spec.label} prompts cannot be encoded by Parallel Text Encode",
-                f"{spec.label}'s text encoders are not run on the workers (nor loaded from its folder)",
-                f"encode the prompt in ComfyUI ({spec.text.comfy_nodes}) and give that CONDITIONING to the "
+                f"{spec.label} prompts cannot be encoded by Parallel Text Encode with the model's own encoders",
+                f"{spec.label}'s text encoders are not loaded from its folder",
+                (
+                    f"choose its {' / '.join(kinds)} file(s) as text_encoder"
+                    + f" .. text_encoder_{len(kinds)}" * (len(kinds) > 1)
+                    + ", or "
+                    if kinds
+                    else ""
+                )
+                + f"encode the prompt in ComfyUI ({spec.text.comfy_nodes}) and give that CONDITIONING to the "
                 "Parallel Sampler",
             )
         return None
@@ -286,4 +310,4 @@ def text_encoder_files(
             f"Parallel Text Encode reads only {' and '.join(readers)} from models/text_encoders so far",
             "choose \"(the model's own)\" with a diffusers folder, or ComfyUI's own text-encode nodes",
         )
-    return check_text_encoder_files(reader(), first, second, family_id)
+    return check_text_encoder_files(reader(), first, second, family_id, more)

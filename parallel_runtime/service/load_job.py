@@ -5,6 +5,7 @@ in the same order everywhere."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -342,12 +343,18 @@ def text_encoder_placement(
     return placement
 
 
-def text_file_placement(model: LoadedModel, encoder_path: str) -> Any:
+def text_file_placement(model: LoadedModel, encoder_path: str, beside: Sequence[str] = ()) -> Any:
     """Where a text-encoder FILE goes on TEXT_RANK: one device, or ({gpu: bytes}) spread by layers over the
-    pool's GPUs when it is larger than what any one has left (its file size counts, vision tower included)."""
-    size = Path(encoder_path).stat().st_size
+    pool's GPUs when it is larger than what any one has left (its file size counts, vision tower included;
+    the files read ``beside`` it go to its first device: they count with it, and leave that GPU's share smaller)."""
+    extra = sum(Path(p).stat().st_size for p in beside)
     devices = list(model.devices)
-    return text_encoder_placement({"file": size}, devices, free_gpu_bytes(devices))["file"]
+    size = Path(encoder_path).stat().st_size + extra
+    where = text_encoder_placement({"file": size}, devices, free_gpu_bytes(devices))["file"]
+    if isinstance(where, dict) and extra:
+        first = next(iter(where))
+        where = {**where, first: max(where[first] - extra, 0)}
+    return where
 
 
 TEXT_RESERVE = 2 * 1024**3  # left free on a GPU for activations when text encoder layers are spread

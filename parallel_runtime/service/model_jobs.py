@@ -73,12 +73,14 @@ def encode_text_file(
     max_sequence_length: int | None = None,
     overrides: dict[str, Any] | None = None,
     second: tuple[str, str | None] | None = None,
+    more: tuple[tuple[str, str | None], ...] = (),
 ) -> list[Conditioning] | None:
     """Encode each prompt with a text-encoder FILE (ComfyUI's models/text_encoders, of a family that reads one:
     Qwen-Image's Qwen2.5-VL, Wan's UMT5, ...) on TEXT_RANK, in the model's dtype: on one device, or spread over
     the pool's GPUs by layers when larger than what any one has left (``load_job.text_file_placement``); with
-    ``second`` = (file, tokenizer folder), the second file a family reads beside the first (Flux.1's CLIP-L), on the
-    first one's device. The encoders stay loaded for the next prompts."""
+    ``second`` = (file, tokenizer folder), the second file a family reads beside the first (Flux.1's CLIP-L), and
+    ``more`` the further ones (HiDream's), on the first one's device. The encoders stay loaded for the next
+    prompts."""
     model = loaded_model(ctx)
     family_id = model.adapter.plan.family
     spec = family(family_id)
@@ -90,16 +92,20 @@ def encode_text_file(
             "encode with ComfyUI's CLIPLoader + CLIPTextEncode, or load the model's diffusers folder",
         )
     reader = spec.text_encoder_file()
-    if (reader.second is None) != (second is None):
+    others = (*((second,) if second is not None else ()), *more)
+    if len(others) != len(reader.extra_files):
+        count = {0: "one text-encoder file", 1: "two text-encoder files"}.get(len(others), f"{len(others) + 1} files")
+        kinds = " + ".join([reader.what, *(e.what for e in reader.extra_files)])
         raise ConfigError(
-            f"{'one text-encoder file' if second is None else 'two text-encoder files'} for a {family_id} model",
-            f"{spec.label} reads {'a ' + reader.second.what + ' file beside its ' if reader.second else 'one '}"
-            f"{reader.what} file",
-            "give the files the family reads (Parallel Text Encode's text_encoder / text_encoder_2)",
+            f"{count} for a {family_id} model",
+            f"{spec.label} reads {kinds}, one file each"
+            if reader.extra_files
+            else f"{spec.label} reads one {reader.what} file",
+            "give the files the family reads (Parallel Text Encode's text_encoder / text_encoder_2 ...)",
         )
     if ctx.rank != TEXT_RANK:
         return None
-    encoder, tokenizer = text_file_encoder(ctx, model, reader, encoder_path, tokenizer_dir, overrides, second)
+    encoder, tokenizer = text_file_encoder(ctx, model, reader, encoder_path, tokenizer_dir, overrides, others)
     with torch.no_grad():
         return [
             reader.encode(encoder, tokenizer, [p], max_sequence_length or reader.default_length).to(
@@ -116,17 +122,17 @@ def text_file_encoder(
     encoder_path: str,
     tokenizer_dir: str | None,
     overrides: dict[str, Any] | None,
-    second: tuple[str, str | None] | None = None,
+    others: tuple[tuple[str, str | None], ...] = (),
 ) -> tuple[Any, Any]:
     """The text-encoder file's model and tokenizer on this rank (see ``encode_text_file``), loaded once and kept
-    for the next prompts."""
+    for the next prompts; with ``others`` (the further files, in the reader's order), tuples of every file's."""
     from transformers import AutoTokenizer
 
-    key = (encoder_path, tokenizer_dir, str(overrides), model.adapter.dtype, second)
+    key = (encoder_path, tokenizer_dir, str(overrides), model.adapter.dtype, others)
     cached = ctx.state.get("text_file")
     if cached is None or cached[0] != key:
         ctx.state.pop("text_file", None)
-        where = text_file_placement(model, encoder_path) if model.devices else str(ctx.device)
+        where = text_file_placement(model, encoder_path, [f for f, _ in others]) if model.devices else str(ctx.device)
         if isinstance(where, Mapping):  # larger than any one GPU's room: its layers over the GPUs
             from ..models.layer_spread import spread_by_layers
 
@@ -138,10 +144,11 @@ def text_file_encoder(
             tokenizer = reader.tokenizer(encoder_path, tokenizer_dir)
         else:
             tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir, local_files_only=True)
-        if reader.second is not None and second is not None:
+        if others:
             device = next(iter(where)) if isinstance(where, Mapping) else where
-            encoder = (encoder, reader.second.load(second[0], device))
-            tokenizer = (tokenizer, AutoTokenizer.from_pretrained(second[1], local_files_only=True))
+            kinds = reader.extra_files
+            encoder = (encoder, *(kind.load(path, device) for kind, (path, _) in zip(kinds, others)))
+            tokenizer = (tokenizer, *(AutoTokenizer.from_pretrained(t, local_files_only=True) for _, t in others))
         cached = (key, encoder, tokenizer)
         ctx.state["text_file"] = cached
     return cached[1], cached[2]

@@ -12,7 +12,7 @@ naming a family; ``tests/test_family_folders.py`` fails when a family name appea
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
@@ -97,7 +97,7 @@ class SecondEncoderFile:
 @dataclasses.dataclass(frozen=True)
 class TextEncoderFile:
     """A text encoder read from a file (ComfyUI's ``models/text_encoders``) and how it encodes prompts. With a
-    ``second`` file, ``encode`` gets (first, second) encoders and (first, second) tokenizers."""
+    ``second`` file (and ``more``), ``encode`` gets (first, second, ...) encoders and tokenizers."""
 
     what: str  # the file kind, for messages, e.g. "Qwen2.5-VL"
     load: Callable[..., nn.Module]  # (path, device, dtype, overrides=None) -> encoder
@@ -108,6 +108,16 @@ class TextEncoderFile:
     tokenizer: Callable[[str, str | None], Any] | None = None
     check: Callable[[str], None] | None = None  # (encoder file): a ConfigError on the host for a wrong file
     second: SecondEncoderFile | None = None  # a second file the family needs (None: one file)
+    more: tuple[SecondEncoderFile, ...] = ()  # files it needs beyond the second (HiDream's four): ``encode`` gets
+    # (first, second, *more) encoders and tokenizers
+    # (paths of every file given) -> their indices in the order (first, second, *more) (a ConfigError when they
+    # are not the kinds needed); None: the second file is told by its kind's ``recognise``
+    arrange: Callable[[Sequence[str]], tuple[int, ...] | None] | None = None
+
+    @property
+    def extra_files(self) -> tuple[SecondEncoderFile, ...]:
+        """The files read beside the first, in order (second, *more)."""
+        return (*((self.second,) if self.second is not None else ()), *self.more)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -24,6 +24,12 @@ def _original_layout():
     return LAYOUT
 
 
+def _text_encoder_file():
+    from .text_file import ENCODER_FILE
+
+    return ENCODER_FILE
+
+
 def _text_encoding():
     from .text import ENCODING
 
@@ -53,6 +59,7 @@ FAMILY = FamilySpec(
         comfy_nodes="QuadrupleCLIPLoader (clip_l + clip_g + t5xxl + llama_3.1_8b) with CLIPTextEncode",
     ),
     text_encoding=_text_encoding,
+    text_encoder_file=_text_encoder_file,
     layout=LayoutHints(default_cfg=5.0, text_tokens=384),  # Full's CFG; T5 128 + Llama 128 + a block's 128
     head_dim=128,
     previews=(FLUX_PREVIEW,),

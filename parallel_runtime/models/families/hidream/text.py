@@ -1,7 +1,8 @@
-"""HiDream prompts: not encoded on the workers. HiDream reads four text encoders (CLIP-L, CLIP-G, T5-XXL and
-Llama-3.1-8B-Instruct's hidden states of every layer, ~25 GB together); ComfyUI's QuadrupleCLIPLoader with
-CLIPTextEncode encodes them and the Parallel Sampler takes that CONDITIONING. Encoding here is refused with
-that way out (on the host, before any job: ``on_workers=False``; a folder's encoders are not loaded)."""
+"""HiDream prompts from a diffusers folder's own encoders: not encoded on the workers. HiDream's four text
+encoders (CLIP-L, CLIP-G, T5-XXL and Llama-3.1-8B-Instruct's hidden states of every layer, ~25 GB together) are
+read from ComfyUI's files instead (``text_file``: Parallel Text Encode's text_encoder .. text_encoder_4), or
+ComfyUI's QuadrupleCLIPLoader with CLIPTextEncode encodes them. A folder's encoders are refused with those ways
+out (on the host, before any job: ``on_workers=False``; they are not loaded)."""
 
 from __future__ import annotations
 
@@ -18,8 +19,8 @@ def encode(comps: TextComponents, prompts: list[str], max_length: int, device: t
         "HiDream prompts cannot be encoded by the parallel text encoder",
         "HiDream's four text encoders (CLIP-L, CLIP-G, T5-XXL and Llama-3.1 8B, every layer's states) are not "
         "run on the workers",
-        "encode the prompt in ComfyUI (QuadrupleCLIPLoader: clip_l, clip_g, t5xxl, llama_3.1_8b; CLIPTextEncode) "
-        "and give that CONDITIONING to the Parallel Sampler",
+        "choose HiDream's four text-encoder files in Parallel Text Encode (llama_3.1_8b_instruct*, t5xxl*, "
+        "clip_l_hidream, clip_g_hidream), or encode in ComfyUI (QuadrupleCLIPLoader; CLIPTextEncode)",
     )
 
 
