@@ -43,7 +43,7 @@ class ParallelTextEncode(DeclaredNode):
                 "text_encoder_2",
                 "A second text-encoder file, for a family that reads two as ComfyUI's DualCLIPLoader: clip_l.safetensors "
                 "beside t5xxl* for Flux.1 or llava_llama3* for HunyuanVideo, byt5_small_glyphxl* beside qwen_2.5_vl_7b* for "
-                "HunyuanVideo 1.5 (either order). (none) for every other family.",
+                "HunyuanVideo 1.5 (either order); one of HiDream's four (see text_encoder_3). (none) for every other family.",
                 lambda: second_text_encoder_choices(shared_bridge()),
                 default=TEXT_ENCODER_NONE,
                 optional=True,
