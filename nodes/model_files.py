@@ -161,6 +161,7 @@ TOKENIZER_DIRS = {  # file-name fragment -> ComfyUI's bundled tokenizer (comfy/t
     "t5xxl": "t5_tokenizer",
     "t5-v1_1": "t5_tokenizer",
     "llava_llama3": "llama_tokenizer",
+    "llava-llama-3": "llama_tokenizer",  # llama.cpp GGUFs of it
     "byt5": "byt5_tokenizer",
     "clip_l": "../sd1_tokenizer",  # CLIP's is comfy/sd1_tokenizer, beside comfy/text_encoders
     "clip_g": "../sd1_tokenizer",  # CLIP-G reads the same vocabulary (ComfyUI pads its tokens with 0)

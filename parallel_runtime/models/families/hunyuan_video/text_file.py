@@ -1,6 +1,6 @@
 """HunyuanVideo 1.0's text encoders from TWO files, as ComfyUI's DualCLIPLoader (type "hunyuan_video") reads them
 from ``models/text_encoders``: LLaVA-Llama-3 (``llava_llama3_fp16.safetensors``, ``llava_llama3_fp8_scaled.safetensors``:
-Hugging Face's Llama names under ``model.``; the vision tower is another file) and CLIP-L (``clip_l.safetensors``;
+Hugging Face's Llama names under ``model.``; the vision tower is another file; or a llama.cpp GGUF) and CLIP-L (``clip_l.safetensors``;
 read by ``models.clip_text_file``). The Llama tokenizer is a folder (ComfyUI's ``llama_tokenizer``).
 
 A prompt is encoded as ComfyUI does it for HunyuanVideo (facts of its encoder, checked against it):
@@ -75,13 +75,10 @@ def llama_text_config(shapes: Mapping[str, tuple[int, ...]], overrides: Mapping[
 def load_llama3_file(path, device="cpu", dtype=torch.bfloat16, storage="auto", overrides=None) -> nn.Module:
     """The Llama text model in ComfyUI's ``path`` (see the module doc), on ``device`` in ``dtype`` (fp8 layers as
     stored, with their scales)."""
-    if str(path).lower().endswith(".gguf"):
-        raise ConfigError(
-            f"{Path(path).name} is a GGUF",
-            f"Parallel Text Encode reads {WHAT} from .safetensors files only so far",
-            "use llava_llama3_fp16.safetensors or llava_llama3_fp8_scaled.safetensors",
-        )
     from transformers import LlamaConfig, LlamaModel
+
+    if str(path).lower().endswith(".gguf"):
+        return _load_llama3_gguf(path, device, dtype, storage, overrides)
 
     def build(shapes: Mapping[str, tuple[int, ...]]) -> nn.Module:
         return LlamaModel(LlamaConfig(**llama_text_config(shapes, overrides)))
@@ -89,11 +86,39 @@ def load_llama3_file(path, device="cpu", dtype=torch.bfloat16, storage="auto", o
     return load_prefixed_model(path, TEXT_PREFIX, build, device, dtype, storage, only_model_parameters=True)
 
 
+def _open_gguf(path):
+    """The llama-architecture GGUF ``path`` and the shapes ``llama_text_config`` reads, under ComfyUI's names."""
+    from ...gguf.reader import GGUFFile
+    from ...gguf.text_model import check_text_architecture, probe_shapes
+
+    file = GGUFFile(Path(path).expanduser())
+    check_text_architecture(file, ("llama",), WHAT)
+    probe = ["embed_tokens.weight", "layers.0.mlp.gate_proj.weight", "layers.0.post_attention_layernorm.weight"]
+    probe += [f"layers.0.self_attn.{p}.weight" for p in ("q_proj", "k_proj")]
+    return file, probe_shapes(file, TEXT_PREFIX, probe)
+
+
+def _load_llama3_gguf(path, device, dtype: torch.dtype, storage: str, overrides) -> nn.Module:
+    """The Llama text model of a llama.cpp GGUF (general.architecture "llama", e.g.
+    ``llava-llama-3-8b-v1_1-Q4_K_M.gguf``, as ComfyUI-GGUF's DualCLIPLoaderGGUF reads it): Linear weights kept in
+    their GGML blocks, query / key rows put back in transformers' order by the file's head counts, the head width,
+    RoPE base and norm epsilon from its ``llama.*`` metadata (the same reading as FLUX.2's Mistral GGUF)."""
+    from transformers import LlamaConfig, LlamaModel
+
+    from ...gguf.text_model import load_llama_cpp_model
+    from ...weights import parameters_on_meta
+    from ..flux2.text_gguf import gguf_overrides, gguf_source_fields
+
+    file, shapes = _open_gguf(path)
+    with parameters_on_meta():
+        model = LlamaModel(LlamaConfig(**llama_text_config(shapes, gguf_overrides(file, overrides))))
+    return load_llama_cpp_model(model, file, TEXT_PREFIX, device, dtype, storage, gguf_source_fields)
+
+
 def check_llama3_file(path: str) -> None:
-    """On the host, before any worker reads it: the file holds a Llama text model."""
-    if str(path).lower().endswith(".gguf"):
-        load_llama3_file(path)  # the GGUF refusal
-    llama_text_config(_shapes(path))
+    """On the host, before any worker reads it: the file holds a Llama text model (a GGUF: of architecture
+    llama)."""
+    llama_text_config(_open_gguf(path)[1] if str(path).lower().endswith(".gguf") else _shapes(path))
 
 
 def prompt_span(ids: Sequence[int]) -> tuple[int, int]:
