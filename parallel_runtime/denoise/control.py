@@ -206,6 +206,14 @@ class BlockUpdate:
         return img if self.residual is None else img + self.residual.to(img.dtype)
 
 
+def apply_update(img: torch.Tensor, update: Any) -> torch.Tensor:
+    """The image tokens after one block's update: a residual tensor added, or a model patch's token update
+    (one patch, or a :class:`BlockUpdate`) applied."""
+    if isinstance(update, torch.Tensor):
+        return img + update.to(img.dtype)
+    return (update if isinstance(update, BlockUpdate) else BlockUpdate((update,))).apply(img)
+
+
 def combine(a: Any, b: Any) -> Any:
     """Two links' contributions to one block: residual tensors add up, patches keep their order."""
     if a is None or b is None:
@@ -248,12 +256,8 @@ class AddResiduals:
         hook = adapter.block_hook
         for i in range(adapter.num_blocks):
             acts = adapter.run_block(acts, i, attention)
-            residual = self.residuals[i]
-            if isinstance(residual, torch.Tensor):
-                acts = acts.replace(img=acts.img + residual.to(acts.img.dtype))
-            elif residual is not None:  # a model patch's token update (BlockUpdate or one patch)
-                update = residual if isinstance(residual, BlockUpdate) else BlockUpdate((residual,))
-                acts = acts.replace(img=update.apply(acts.img))
+            if self.residuals[i] is not None:
+                acts = acts.replace(img=apply_update(acts.img, self.residuals[i]))
             if hook is not None:
                 hook()
         return acts

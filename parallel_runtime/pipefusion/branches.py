@@ -1,7 +1,7 @@
 """The conditioning one PipeFusion rank evaluates per item, as *streams*, and how their predictions combine.
 
 A stream is one model call per item: the entries of the branches this rank evaluates (both, or its own under
-CFG parallel) whose texts batch and whose windows agree run as one batch, grouped as the single-device
+CFG parallel) whose texts batch and whose windows and ControlNets agree run as one batch, grouped as the single-device
 ``Denoiser`` groups them (a plain positive and negative that batch form one stream, as before). An entry with
 an area (``denoise.regions``) runs on its window of the latent; an item (a row band of the whole image, or
 the whole image during warmup) runs each stream on the rows of its window inside the band and skips the
@@ -22,6 +22,7 @@ import dataclasses
 
 import torch
 
+from ..denoise.control import ControlChain, same_control
 from ..denoise.entries import (
     COUNT_FLOOR,
     ActiveWindow,
@@ -46,17 +47,6 @@ REFERENCES_WITH_AREAS = (
     "PipeFusion keeps the reference tokens' K/V per stream of the whole image; an area's window is not one",
     "put the reference images on an entry without ConditioningSetArea, or use a layout without PipeFusion",
 )
-
-
-def refuse_control(entries: list[CondEntry]) -> None:
-    """ControlNets are not run per patch (the host checks this before a job starts)."""
-    if any(entry.control is not None for entry in entries):
-        raise ConfigError(
-            "the conditioning carries a ControlNet on a PipeFusion layout",
-            "PipeFusion runs the model patch by patch with stale activations; the ControlNet's residuals are "
-            "not computed per patch",
-            "use Ulysses / Ring / CFG parallelism for ControlNet graphs (a layout without PipeFusion)",
-        )
 
 
 def check_windows(entries: list[CondEntry], shape: tuple[int, ...], patch: int) -> None:
@@ -105,6 +95,11 @@ class Stream:
     def references(self) -> int:
         """Reference-image tokens (edit models) the stream's model call appends to the image's."""
         return reference_count(self.cond)
+
+    @property
+    def control(self) -> ControlChain | None:
+        """The ControlNets of the stream's entries (entries batch only with the same chain)."""
+        return self.members[0].entry.control
 
     def cond_for(self, with_references: bool) -> Conditioning:
         """The stream's conditioning, without its reference images when the item reads their kept K/V."""
@@ -159,7 +154,6 @@ class Branches:
         pos, neg = expand_branch(as_branch(positive), batch), expand_branch(as_branch(negative), batch)
         assert pos is not None
         self.use_uncond = uses_uncond(cfg, neg) or (with_uncond and neg is not None)
-        refuse_control([*pos, *(neg if self.use_uncond and neg is not None else ())])
         given = [list(pos)] + ([list(neg)] if neg is not None else [])
         if any(e.region is not None for b in given for e in b):
             given = pair_areas(given, (shape[-2], shape[-1]))
@@ -253,4 +247,9 @@ class Branches:
 
 def _joins(member: Member, first: Member) -> bool:
     a, b = member.placement, first.placement
-    return can_batch(member.entry.cond, first.entry.cond) and (a.rows, a.cols) == (b.rows, b.cols)
+    same_window = (a.rows, a.cols) == (b.rows, b.cols)
+    return (
+        can_batch(member.entry.cond, first.entry.cond)
+        and same_control(member.entry.control, first.entry.control)
+        and same_window
+    )

@@ -23,6 +23,8 @@ through the same stages, which fills the K/V buffers; with ``warmup >= steps`` t
 single-device denoise loop's (:func:`parallel_runtime.denoise.loop.denoise_latent`).
 
 Reference images (edit models) ride with the image, run once per step by each stage (:mod:`.references`).
+ControlNets that are model patches (DiffSynth) run on each stage after its own blocks, on the patch's tokens
+(:mod:`.controls`).
 """
 
 from __future__ import annotations
@@ -30,12 +32,13 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 
 from ..denoise.caching.decisions import DecisionGroup
+from ..denoise.control import apply_update
 from ..denoise.entries import Branch
 from ..denoise.loop import latent_to_model, prepare_denoise_mask, schedule
 from ..denoise.settings import SamplingSettings, embedded_guidance
@@ -48,6 +51,7 @@ from ..parallel.stages import StagePlan
 from ..sampling import Guided, ModelSampling, final_sigma, sampler_spec
 from .block_cache_stage import STEP_CACHE_UNDER_PIPEFUSION, StageBlockCache
 from .branches import Branches
+from .controls import StageControls
 from .patch_samplers import PatchSamplers
 from .references import carries_references, check_references
 from .run_settings import PipeFusionSettings, PipeFusionStats
@@ -79,6 +83,7 @@ def run_pipefusion(
     message_tag: int = 1,
     cancel_points: Callable[[], None] | None = None,
     noise_mask: torch.Tensor | None = None,
+    controls: Mapping[str, Any] | None = None,
 ) -> tuple[torch.Tensor | None, PipeFusionStats]:
     """KSampler on a raw VAE latent with PipeFusion over the mesh's "pp" dimension.
 
@@ -93,10 +98,12 @@ def run_pipefusion(
     collective, e.g. ``runtime.cancel_points.BlockCancel``) is called by every rank after each other slot:
     a cancel then takes effect inside a step. ``noise_mask``: the LATENT's (Wan22ImageToVideoLatent keeps the
     first frame): the last stage applies it to each band as the single-device loop does, and stage 0 gives
-    the model the timesteps it implies (Wan 2.2 TI2V: one per frame)."""
+    the model the timesteps it implies (Wan 2.2 TI2V: one per frame). ``controls``: the loaded ControlNet
+    runners by file, for the entries' ControlNet chains (kinds that run per patch, :mod:`.controls`)."""
     runner = Pipeline(
-        adapter, mesh, stages, model_sampling, positive, negative, latent_raw, settings, options, message_tag
-    )
+        adapter, mesh, stages, model_sampling, positive, negative, latent_raw, settings, options, message_tag,
+        controls,
+    )  # fmt: skip
     runner.set_noise_mask(noise_mask)
     return runner.run(attention_backend, check_cancel, on_step, on_patch, cancel_points)
 
@@ -116,6 +123,7 @@ class Pipeline:
         settings: SamplingSettings,
         options: PipeFusionSettings,
         message_tag: int,
+        controls: Mapping[str, Any] | None = None,
     ):
         self.adapter, self.mesh, self.stages, self.ms = adapter, mesh, stages, ms
         self.settings, self.options = settings, options
@@ -172,6 +180,8 @@ class Pipeline:
         if any(stream.references for stream in self.branches.streams):
             check_references(settings, options, self.sigmas)
         self.reference_tokens = 0  # reference tokens this stage ran through its blocks (stats)
+        self.controls = StageControls(controls or {}, ms, mesh, stages.blocks(self.stage), adapter.num_blocks)
+        self.controls.check(self.branches.streams, settings.block_cache is not None)
         self.joint = adapter.plan.text_attention == "joint"
         self.text_tokens: dict[int, int] = {}  # per stream
         self.reporter = self.last and mesh.rank("cfg") == 0 and mesh.rank("sp") == 0
@@ -211,16 +221,9 @@ class Pipeline:
         start = time.perf_counter()
         self.cache = StaleKVCache(self.mesh, self.rows * self.cols, backend, stale=self.options.stale_kv)
         agree_at = set(range(sched.num_slots)) if self.options.agree_cancel_every == "slot" else sched.step_end_slots()
-        log.debug(
-            "PipeFusion stage %d/%d: blocks %s, %d patches, warmup %d, %d items in %d slots",
-            self.stage,
-            self.pp,
-            self.stages.describe(),
-            self.patches,
-            self.options.warmup,
-            len(sched.stage_items(self.stage)),
-            sched.num_slots,
-        )
+        what = (self.stage, self.pp, self.stages.describe(), self.patches, self.options.warmup)
+        items = (len(sched.stage_items(self.stage)), sched.num_slots)
+        log.debug("PipeFusion stage %d/%d: blocks %s, %d patches, warmup %d, %d items in %d slots", *what, *items)
         with torch.no_grad():
             formats = self._setup()
             samplers = self._patch_samplers(sched) if self.last else None
@@ -274,6 +277,7 @@ class Pipeline:
             sent_bytes=self.mesh.stats.snapshot(),
             kv_buffer_bytes=0 if self.cache is None else self.cache.buffer_bytes,
             reference_tokens=self.reference_tokens,
+            control_tokens=self.controls.tokens,
             seconds=dict(self.seconds),
             agreements=self.agreements,
             cache=[] if self.block_cache is None else [self.block_cache.summary()],
@@ -347,16 +351,8 @@ class Pipeline:
             formats = {k: ActivationFormat.from_wire(v) for k, v in wire.items()}  # type: ignore[union-attr]
         if not self.last:
             wire = {k: v.to_wire() for k, v in formats.items()}
-            send_object(
-                wire,
-                self.stage + 1,
-                self.group,
-                self.mesh.stats,
-                self.device,
-                "pp_setup",
-                self.tags["setup"],
-                self.timeout,
-            )
+            to = (self.stage + 1, self.group, self.mesh.stats, self.device, "pp_setup", self.tags["setup"])
+            send_object(wire, *to, self.timeout)
         for band in self._bands_used():
             for stream, static in zip(self.branches.streams_in(band), formats[band.key].static):
                 self.text_tokens.setdefault(stream.index, static["txt_tokens"] if self.joint else 0)
@@ -463,10 +459,13 @@ class Pipeline:
 
         if self.block_cache is not None:
             return self.block_cache.run(self.adapter, item.band.key, acts, run_block, reuse)
-        out = []
+        out, sigma = [], self.sched.rounds[item.round].sigma if self.sched is not None else 0.0
         for b, a in enumerate(acts):
+            updates = self.controls.for_stream(streams[b], item.band, sigma, a.img.shape[0])
             for i in self.stages.blocks(self.stage):
                 a = run_block(a, i, b)
+                if i in updates:
+                    a = a.replace(img=apply_update(a.img, updates[i]))
             out.append(a)
         return out, None
 

@@ -33,6 +33,7 @@ class PipeFusionStats:
     sent_bytes: dict[str, int]
     kv_buffer_bytes: int
     reference_tokens: int = 0  # reference-image tokens run through this stage's blocks, summed over blocks
+    control_tokens: int = 0  # image tokens x batch rows run through this stage's ControlNet blocks, over blocks/links
     seconds: dict[str, float] = dataclasses.field(default_factory=dict)  # compute / receive / agree / total
     agreements: int = 0  # cancel agreements joined (once per step, plus one before the first slot)
     cache: list[dict] = dataclasses.field(default_factory=list)  # what the block cache did (its summary)

@@ -20,6 +20,7 @@ from ..errors import ConfigError
 from ..models.controlnet_files import describe_controlnet, load_controlnet
 from ..models.controlnet_kind import ControlNetFile
 from ..parallel.config import ParallelConfig
+from ..pipefusion.controls import refuse_kind
 from ..runtime.jobs import JobContext
 
 STATE_KEY = "controlnets"
@@ -137,12 +138,7 @@ def check_controls(
                 f"use a ControlNet made for {family}",
             )
         if config.pp > 1:
-            raise ConfigError(
-                f"a ControlNet ({info.name}) on a PipeFusion layout",
-                "PipeFusion runs the model patch by patch with stale activations; the ControlNet's residuals are "
-                "not computed per patch",
-                "use Ulysses / Ring / CFG parallelism for ControlNet graphs (a layout without PipeFusion)",
-            )
+            refuse_kind(info.name, info.kind)
         infos[file] = info
     for branch in branches:
         for entry in branch or ():

@@ -182,7 +182,7 @@ def generate(
     memory = _MemoryReports(ctx)
     adapter = model.adapter
     files = control_files(as_branch(positive), as_branch(negative))
-    controls = loaded_controlnets(ctx, adapter, files) if files and model.stages is None else {}
+    controls = loaded_controlnets(ctx, adapter, files) if files else {}
     ms = model_sampling_for(adapter, settings.model_sampling)
     if model.stages is not None:
         from ..pipefusion.pipeline import PipeFusionSettings, run_pipefusion
@@ -219,6 +219,7 @@ def generate(
             message_tag=ctx.job_id,
             cancel_points=BlockCancel(ctx.cancel_requested, f"job {ctx.job_id}"),  # inside a step: at slots
             noise_mask=None if noise_mask is None else noise_mask.to(ctx.device),
+            controls=controls,
         )
         if stats.cache:
             ctx.emit("cache", stats.cache)

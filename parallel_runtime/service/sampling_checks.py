@@ -17,7 +17,7 @@ from ..errors import ConfigError
 from ..models.reference_latents import reference_count
 from ..parallel.config import ParallelConfig
 from ..pipefusion.block_cache_stage import STEP_CACHE_UNDER_PIPEFUSION
-from ..pipefusion.branches import REFERENCES_WITH_AREAS, check_windows, refuse_control
+from ..pipefusion.branches import REFERENCES_WITH_AREAS, check_windows
 from ..pipefusion.references import REFERENCES_WITH_BLOCK_CACHE
 from ..pipefusion.schedule import require_per_patch
 from ..sampling import SAMPLER_NAMES, SCHEDULER_NAMES, sampler_spec, uses_uncond
@@ -132,11 +132,11 @@ def check_branches_for_layout(
     sampler: str = "euler",
     block_cache: BlockCacheSpec | None = None,
 ) -> None:
-    """What PipeFusion cannot run (ControlNets; reference images with an area or a block cache);
+    """What PipeFusion cannot run (reference images with an area or a block cache; ControlNets by kind:
+    ``service.controlnets.check_controls``);
     several entries, timestep ranges, areas, masks and reference images it runs (``pipefusion.branches``; areas
     are checked against the latent by :func:`check_regions`)."""
     if config.pp > 1:
-        refuse_control([*positive, *(negative if runs_negative(cfg, negative, sampler) and negative else ())])
         refs = [e for e in (*positive, *(negative or ())) if reference_count(e.cond)]
         if any(_has_window(e) for e in refs):
             raise ConfigError(*REFERENCES_WITH_AREAS)

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from ..checkout import devtools_module
+from ..denoise.entries import as_branch
 from ..denoise.model_sampling import model_sampling_for
 from ..denoise.settings import SamplingSettings
 from ..models.base import Conditioning
@@ -35,6 +36,7 @@ from ..models.families import registry
 from ..parallel.config import ParallelConfig
 from ..runtime.jobs import JobContext
 from ..runtime.pool import WorkerPool
+from ..service.controlnets import control_files, loaded_controlnets
 from ..service.load_job import load_model, loaded_model
 from ..service.model_jobs import generate
 from .measure import interleave, ratio
@@ -59,6 +61,8 @@ def generate_with_stats(
 
     model = loaded_model(ctx)
     ms = model_sampling_for(model.adapter)
+    files = control_files(as_branch(positive), as_branch(negative))  # ControlNets (DiffSynth patches) on entries
+    controls = loaded_controlnets(ctx, model.adapter, files) if files else {}
     ctx.mesh.stats.reset()
     t0 = time.perf_counter()
     out, stats = run_pipefusion(
@@ -80,6 +84,7 @@ def generate_with_stats(
         attention_backend=model.attention,
         check_cancel=ctx.check_cancel,
         message_tag=ctx.job_id,
+        controls=controls,
     )
     return {"seconds": time.perf_counter() - t0, "latent": out, "stats": stats}
 

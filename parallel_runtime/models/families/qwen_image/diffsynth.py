@@ -8,7 +8,8 @@ node's mask, averaged over its channels and bilinearly stretched to the latent's
 given) appended as it is; it is packed in 2x2 patches like the latent and embedded once, ``y = img_in(hint)``.
 After main block ``i`` every image token becomes ``img + strength * block_i(img, y)`` with
 ``block_i(x, y) = output_proj(gelu(input_proj(rms(x) * a_i + rms(y) * b_i)))`` (RMS norms with eps 1e-6): a
-token-wise map, so each sp rank applies it to the image tokens it holds with its own share of ``y``. Several
+token-wise map, so each sp rank applies it to the image tokens it holds with its own share of ``y`` (and a
+PipeFusion stage to a patch's tokens after its own blocks, ``band_updates``: ``pipefusion/controls.py``). Several
 patches apply in the order they were attached, each to the image the previous one left. The patch needs a block
 for every main block (DiffSynth's files have Qwen-Image's 60).
 """
@@ -95,10 +96,31 @@ class QwenDiffSynthPatch:
         main_blocks: Sequence[str],
     ) -> list[Any]:
         """Each main block's token update for this rank's image tokens (``hint`` in model space)."""
+        y = self._hint_tokens(hint, len(main_blocks), None, mesh)
+        return [TokenPatch(self.blocks[i], y, 1.0) for i in range(len(main_blocks))]
+
+    def band_updates(
+        self,
+        hint: torch.Tensor,
+        control_type: Sequence[int],
+        tokens: tuple[int, int],
+        mesh: Any,
+        blocks: Sequence[int],
+        num_blocks: int,
+    ) -> list[Any]:
+        """PipeFusion (``pipefusion.controls.BandControl``): the token updates after the main blocks ``blocks``
+        (a stage's) for this rank's share of the image tokens ``tokens``, from the band's own hint tokens."""
+        y = self._hint_tokens(hint, num_blocks, tokens, mesh)
+        return [TokenPatch(self.blocks[i], y, 1.0) for i in blocks]
+
+    def _hint_tokens(
+        self, hint: torch.Tensor, num_blocks: int, band: tuple[int, int] | None, mesh: Any
+    ) -> torch.Tensor:
+        """``img_in`` of the hint's tokens (those of ``band`` only, when given), split over "sp" like the image's."""
         main = self.main
-        if len(main_blocks) > len(self.blocks):
+        if num_blocks > len(self.blocks):
             raise ConfigError(
-                f"a DiffSynth ControlNet patch of {len(self.blocks)} blocks on a model of {len(main_blocks)}",
+                f"a DiffSynth ControlNet patch of {len(self.blocks)} blocks on a model of {num_blocks}",
                 "the patch updates the image after every block of the model with a block of its own",
                 "use the patch made for this Qwen-Image model",
             )
@@ -107,10 +129,11 @@ class QwenDiffSynthPatch:
             hint = hint[:, :, 0]
         hint = main.pad_to_patch(hint)
         tokens = patchify(hint, PACK, (hint.shape[-2] // PACK, hint.shape[-1] // PACK), "cpq")
+        if band is not None:
+            tokens = tokens[:, band[0] : band[1]]
         y = F.linear(tokens, *self.img_in)
         img_split = next(s for s in main.plan.splits if s.field == "img")
-        y = shard(y, img_split.dim, mesh, img_split.mesh_dim)
-        return [TokenPatch(self.blocks[i], y, 1.0) for i in range(len(main_blocks))]
+        return shard(y, img_split.dim, mesh, img_split.mesh_dim)
 
 
 def describe_diffsynth(path: Path, shapes: dict[str, list[int]]) -> ControlNetFile:
