@@ -134,12 +134,16 @@ def test_the_checkpoints_vae_loads_as_the_folders(folder, checkpoint):
     assert set(ours) == set(expected) and all(torch.equal(ours[k], expected[k]) for k in ours)
 
 
-def test_a_later_vae_layout_is_refused(tmp_path):
+def test_incomplete_or_unknown_vae_layouts_are_refused(tmp_path):
+    """(0.9.1+ files decode: tests/test_family_ltx_video_vae091.py)"""
     from safetensors.torch import save_file
 
     path = tmp_path / "ltx-video-2b-v0.9.1.safetensors"
     save_file({"vae." + MARKER: torch.zeros(1), "vae." + LATER: torch.zeros(1)}, str(path))
-    with pytest.raises(ConfigError, match="0.9.1 or newer"):
+    with pytest.raises(ConfigError, match="0.9.1\\+ VAE decoder with no decoder.conv_in"):
+        load_vae_file(path)
+    save_file({"vae." + MARKER: torch.zeros(1)}, str(path))
+    with pytest.raises(ConfigError, match="unknown Lightricks layout"):
         load_vae_file(path)
 
 

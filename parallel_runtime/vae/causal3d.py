@@ -12,6 +12,10 @@ Each rank decodes a band of latent rows of every frame by running the VAE's OWN 
 - attention blocks: the family's band forward calls :func:`attend`-style queries of this band against the keys
   and values of all bands (one all-gather), frame-causal when the VAE's is.
 
+- injected spatial noise (``SpatialNoise``): each rank draws the noise of the WHOLE picture at that resolution from
+  the decode's generator (seeded alike on every rank, drawn in the decoder's order) and adds its own rows, so the
+  video does not depend on the layout; the latent's own noise (``VideoVae.perturb``) is drawn whole before the split.
+
 Nearest and pixel-shuffle upsampling, per-pixel norms, 1x1 convs and activations are row-local and run as they
 are. A rank left without rows (more ranks than latent rows allow) decodes a one-row stand-in of its own: it
 contributes nothing to any statistic or gather and its output is dropped, so it still takes part in every
@@ -31,7 +35,7 @@ from torch import nn
 
 from ..errors import ConfigError
 from ..models.families.registry import FAMILIES
-from ..models.video_vae import BandLayers, CausalConv, VideoVae
+from ..models.video_vae import DEFAULT_DECODE_SEED, BandLayers, CausalConv, VideoVae
 from ..parallel.collectives import all_gather_cat, exchange_halo, group_rank, group_size
 from ..parallel.mesh import CommStats
 from .bands import RowBands, plan_band_rows
@@ -54,6 +58,7 @@ class _Band:
 
     layout: RowBands
     rows: int
+    generator: torch.Generator | None = None  # the decode's random numbers (same seed and draws on every rank)
 
     def at(self, rows: int) -> RowBands:
         """The layout at the resolution where this rank's tensor has ``rows`` rows."""
@@ -104,6 +109,18 @@ def _causal_conv(layer: CausalConv, band: _Band):
         return layer.conv(x)
 
     return forward
+
+
+def _with_noise(scale: torch.Tensor, forward, band: _Band):
+    def add_noise(x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+        out = forward(x, *args, **kwargs)
+        layout = band.at(out.shape[3])
+        whole = (sum(layout.rows), out.shape[4])
+        drawn = torch.randn(whole, generator=band.generator, device=out.device, dtype=out.dtype)
+        rows = drawn.narrow(0, layout.offset if band.layout.local_rows else 0, out.shape[3])  # a stand-in: any rows
+        return out + (rows[None] * scale.to(out))[None, :, None, ...]
+
+    return add_noise
 
 
 def _group_norm(norm: nn.GroupNorm, band: _Band):
@@ -187,6 +204,7 @@ def band_mode(vae: nn.Module, declared: VideoVae, band: _Band) -> Iterator[None]
     layers: BandLayers = declared.layers(vae)
     attend = _attend(band, declared.causal_attention(vae))
     patched: list[nn.Module] = []
+    removed: list[tuple[nn.Module, str, torch.Tensor]] = []
     try:
         for conv in layers.convs:
             conv.module.forward = _causal_conv(conv, band)
@@ -197,8 +215,17 @@ def band_mode(vae: nn.Module, declared: VideoVae, band: _Band) -> Iterator[None]
         for module, band_forward in layers.attentions:
             module.forward = _attention(module, band_forward, attend)
             patched.append(module)
+        for noise in layers.noises:
+            if band.generator is None:
+                raise RuntimeError("a decoder with injected noise decodes with a generator")
+            scale = getattr(noise.owner, noise.scale)
+            noise.after.forward = _with_noise(scale, noise.after.forward, band)
+            setattr(noise.owner, noise.scale, None)  # the owner's own draw (torch's global RNG) is skipped
+            removed.append((noise.owner, noise.scale, scale))
         yield
     finally:
+        for owner, name, scale in removed:
+            setattr(owner, name, scale)
         for module in patched:
             del module.forward  # back to the class's forward
 
@@ -232,15 +259,22 @@ def decode_video_band(
     stats: CommStats,
     min_rows: int,
     dtype: torch.dtype,
+    seed: int = DEFAULT_DECODE_SEED,
 ) -> tuple[torch.Tensor, RowBands]:
     """This rank's band of the decoded clip [B, 3, frames, rows, W] (-1..1) and every rank's rows at video
-    resolution. Every rank of ``group`` calls it with the same ``z`` [B, C, T, h, w] (in the VAE's space)."""
+    resolution. Every rank of ``group`` calls it with the same ``z`` [B, C, T, h, w] (in the VAE's space) and
+    ``seed``: a random decode (LTX-Video 0.9.1+) draws from a generator on ``z``'s device seeded with it, the whole
+    latent's noise first and then each injected noise of the whole picture, as the decoder runs."""
     rows = plan_band_rows(z.shape[3], group_size(group), max(1, min_rows))
     layout = RowBands(rows=rows, rank=group_rank(group), group=group, stats=stats)
     sitting_out = layout.local_rows == 0
+    random = declared.perturb is not None or bool(declared.layers(vae).noises)
+    generator = torch.Generator(device=z.device).manual_seed(seed) if random else None
+    z = z.to(dtype)
+    if declared.perturb is not None:
+        z = declared.perturb(vae, z, generator)
     z_band = torch.zeros_like(z.narrow(3, 0, 1)) if sitting_out else z.narrow(3, layout.offset, layout.local_rows)
-    z_band = z_band.to(dtype)
-    band = _Band(layout, 1 if sitting_out else layout.local_rows)
+    band = _Band(layout, 1 if sitting_out else layout.local_rows, generator)
     with torch.no_grad(), band_mode(vae, declared, band):
         sample = declared.decode(vae, z_band)
     factor = declared.spatial_factor(vae)

@@ -20,6 +20,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..errors import ConfigError
+from ..models.video_vae import DEFAULT_DECODE_SEED
 from ..parallel.collectives import all_gather_cat, gather_to, group_rank, group_size
 from ..parallel.mesh import ParallelMesh
 from .bands import DEFAULT_MIN_BAND_ROWS, RowBands, plan_band_rows
@@ -96,6 +97,7 @@ def decode_latent_band(
     *,
     min_band_rows: int | None = None,
     upcast: bool | None = None,
+    seed: int = DEFAULT_DECODE_SEED,
 ) -> DecodedBand:
     """Decode this rank's row band of ``z`` [B, C, h, w] (a Wan VAE or a family's causal 3-D VAE:
     [B, C, T, h, w]) and return it without gathering.
@@ -103,7 +105,8 @@ def decode_latent_band(
     Every rank of the group must call this with the same ``z``. The latent rows are split with
     :func:`~parallel_runtime.parallel.sharding.split_sizes` over as many ranks as can each take
     ``min_band_rows`` rows (default 2, never below what the convs' halos need); the other ranks
-    get a 0-row band and only take part in the collectives."""
+    get a 0-row band and only take part in the collectives. ``seed`` seeds a random decode (LTX-Video 0.9.1+'s
+    decode noise; the same on every rank, see ``vae.causal3d``); other VAEs ignore it."""
     group = _resolve_group(mesh, group_dim)
     declared = video_vae_of(vae)
     if declared is not None:  # a causal 3-D VAE decoded whole (vae.causal3d), its layers stated by its family
@@ -111,7 +114,7 @@ def decode_latent_band(
         z = check_video_latent(vae, declared, z).to(next(vae.parameters()).device)
         _agree_on_shape(z, min_rows, group, mesh)
         dtype = compute_dtype(vae, upcast)
-        sample, layout = decode_video_band(vae, declared, z, group, mesh.stats, min_rows, dtype)
+        sample, layout = decode_video_band(vae, declared, z, group, mesh.stats, min_rows, dtype, seed)
         return DecodedBand(sample, layout)
     if is_wan_vae(vae):  # Wan / Qwen-Image latents [B, C, T, h, w]: diffusers' own frame loop per band (vae.wan)
         min_rows = DEFAULT_MIN_BAND_ROWS if min_band_rows is None else min_band_rows
@@ -167,6 +170,7 @@ def decode_latent(
     result_rank: ResultRank = 0,
     min_band_rows: int | None = None,
     upcast: bool | None = None,
+    seed: int = DEFAULT_DECODE_SEED,
 ) -> torch.Tensor | None:
     """Decode ``z`` [B, C, h, w] across the ranks of ``group_dim`` to an image [B, 3, H, W] in -1..1
     (diffusers' ``vae.decode(z).sample`` convention, equal to it to float tolerance).
@@ -174,7 +178,7 @@ def decode_latent(
     ``result_rank`` is a rank of the group (the rank index within it); only that rank gets the
     image, the others return None. ``"all"`` assembles it on every rank (costs memory)."""
     _check_result_rank(result_rank, mesh, group_dim)
-    decoded = decode_latent_band(vae, z, mesh, group_dim, min_band_rows=min_band_rows, upcast=upcast)
+    decoded = decode_latent_band(vae, z, mesh, group_dim, min_band_rows=min_band_rows, upcast=upcast, seed=seed)
     return _assemble(decoded.sample, decoded.layout, decoded.sample.ndim - 2, result_rank, "vae_gather")
 
 
@@ -194,10 +198,11 @@ def decode_to_image_tensor(
     result_rank: ResultRank = 0,
     min_band_rows: int | None = None,
     upcast: bool | None = None,
+    seed: int = DEFAULT_DECODE_SEED,
 ) -> torch.Tensor | None:
     """Like :func:`decode_latent` but returns ComfyUI's IMAGE: [B, H, W, 3] float32 in 0..1 ([B*T, H, W, 3]
     frames for a video), on the VAE's device, on ``result_rank`` only (None elsewhere). Each band is converted before the
     gather, so the ranks send finished pixels."""
     _check_result_rank(result_rank, mesh, group_dim)
-    decoded = decode_latent_band(vae, z, mesh, group_dim, min_band_rows=min_band_rows, upcast=upcast)
+    decoded = decode_latent_band(vae, z, mesh, group_dim, min_band_rows=min_band_rows, upcast=upcast, seed=seed)
     return _assemble(band_to_image(decoded.sample), decoded.layout, 1, result_rank, "vae_gather")

@@ -27,7 +27,7 @@ from torch import nn
 from ..errors import ConfigError
 from ..models import compat
 from ..models.families.registry import FAMILIES, family
-from ..models.files import read_safetensors_header
+from ..models.tensor_files import read_header
 
 PREFIXES: tuple[str, ...] = ("", "first_stage_model.", "vae.")
 BATCH_NORM = "bn.running_mean"  # FLUX.2's VAE: batch-norm statistics of the packed latent
@@ -79,13 +79,17 @@ def inspect_vae_file(path: str | os.PathLike, norm_num_groups: int = DEFAULT_NOR
             "VAE files are read lazily from safetensors headers (pickled .pt/.ckpt files could run code)",
             "use the .safetensors release of the VAE",
         )
-    shapes = {k: tuple(v["shape"]) for k, v in read_safetensors_header(path).items()}
+    tensors, metadata = read_header(path)
+    shapes = {k: tuple(v["shape"]) for k, v in tensors.items()}
     formats = [(spec.id, spec.vae_file()) for spec in FAMILIES if spec.vae_file is not None]
     for prefix in PREFIXES:
         for layout, fmt in formats:  # a family's own VAE file layout (e.g. Wan's video VAEs)
             if fmt.matches(shapes, prefix):
                 local = {k[len(prefix) :]: s for k, s in shapes.items() if k.startswith(prefix)}
-                return VaeFileInfo(path, prefix, layout, fmt.config(local))
+                config = fmt.config(local)
+                if fmt.metadata is not None:  # ComfyUI reads a checkpoint's metadata, not a lone VAE file's
+                    config = fmt.metadata(config, metadata if prefix else {})
+                return VaeFileInfo(path, prefix, layout, config)
         for layout, marker, conv2, attention in _LAYOUTS:
             if prefix + marker in shapes:
                 local = {k[len(prefix) :]: s for k, s in shapes.items() if k.startswith(prefix)}

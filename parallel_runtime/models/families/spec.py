@@ -128,6 +128,9 @@ class VaeFileFormat:
     matches: Callable[[Shapes, str], bool]  # (shapes of the whole file, tensor prefix)
     config: Callable[[Shapes], dict[str, Any]]  # (shapes under the prefix) -> diffusers VAE config
     build: Callable[[StateDict, dict[str, Any], str], nn.Module]  # (state, config, file name) -> VAE on the CPU
+    # (config, the checkpoint's safetensors metadata) -> the config with what the metadata states (as ComfyUI's
+    # Load Checkpoint reads it; a lone VAE file, as VAELoader reads it, gives {}); None: metadata is not read
+    metadata: Callable[[dict[str, Any], Mapping[str, str]], dict[str, Any]] | None = None
 
 
 @dataclasses.dataclass(frozen=True)

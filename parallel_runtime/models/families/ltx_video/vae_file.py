@@ -4,8 +4,8 @@ ComfyUI's CheckpointLoaderSimple reads as the VAE), read as diffusers' ``Autoenc
 The 0.9.0 layout numbers the decoder's pieces ``up_blocks.0`` (the mid block) to ``up_blocks.9`` (resnets,
 depth-to-space upsamplers and the channel-changing resnets in a fixed order) and the encoder's ``down_blocks.0``
 to ``.9``; widths, resnets per level, latent channels and the pixel patch come from the tensor shapes, the renaming
-is diffusers' own single-file converter's. The later layouts (0.9.1+: a decode timestep, noise injection; 0.9.5:
-another block order) are refused with the way out: ComfyUI's VAE Decode on the LATENT.
+is diffusers' own single-file converter's. The later layouts (0.9.1+: a timestep-conditioned decoder) are read by
+``vae_file_later`` (the decoder only).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import torch
 from ....errors import ConfigError
 from ... import compat
 from ..spec import VaeFileFormat
+from . import vae_file_later
 
 MARKER = "decoder.up_blocks.0.res_blocks.0.conv1.conv.weight"  # ComfyUI's LTX VAE marker too
 LATER = "decoder.last_time_embedder.timestep_embedder.linear_1.weight"  # 0.9.1+: decode timestep
@@ -42,15 +43,20 @@ def _width(shapes: Shapes, piece: str) -> int:
 
 
 def vae_config(shapes: Shapes) -> dict[str, Any]:
-    """The AutoencoderKLLTXVideo config of a Lightricks-layout (0.9.0) VAE, from its tensor shapes."""
-    later = LATER in shapes or "decoder.up_blocks.9.res_blocks.0.conv1.conv.weight" not in shapes
-    if later or "encoder.down_blocks.9.res_blocks.0.conv1.conv.weight" not in shapes:
+    """The AutoencoderKLLTXVideo config of a Lightricks-layout VAE (0.9.0; 0.9.1+: ``vae_file_later``), from its
+    tensor shapes."""
+    if LATER in shapes:
+        return vae_file_later.vae_config(shapes)
+    pieces = (
+        "decoder.up_blocks.9.res_blocks.0.conv1.conv.weight",
+        "encoder.down_blocks.9.res_blocks.0.conv1.conv.weight",
+    )
+    if any(piece not in shapes for piece in pieces):
         raise ConfigError(
-            "an LTX-Video VAE in a later Lightricks layout (0.9.1 or newer)",
-            "only the 0.9.0 VAE layout is read from single files so far (later ones add a decode timestep, noise "
-            "injection or another block order)",
+            "an LTX-Video VAE in an unknown Lightricks layout (neither 0.9.0's pieces nor a decode timestep)",
+            "the 0.9.0 layout and the timestep-conditioned 0.9.1+ decoders are read from single files",
             "decode the LATENT with ComfyUI's VAE Decode (the VAE of CheckpointLoaderSimple on this file), and load "
-            "the transformer with a VAE file of the 0.9.0 layout or none",
+            "the transformer with a VAE file of a known layout or none",
         )
     decoder = [_width(shapes, f"decoder.up_blocks.{i}") for i in DECODER_LEVELS]
     encoder = [_width(shapes, f"encoder.down_blocks.{i}") for i in ENCODER_LEVELS]
@@ -72,6 +78,8 @@ def build(state: dict[str, torch.Tensor], config: dict[str, Any], name: str) -> 
 
     from ...weights import parameters_on_meta
 
+    if vae_file_later.is_later(config):
+        return vae_file_later.build(state, config, name)
     converted = compat.convert_ltx_vae({"vae." + k: v for k, v in state.items()})
     with parameters_on_meta():
         vae = AutoencoderKLLTXVideo(**config)
@@ -88,4 +96,4 @@ def build(state: dict[str, torch.Tensor], config: dict[str, Any], name: str) -> 
     return vae
 
 
-FORMAT = VaeFileFormat(matches=matches, config=vae_config, build=build)
+FORMAT = VaeFileFormat(matches=matches, config=vae_config, build=build, metadata=vae_file_later.with_metadata)
