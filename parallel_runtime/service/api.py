@@ -22,7 +22,6 @@ from ..models.base import Conditioning
 from ..models.builtin import BUILTIN_MODELS, builtin_model_path
 from ..models.lora.keymap import ModelKeys
 from ..models.sampling_spec import ModelSamplingSpec
-from ..models.video_vae import DEFAULT_DECODE_SEED
 from ..parallel.config import ParallelConfig, parse_devices
 from ..runtime.builtin_jobs import info as worker_info
 from ..runtime.futures import EventCallback
@@ -402,14 +401,13 @@ class ParallelModel:
             return {}
         return {"patches": self.request.pp_patches, "warmup": self.request.pp_warmup}
 
-    def decode(self, latent: torch.Tensor, seed: int = DEFAULT_DECODE_SEED) -> torch.Tensor:
-        """Raw VAE latent [B,C,H,W] -> IMAGE [B,H,W,3] in 0..1 (exact parallel decode); a video latent
-        [B,C,T,H,W] -> its frames [B*(4*T-3),H,W,3] (Wan), what ComfyUI's video save nodes take. ``seed``: the
-        decode noise of an LTX-Video 0.9.1+ VAE (ComfyUI's decode after ``torch.manual_seed(seed)``)."""
+    def decode(self, latent: torch.Tensor, seed: int | None = None) -> torch.Tensor:
+        """Raw VAE latent [B,C,H,W] -> IMAGE [B,H,W,3] in 0..1 (exact parallel decode); a video latent [B,C,T,H,W]
+        -> its frames (Wan: [B*(4*T-3),H,W,3]); ``seed``: LTX-Video 0.9.1+ decode noise (None: model_jobs.decode's)."""
         latent = input_checks.decode_latent(
             latent, self.latent_channels, self.family, self.latent_dims, self.latent_frame_axis
         )
-        return self._run(decode, latent.float().contiguous(), seed=int(seed))
+        return self._run(decode, latent.float().contiguous(), seed=None if seed is None else int(seed))
 
     def unload(self) -> None:
         self.pool.close()

@@ -287,10 +287,11 @@ def on_device(branch: Branch | Conditioning | None, device: torch.device) -> Bra
     return tuple(dataclasses.replace(e, cond=e.cond.to(device)) for e in branch)
 
 
-def decode(ctx: JobContext, latent: torch.Tensor, seed: int = DEFAULT_DECODE_SEED) -> torch.Tensor | None:
+def decode(ctx: JobContext, latent: torch.Tensor, seed: int | None = None) -> torch.Tensor | None:
     """Exact parallel VAE decode of a raw latent over every rank; ComfyUI IMAGE on rank 0 (a Wan video latent
     [B,C,T,H,W]: its frames, row bands of every frame over the ranks; Qwen-Image's image: one frame of its
-    Wan-style VAE, in bands the same way). ``seed``: the decode noise of an LTX-Video 0.9.1+ VAE."""
+    Wan-style VAE, in bands the same way). ``seed``: the decode noise of an LTX-Video 0.9.1+ VAE (None: the
+    default, ``DEFAULT_DECODE_SEED``)."""
     from ..vae.decode import decode_to_image_tensor
     from ..vae.latent_space import to_vae_space
     from ..vae.wan import is_wan_vae
@@ -303,7 +304,9 @@ def decode(ctx: JobContext, latent: torch.Tensor, seed: int = DEFAULT_DECODE_SEE
         z = to_vae_space(vae, latent.to(ctx.device, next(vae.parameters()).dtype))
         if is_wan_vae(vae) and z.ndim == 4:  # an image through a Wan or Qwen-Image VAE: one frame
             z = z.unsqueeze(2)
-        image = decode_to_image_tensor(vae, z, ctx.mesh, group, result_rank=0, seed=seed)
+        image = decode_to_image_tensor(
+            vae, z, ctx.mesh, group, result_rank=0, seed=DEFAULT_DECODE_SEED if seed is None else seed
+        )
     if image is not None and not torch.isfinite(image).all():
         raise NonFiniteValues("the VAE decode")
     return None if image is None else image.float().cpu()
