@@ -114,3 +114,47 @@ def test_compiled_blocks_and_block_cache_on_the_gpu_match_eager():
         set_compiled_blocks(adapter, "off")
     assert float((compiled - eager).norm() / eager.norm()) < 2e-2  # bf16: kernel fusion reorders the rounding
     assert float((cached - eager).norm() / eager.norm()) < 0.2
+
+
+def test_ltx_vae_decode_noise_on_the_gpu_is_what_comfyui_draws_after_manual_seed(tmp_path):
+    """ComfyUI's decode of an LTX-Video 0.9.1+ VAE on the GPU draws its noise from CUDA's global generator; ours from
+    a CUDA generator seeded with the decode's seed: the same numbers after torch.manual_seed(seed), and diffusers'
+    decoder drawing from the global generator (as ComfyUI's does) gives our video (TF32 convs: 1e-2)."""
+    import sys
+    from pathlib import Path
+
+    from safetensors.torch import save_file
+
+    from parallel_runtime.models.families.ltx_video.vae_bands import DECODE_NOISE_SCALE, DECODE_TIMESTEP
+    from parallel_runtime.vae.decode import decode_to_image_tensor
+    from parallel_runtime.vae.file import load_vae_file
+
+    x = torch.zeros(1, 128, 2, 4, 4, device=DEVICE)
+    torch.manual_seed(9)
+    theirs = [torch.randn_like(x), torch.randn((16, 16), device=DEVICE)]
+    g = torch.Generator(device=DEVICE).manual_seed(9)
+    ours = [torch.randn(x.shape, generator=g, device=DEVICE), torch.randn((16, 16), generator=g, device=DEVICE)]
+    assert all(torch.equal(a, b) for a, b in zip(theirs, ours, strict=True))
+
+    sys.path.insert(0, str(Path(__file__).parent / "data"))
+    from ltx_video_vae_tiny_weights import checkpoint_metadata, tiny_ltx_vae_state_dict
+
+    path = tmp_path / "ltx-vae-091.safetensors"
+    save_file(
+        {"vae." + k: v.contiguous() for k, v in tiny_ltx_vae_state_dict().items()}, str(path), checkpoint_metadata()
+    )
+    vae = load_vae_file(path, DEVICE)
+    z = torch.randn(1, 128, 2, 4, 4, generator=torch.Generator().manual_seed(1)).to(DEVICE)
+    image = decode_to_image_tensor(vae, z, ParallelMesh.single(DEVICE), None, seed=9)
+    shape = (1, -1, 1, 1, 1)
+    with torch.no_grad():
+        torch.manual_seed(9)
+        noised = torch.randn_like(z) * DECODE_NOISE_SCALE + (1.0 - DECODE_NOISE_SCALE) * z
+        video = vae.decode(
+            noised * vae.latents_std.view(shape) + vae.latents_mean.view(shape),
+            torch.tensor([DECODE_TIMESTEP], device=DEVICE),
+        ).sample
+    expected = (video / 2 + 0.5).clamp(0, 1)[0].movedim(0, -1)
+    assert (image - expected).abs().max() < 1e-2
+    other = decode_to_image_tensor(vae, z, ParallelMesh.single(DEVICE), None, seed=10)
+    assert (image - other).abs().max() > 0.05
