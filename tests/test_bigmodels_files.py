@@ -229,7 +229,7 @@ def test_qwen_text_encoder_files_encode_like_the_folder(cpu_pool, tmp_path):
     """ComfyUI's Qwen2.5-VL file (bf16; fp8 scaled) on the workers encodes as the diffusers folder's encoder
     (bf16: exactly; fp8: as its own weights upcast at load)."""
     from parallel_runtime.models.families.qwen_image.text import encode_qwen_image
-    from parallel_runtime.models.families.qwen_image.text_file import load_qwen25_text_file
+    from parallel_runtime.models.qwen25_text_file import load_qwen25_text_file
     from parallel_runtime.models.text_encoding import encode_prompt
     from parallel_runtime.parallel.config import ParallelConfig
     from parallel_runtime.service.load_job import load_model

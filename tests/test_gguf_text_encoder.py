@@ -18,9 +18,9 @@ from safetensors.torch import save_file
 
 from dit_devtools.tiny import ensure_tiny_model
 from parallel_runtime.errors import ConfigError
-from parallel_runtime.models.families.qwen_image.text_file import TEXT_PREFIX, load_qwen25_text_file, qwen25_text_config
 from parallel_runtime.models.gguf.linear import gguf_layers
 from parallel_runtime.models.loading import load_pipeline_components
+from parallel_runtime.models.qwen25_text_file import TEXT_PREFIX, load_qwen25_text_file, qwen25_text_config
 from parallel_runtime.parallel.config import ParallelConfig
 
 OVERRIDES = {"head_dim": 16, "rms_norm_eps": 1e-6}

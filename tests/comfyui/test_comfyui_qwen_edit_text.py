@@ -104,8 +104,8 @@ def test_edit_plus_prompt_equals_transformers_qwen2_5_vl_where_the_orders_agree(
     from transformers import AutoTokenizer, Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
     from parallel_runtime.models.families.qwen_image import edit_prompt
-    from parallel_runtime.models.families.qwen_image.text_file import load_qwen25_text_file
     from parallel_runtime.models.families.qwen_image.vision import image_patches, load_qwen25_vision_file
+    from parallel_runtime.models.qwen25_text_file import load_qwen25_text_file
 
     tokenizer = AutoTokenizer.from_pretrained(comfy_snapshot / "comfy/text_encoders/qwen25_tokenizer")
     one_window = {**VISION, "window_size": 112 * 16}
@@ -252,9 +252,9 @@ def test_fp8_scaled_file_keeps_the_vision_towers_linear_layers_in_fp8(tmp_path, 
     from transformers import AutoTokenizer
 
     from parallel_runtime.models.families.qwen_image.edit_prompt import encode_qwen_image_edit
-    from parallel_runtime.models.families.qwen_image.text_file import load_qwen25_text_file
     from parallel_runtime.models.families.qwen_image.vision import load_qwen25_vision_file
     from parallel_runtime.models.fp8 import fp8_layers
+    from parallel_runtime.models.qwen25_text_file import load_qwen25_text_file
 
     tokenizer = AutoTokenizer.from_pretrained(comfy_snapshot / "comfy/text_encoders/qwen25_tokenizer")
     state = comfy_state()

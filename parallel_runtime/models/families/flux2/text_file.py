@@ -96,15 +96,16 @@ def _load_mistral_gguf(path, device, dtype: torch.dtype, storage: str, overrides
     their GGML blocks."""
     from transformers import MistralConfig, MistralModel
 
+    from ...gguf.llama_text import llama_gguf_overrides, llama_gguf_source_fields
     from ...gguf.text_model import load_llama_cpp_model
-    from .text_gguf import gguf_overrides, gguf_shapes, gguf_source_fields, open_mistral_gguf
+    from .text_gguf import gguf_shapes, open_mistral_gguf
 
     file = open_mistral_gguf(path)
-    config = mistral_text_config(gguf_shapes(file, TEXT_PREFIX), gguf_overrides(file, overrides))
+    config = mistral_text_config(gguf_shapes(file, TEXT_PREFIX), llama_gguf_overrides(file, overrides))
     with parameters_on_meta():
         model = MistralModel(MistralConfig(**config))
     model.norm = nn.Identity()
-    return load_llama_cpp_model(model, file, TEXT_PREFIX, device, dtype, storage, gguf_source_fields)
+    return load_llama_cpp_model(model, file, TEXT_PREFIX, device, dtype, storage, llama_gguf_source_fields)
 
 
 def _no_tokenizer(name: str) -> ConfigError:

@@ -102,17 +102,17 @@ def _load_llama3_gguf(path, device, dtype: torch.dtype, storage: str, overrides)
     """The Llama text model of a llama.cpp GGUF (general.architecture "llama", e.g.
     ``llava-llama-3-8b-v1_1-Q4_K_M.gguf``, as ComfyUI-GGUF's DualCLIPLoaderGGUF reads it): Linear weights kept in
     their GGML blocks, query / key rows put back in transformers' order by the file's head counts, the head width,
-    RoPE base and norm epsilon from its ``llama.*`` metadata (the same reading as FLUX.2's Mistral GGUF)."""
+    RoPE base and norm epsilon from its ``llama.*`` metadata (``models.gguf.llama_text``)."""
     from transformers import LlamaConfig, LlamaModel
 
+    from ...gguf.llama_text import llama_gguf_overrides, llama_gguf_source_fields
     from ...gguf.text_model import load_llama_cpp_model
     from ...weights import parameters_on_meta
-    from ..flux2.text_gguf import gguf_overrides, gguf_source_fields
 
     file, shapes = _open_gguf(path)
     with parameters_on_meta():
-        model = LlamaModel(LlamaConfig(**llama_text_config(shapes, gguf_overrides(file, overrides))))
-    return load_llama_cpp_model(model, file, TEXT_PREFIX, device, dtype, storage, gguf_source_fields)
+        model = LlamaModel(LlamaConfig(**llama_text_config(shapes, llama_gguf_overrides(file, overrides))))
+    return load_llama_cpp_model(model, file, TEXT_PREFIX, device, dtype, storage, llama_gguf_source_fields)
 
 
 def check_llama3_file(path: str) -> None:

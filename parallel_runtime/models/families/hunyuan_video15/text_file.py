@@ -1,5 +1,5 @@
 """HunyuanVideo 1.5's text encoders from TWO files in ``models/text_encoders``: Qwen2.5-VL 7B (ComfyUI's
-``qwen_2.5_vl_7b*.safetensors`` / a Qwen2.5-VL GGUF, the files Qwen-Image reads: ``qwen_image.text_file``) and the
+``qwen_2.5_vl_7b*.safetensors`` / a Qwen2.5-VL GGUF, read by ``models.qwen25_text_file``) and the
 ByT5 glyph encoder (``byt5_small_glyphxl_fp16.safetensors``, the Glyph-SDXL-v2 ByT5 of the release, as ComfyUI keeps
 it for HunyuanImage 2.1: T5's original names, read by ``models.t5_text_file``). Tokenizers are folders: ComfyUI's
 ``qwen25_tokenizer`` (with its chat template) and ``byt5_tokenizer`` (with the glyph tokens).
@@ -20,8 +20,8 @@ from torch import nn
 
 from ....errors import ConfigError
 from ...base import Conditioning
+from ...qwen25_text_file import check_qwen25_file, load_qwen25_text_file
 from ...t5_text_file import file_t5_sizes, final_norm_dtype, load_t5_text_file, safetensors_shapes
-from ..qwen_image.text_file import check_qwen25_file, load_qwen25_text_file
 from ..spec import SecondEncoderFile, TextEncoderFile
 from .text import encode
 
