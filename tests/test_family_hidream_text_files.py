@@ -141,3 +141,60 @@ def test_the_llama_file_is_spread_by_whole_layers_leaving_room_for_the_other_thr
     plan = layer_device_map(encoder, {"cuda:0": 3 * layer, "cuda:1": 8 * layer})
     owners = [plan.get(f"layers.{i}", None) for i in range(len(encoder.layers))]
     assert None not in owners and owners == sorted(owners) and len(set(owners)) == 2, plan
+
+
+@pytest.fixture(scope="module")
+def pooled_192_model(tmp_path_factory):
+    """tiny-hidream with the tiny CLIPs' pooled width (64 + 128: ComfyUI's CLIP pools at its own width)."""
+    from dit_devtools.tiny.factory import build_tiny_pipeline
+
+    return str(build_tiny_pipeline("tiny-hidream", tmp_path_factory.mktemp("hidream-192") / "m", text_emb_dim=192))
+
+
+@pytest.mark.parametrize("layout", [ParallelConfig(), ParallelConfig(ulysses=2)], ids=["1 rank", "ulysses 2"])
+def test_parallel_text_encode_then_sampler_equals_comfyui_s_conditioning_on_our_sampler(
+    pool_registry, pooled_192_model, layout
+):
+    """Parallel Text Encode (HiDream's four files) -> Parallel Sampler gives the latent that ComfyUI's own
+    QuadrupleCLIPLoader + CLIPTextEncode conditioning (the stored reference) gives on the same sampler."""
+    from parallel_runtime.models.base import Conditioning
+    from parallel_runtime.models.families.hidream.conditioning import HiDreamText
+    from parallel_runtime.service.api import LoadRequest, load_parallel_model
+
+    devices = f"cpu:{layout.world_size}"
+    model = load_parallel_model(LoadRequest(model=pooled_192_model, devices=devices, layout=layout), pool_registry)
+    spec = REFERENCE["cases"]["bf16"]
+    files = [_choice(n) for n in spec["files"]]
+    kw = dict(width=64, height=48, seed=3, steps=3, cfg=5.0, sampler_name="euler", scheduler="simple")
+    latents = {}
+    for source in ("ours", "comfyui"):
+        branches = []
+        for index in (0, 3):  # positive, negative
+            if source == "ours":
+                branches.append(
+                    model.encode_text(
+                        REFERENCE["prompts"][index],
+                        *files[:1],
+                        text_encoder_2=files[1],
+                        text_encoder_3=files[2],
+                        text_encoder_4=files[3],
+                    )
+                )
+            else:
+                want = spec["conditioning"][index]
+                branches.append(
+                    Conditioning(
+                        _tensor(want["cond"])[None],
+                        _tensor(want["pooled"])[None],
+                        None,
+                        HiDreamText(_tensor(want["llama3"])[None]),
+                    )
+                )
+        latents[source] = model.sample(branches[0], branches[1], None, **kw)
+    error = (latents["ours"] - latents["comfyui"]).abs().max().item()
+    scale = latents["comfyui"].abs().max().item()
+    print(f"{layout.describe()}: latent max error {error:.2e} (latent max {scale:.2f})")
+    assert latents["ours"].shape == (1, 16, 6, 8) and error <= 1e-4 * max(scale, 1.0)
+    other = model.encode_text("", *files[:1], text_encoder_2=files[1], text_encoder_3=files[2], text_encoder_4=files[3])
+    moved = (model.sample(other, branches[1], None, **kw) - latents["comfyui"]).abs().max().item()
+    assert moved > 1000 * error  # the prompt shows in the latent: the comparison can see a wrong encoding
