@@ -254,7 +254,8 @@ def test_diffsynth_under_pipefusion_runs_each_token_once_per_step_on_its_stage_a
     """Each stage runs its blocks' patches on the patch's own tokens: over a run every stage's count is
     streams x links x image tokens x steps x its blocks, with 2 or 4 patches as with every step on the whole
     image (a stage that ran the patches on the whole image for every patch would count patches x more). Nothing
-    of the ControlNet crosses a stage boundary: every rank sends exactly the bytes of the run without it."""
+    of the ControlNet crosses a stage boundary: every rank sends exactly the bytes of the run without it. Each stage
+    holds only the patch blocks of its own blocks."""
     model = load_parallel_model(
         LoadRequest(model=str(MODEL), devices="cpu:2", layout=ParallelConfig(pp=2), pp_warmup=4), pool_registry
     )
@@ -275,6 +276,10 @@ def test_diffsynth_under_pipefusion_runs_each_token_once_per_step_on_its_stage_a
         assert sum(s.sent_bytes.get("pp_act", 0) for s in stats) > 0
     _, whole = pp_run(model, pp_job(model, case), warmup=steps)
     assert {s.stage: s.control_tokens for s in whole} == counts
+    from tests.dist_jobs.control_jobs import held_patch_blocks
+
+    held = model.pool.submit(held_patch_blocks, str(QWEN_DIFFSYNTH), result_rank="all").result(300)
+    assert [len(h) for h in held] == [blocks[0], blocks[1]] and sorted(held[0] + held[1]) == [0, 1, 2], held
 
 
 # -- the nodes: Parallel Model Patch Loader -> Parallel Qwen-Image DiffSynth ControlNet -> Parallel Sampler ------

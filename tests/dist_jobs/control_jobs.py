@@ -17,3 +17,12 @@ def generate_with_stats(
     """``generate`` (the sampling job), then this rank's bytes sent per collective op (reset at job start)."""
     out = generate(ctx, positive, negative, latent, settings, preview=False)
     return {"latent": out, "sent": dict(ctx.mesh.stats.sent)}
+
+
+def held_patch_blocks(ctx, file: str) -> list[int]:
+    """The DiffSynth patch blocks this rank holds beside its (PipeFusion stage's) main blocks."""
+    from parallel_runtime.service.controlnets import loaded_controlnets
+    from parallel_runtime.service.load_job import loaded_model
+
+    (runner,) = loaded_controlnets(ctx, loaded_model(ctx).adapter, [file]).values()
+    return [i for i, block in enumerate(runner.blocks) if block is not None]

@@ -65,12 +65,15 @@ class QwenDiffSynthPatch:
         dev, dtype = main.device, main.dtype
         self.img_in = (state["img_in.weight"].to(dev, dtype), state["img_in.bias"].to(dev, dtype))
         count = len({k.split(".")[1] for k in state if k.startswith("controlnet_blocks.")})
-        self.blocks = [
+        # a PipeFusion stage keeps the patch blocks of the main blocks it holds (the others: None, never read)
+        self.blocks: list[dict[str, torch.Tensor] | None] = [
             {
                 k[len(f"controlnet_blocks.{i}.") :]: v.to(dev, dtype)
                 for k, v in state.items()
                 if k.startswith(f"controlnet_blocks.{i}.")
             }
+            if _holds(main, i)
+            else None
             for i in range(count)
         ]
 
@@ -97,7 +100,7 @@ class QwenDiffSynthPatch:
     ) -> list[Any]:
         """Each main block's token update for this rank's image tokens (``hint`` in model space)."""
         y = self._hint_tokens(hint, len(main_blocks), None, mesh)
-        return [TokenPatch(self.blocks[i], y, 1.0) for i in range(len(main_blocks))]
+        return [TokenPatch(self._block(i), y, 1.0) for i in range(len(main_blocks))]
 
     def band_updates(
         self,
@@ -111,7 +114,12 @@ class QwenDiffSynthPatch:
         """PipeFusion (``pipefusion.controls.BandControl``): the token updates after the main blocks ``blocks``
         (a stage's) for this rank's share of the image tokens ``tokens``, from the band's own hint tokens."""
         y = self._hint_tokens(hint, num_blocks, tokens, mesh)
-        return [TokenPatch(self.blocks[i], y, 1.0) for i in blocks]
+        return [TokenPatch(self._block(i), y, 1.0) for i in blocks]
+
+    def _block(self, i: int) -> dict[str, torch.Tensor]:
+        block = self.blocks[i]
+        assert block is not None, f"patch block {i} belongs to another PipeFusion stage"
+        return block
 
     def _hint_tokens(
         self, hint: torch.Tensor, num_blocks: int, band: tuple[int, int] | None, mesh: Any
@@ -134,6 +142,13 @@ class QwenDiffSynthPatch:
         y = F.linear(tokens, *self.img_in)
         img_split = next(s for s in main.plan.splits if s.field == "img")
         return shard(y, img_split.dim, mesh, img_split.mesh_dim)
+
+
+def _holds(main: ModelAdapter, i: int) -> bool:
+    """Whether ``main`` holds block ``i``'s weights (a PipeFusion stage leaves the other stages' on "meta")."""
+    if i >= main.num_blocks:
+        return False
+    return any(p.device.type != "meta" for p in main.block(i)[1].parameters())
 
 
 def describe_diffsynth(path: Path, shapes: dict[str, list[int]]) -> ControlNetFile:
