@@ -79,9 +79,17 @@ TINY_STAND_INS: dict[str, tuple[str, str]] = {
         "tiny-ltx-video",
         "transformer/diffusion_pytorch_model.safetensors",
     ),
+    "checkpoints/ltx-video-2b-v0.9.safetensors": (  # validation only reads the name
+        "tiny-ltx-video",
+        "transformer/diffusion_pytorch_model.safetensors",
+    ),
     "diffusion_models/flux1-kontext-dev.safetensors": ("tiny-flux", "transformer/diffusion_pytorch_model.safetensors"),
     "diffusion_models/flux1-fill-dev.safetensors": ("tiny-flux", "transformer/diffusion_pytorch_model.safetensors"),
     "diffusion_models/qwen_image_edit_2509_fp8_e4m3fn.safetensors": (
+        "tiny-qwen-image",
+        "transformer/diffusion_pytorch_model.safetensors",
+    ),
+    "diffusion_models/qwen_image_edit_fp8_e4m3fn.safetensors": (
         "tiny-qwen-image",
         "transformer/diffusion_pytorch_model.safetensors",
     ),
@@ -118,6 +126,7 @@ INPUT_IMAGES = (
     "qwen_edit_scene.png",
     "fill_input.png",
     "controlnet_canny_input.png",
+    "ltx_start_image.png",
 )
 INPUT_VIDEOS = ("wan_control_pose.mp4",)  # LoadVideo's files: validate_prompt checks the name, never decodes it
 

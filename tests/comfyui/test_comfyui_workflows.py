@@ -60,12 +60,14 @@ def test_workflow_graph_matches_the_node_definitions(path: Path, comfy_oracle):
 
 
 def test_workflows_cover_the_layouts_and_mix_with_core_nodes(comfy_oracle):
-    loaders, core_used = [], set()
+    loaders, core_used, ours_used = [], set(), set()
     for path in WORKFLOWS:
         for node in comfy_oracle["results"][path.name]["prompt"].values():
             if node["class_type"] == "DiTParallelModelLoader":
                 loaders.append(node["inputs"])
-            elif not node["class_type"].startswith("DiTParallel"):
+            if node["class_type"].startswith("DiTParallel"):
+                ours_used.add(node["class_type"])
+            else:
                 core_used.add(node["class_type"])
     manual = [(l["family"], l) for l in loaders if l["layout"] == "manual"]
     assert any(f == "flux" and l["ulysses"] > 1 for f, l in manual), "a Flux workflow with Ulysses"
@@ -79,6 +81,9 @@ def test_workflows_cover_the_layouts_and_mix_with_core_nodes(comfy_oracle):
     assert edit <= core_used, "the edit workflows take ComfyUI's own reference-image nodes"
     video = {"EmptyHunyuanLatentVideo", "WanImageToVideo", "Wan22ImageToVideoLatent", "CLIPVisionEncode", "SaveVideo"}
     assert video <= core_used, "the Wan workflows take ComfyUI's own video nodes"
+    assert {"LTXVImgToVideo", "LTXVConditioning"} <= core_used, "LTX-Video image-to-video takes ComfyUI's own nodes"
+    edit_text = {"DiTParallelTextEncodeQwenImageEdit", "DiTParallelTextEncodeQwenImageEditPlus"}
+    assert edit_text <= ours_used, "a Qwen-Image-Edit workflow encodes its prompt and pictures on the workers"
 
 
 def test_sampler_and_scheduler_names_are_comfyuis(comfy_oracle):
