@@ -160,3 +160,20 @@ def test_tiny_caches_workflow_runs(pool_registry):
     assert len(shown) == 1 and "block cache reused" in shown[0], shown
     reused = int(shown[0].split("block cache reused ")[1].split("/")[0])
     assert reused >= 5
+
+
+def test_readme_lists_every_workflow_with_its_model_files():
+    """README's *Example workflows* table names every workflows/*.json, and each row the model files the graph
+    names (a built-in tiny model's row says so)."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme.split("### Example workflows", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| `")]
+    for path in sorted((ROOT / "workflows").glob("*.json")):
+        (row,) = [r for r in rows if f"`{path.name}`" in r] or [None]
+        assert row is not None, f"README's Example workflows table does not list {path.name}"
+        data = json.loads(path.read_text(encoding="utf-8"))
+        for node in data["nodes"]:
+            if node["type"] in ("DiTParallelModelLoader", "DiTParallelLoraLoader", "DiTParallelControlNetLoader"):
+                name = node["widgets_values"][0]
+                named = name.startswith("tiny-") and "built in" in row
+                assert named or name in row, f"README's row for {path.name} does not name {name}"
