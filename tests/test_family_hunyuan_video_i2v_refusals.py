@@ -33,7 +33,8 @@ def test_token_replace_i2v_is_refused_and_the_others_plan():
 
 def test_a_hunyuan_video15_image_to_video_folder_is_refused(tmp_path):
     """A HunyuanVideo15ImageToVideoPipeline folder holds the text-to-video transformer class: refused on the host
-    and by the loader, where its transformer would otherwise run as text-to-video with no start image."""
+    (no node hands over the start image, so it would run as text-to-video); the engine's loader reads it (the start
+    image given in GlyphText: tests/test_family_hunyuan_video15_i2v.py)."""
     from dit_devtools.tiny import ensure_tiny_model
     from parallel_runtime.models.loading import load_pipeline_components
     from parallel_runtime.service.host_checks import check_load_request
@@ -51,5 +52,6 @@ def test_a_hunyuan_video15_image_to_video_folder_is_refused(tmp_path):
     with pytest.raises(ConfigError, match="HunyuanVideo15ImageToVideoPipeline folder") as refused:
         check_load_request(LoadRequest(model=str(folder)), folder)
     assert "480p_t2v" in str(refused.value)
-    with pytest.raises(ConfigError, match="HunyuanVideo15ImageToVideoPipeline folder"):
-        load_pipeline_components(folder, "cpu", parts=("transformer",))
+    assert "GlyphText" in str(refused.value)
+    comps = load_pipeline_components(folder, "cpu", parts=("transformer",))
+    assert comps.pipeline_class == "HunyuanVideo15ImageToVideoPipeline" and comps.family == "hunyuan-video-1.5"

@@ -18,7 +18,6 @@ import torch
 from torch import nn
 
 from ..errors import ConfigError
-from .families.registry import check_pipeline_class
 from .families.registry import family as family_spec
 from .registry import adapter_class_for, supported_class_names
 
@@ -188,7 +187,6 @@ def load_pipeline_components(
         )
     transformer_cls = component_class("transformer", index["transformer"], path)
     family = adapter_class_for(transformer_cls).family  # raises for unsupported classes
-    check_pipeline_class(family, str(index.get("_class_name", "")), path.name)
     comps = PipelineComponents(
         path=path,
         family=family,

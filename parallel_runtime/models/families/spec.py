@@ -201,7 +201,8 @@ class FamilySpec:
     video_vae: Callable[[], VideoVae] | None = None  # a causal 3-D VAE decoded whole, band-parallel (vae.causal3d)
     comfy_conditioning: ComfyConditioning | None = None
     gguf: GGUFFacts | None = None  # ComfyUI-GGUF's files of the family (None: it has none)
-    # diffusers pipelines whose folders hold the family's transformer but that it does not run -> (why, fix)
+    # diffusers pipelines whose folders hold the family's transformer but that the service (the nodes) does not run
+    # -> (why, fix); refused on the host before any worker starts (the engine's loader still reads them)
     refused_pipelines: Mapping[str, tuple[str, str]] = dataclasses.field(default_factory=lambda: MappingProxyType({}))
 
     def preview_for(self, latent_format: LatentFormat) -> LatentPreview | None:

@@ -5,7 +5,12 @@ The text joining the attention is built as the transformer builds it for text-to
 states projected (``context_embedder_2``) and the prompt's Qwen2.5-VL states through the token refiner, each with
 its type embedding (``cond_type_embed``), kept tokens only (the vision tokens are all masked out without a start
 image, so they are left out). The video input carries the image-to-video channels as zeros (a zero condition
-latent and mask: diffusers' text-to-video). Tokens, RoPE rows and text are split over "sp" as for HunyuanVideo 1.0;
+latent and mask: diffusers' text-to-video).
+
+Image-to-video (``GlyphText.start_latent`` + ``image_embeds``, as HunyuanVideo15ImageToVideoPipeline builds them):
+the condition channels hold the start image's latent (model space) on the first latent frame and zeros after,
+the mask channel 1 on the first frame; the SigLIP states, projected (``image_embedder``) with their type
+embedding, join the text first, all kept: [image, glyph, prompt]. Tokens, RoPE rows and text are split over "sp" as for HunyuanVideo 1.0;
 the same text rules hold (see ``hunyuan_video.adapter``): padding cut, prompts of different lengths masked on one
 rank only, every sequence-parallel rank needs a text token.
 
@@ -25,12 +30,12 @@ from ...base import Activations, Conditioning, LatentFormat, ModelAdapter, Model
 from ...sampling_spec import discrete_flow_sampling
 from ..hunyuan_video.adapter import check_text_split, kept_text
 from . import ID
-from .conditioning import glyph_text
+from .conditioning import glyph_text, start_image_channels
 from .latent import HUNYUAN_VIDEO15
 
 ATTN_PROCESSOR = "HunyuanVideo15AttnProcessor2_0"
 SHIFT = 7.0
-MLLM, BYT5 = 0, 1  # cond_type_embed rows of the two text sources
+MLLM, BYT5, IMAGE = 0, 1, 2  # cond_type_embed rows of the three text sources
 
 
 class HunyuanVideo15Adapter(ModelAdapter):
@@ -82,20 +87,21 @@ class HunyuanVideo15Adapter(ModelAdapter):
         self, x: torch.Tensor, timestep: torch.Tensor, cond: Conditioning, guidance: torch.Tensor | None = None
     ) -> Activations:
         t = self.transformer
-        extra = t.config.in_channels - x.shape[1]
-        if extra:  # text-to-video: zero condition latent and mask (diffusers' prepare_cond_latents_and_mask)
-            x = torch.cat([x, x.new_zeros(x.shape[0], extra, *x.shape[2:])], dim=1)
+        glyph = glyph_text(cond)
+        x = start_image_channels(x, glyph, t.config.in_channels, self.plan.latent_format)
         frames, rows, cols = self.grid_of(x)
         temb = t.time_embed(timestep)
         mllm, mllm_keep = kept_text(cond.prompt_embeds, cond.attention_mask)
         mllm = t.context_embedder(mllm, timestep, mllm_keep)
         mllm = mllm + t.cond_type_embed.weight[MLLM].to(mllm.dtype)
-        glyph = glyph_text(cond)
         parts, keeps = [mllm], [mllm_keep]
         if glyph.byt5 is not None and glyph.byt5.shape[1]:
             byt5, byt5_keep = kept_text(glyph.byt5, glyph.byt5_mask)
             byt5 = t.context_embedder_2(byt5) + t.cond_type_embed.weight[BYT5].to(mllm.dtype)
             parts, keeps = [byt5, mllm], [byt5_keep, mllm_keep]  # the transformer's order: glyph, then prompt
+        if glyph.image_embeds is not None:  # image-to-video: the SigLIP tokens first, all kept
+            image = t.image_embedder(glyph.image_embeds.to(mllm.dtype)) + t.cond_type_embed.weight[IMAGE].to(mllm.dtype)
+            parts, keeps = [image, *parts], [None, *keeps]
         txt = torch.cat(parts, dim=1)
         keep = None
         if any(k is not None for k in keeps):
@@ -133,6 +139,8 @@ def _joint_text(cond: Conditioning) -> tuple[torch.Tensor, torch.Tensor | None]:
     if glyph.byt5 is not None and glyph.byt5.shape[1]:
         byt5, byt5_keep = kept_text(glyph.byt5, glyph.byt5_mask)
         tokens, keeps = [byt5[..., :1].to(mllm.dtype), tokens[0]], [byt5_keep, mllm_keep]
+    if glyph.image_embeds is not None:
+        tokens, keeps = [glyph.image_embeds[..., :1].to(mllm.dtype), *tokens], [None, *keeps]
     keep = None
     if any(k is not None for k in keeps):
         keep = torch.cat([t.new_ones(t.shape[:2]) if k is None else k.to(t.dtype) for t, k in zip(tokens, keeps)], 1)

@@ -62,8 +62,9 @@ FAMILY = FamilySpec(
     refused_pipelines=MappingProxyType(
         {
             "HunyuanVideo15ImageToVideoPipeline": (
-                "HunyuanVideo 1.5 image-to-video (the start image's latent and SigLIP tokens) is not supported yet; "
-                "its transformer would run as text-to-video with no start image",
+                "HunyuanVideo 1.5 image-to-video runs in the engine with the start image's latent and SigLIP states "
+                "given in GlyphText, but no node hands them over yet (ComfyUI 0.3.64 has no HunyuanVideo 1.5): its "
+                "transformer would run as text-to-video with no start image",
                 "load a HunyuanVideo-1.5 text-to-video folder (HunyuanVideo15Pipeline, e.g. "
                 "HunyuanVideo-1.5-Diffusers-480p_t2v)",
             )
