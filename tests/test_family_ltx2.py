@@ -1,8 +1,8 @@
 """LTX-2, video-only. In process: the adapter's embed -> blocks -> output equals diffusers' transformer forward with
 the audio<->video cross-attentions off (``isolate_modalities=True``: then the audio stream cannot reach the video,
-which the test shows), for both rotary types and per-video frame rates; the single-device engine equals a denoise
-loop of diffusers' scheduler (the release's dynamic-shift config) and transformer with CFG; LTX-2.3 configs and
-text prompts are refused. In real worker processes (gloo): Ulysses, Ring, CFG parallel and PipeFusion equal one
+which the test shows), for both rotary types and per-video frame rates; the prompts' encoding (Gemma-3 + the text
+connectors) equals LTX2Pipeline's; the single-device engine equals a denoise loop of diffusers' scheduler (the
+release's dynamic-shift config) and transformer with CFG; LTX-2.3 configs are refused. In real worker processes (gloo): Ulysses, Ring, CFG parallel and PipeFusion equal one
 device, PipeFusion after warmup stays within the stale-K/V bound and beats patch-local attention. The VAE decode (one
 device and band-parallel on two ranks) equals diffusers' decode."""
 
@@ -22,14 +22,15 @@ from parallel_runtime.errors import ConfigError
 from parallel_runtime.models.base import Conditioning
 from parallel_runtime.models.families.ltx2.adapter import LTX2Adapter, dynamic_shift
 from parallel_runtime.models.families.ltx2.conditioning import LTX2FrameRate
-from parallel_runtime.models.families.ltx2.text import ENCODING
 from parallel_runtime.models.loading import load_pipeline_components
+from parallel_runtime.models.text_encoding import encode_prompts
 from parallel_runtime.parallel.mesh import ParallelMesh
-from parallel_runtime.service.model_jobs import decode
+from parallel_runtime.service.model_jobs import decode, encode_text
 from parallel_runtime.vae.decode import decode_latent
 
 NAME = "tiny-ltx2"
 TEXT_WIDTH = 32
+POSITIVE, NEGATIVE = "a red fox runs through snow, slow motion", "blurry"
 
 
 @pytest.fixture(scope="module")
@@ -99,7 +100,7 @@ def test_adapter_equals_the_transformers_video_only_forward(comps):
                          SequenceParallelAttention(mesh))  # fmt: skip
 
 
-def test_later_releases_and_text_prompts_are_refused(comps):
+def test_later_releases_are_refused(comps):
     from diffusers import LTX2VideoTransformer3DModel
 
     config = dict(comps.transformer.config)
@@ -107,8 +108,27 @@ def test_later_releases_and_text_prompts_are_refused(comps):
     with pytest.raises(ConfigError, match="LTX-2.0's video stream") as info:
         LTX2Adapter.make_plan(config, None)
     assert "load the LTX-2.0 transformer" in str(info.value)
-    with pytest.raises(ConfigError, match="Gemma-3"):
-        ENCODING.encode(comps, ["a fox"], 1024, torch.device("cpu"))
+
+
+@pytest.fixture(scope="module")
+def pipe(comps):
+    from diffusers import LTX2Pipeline
+
+    return LTX2Pipeline.from_pretrained(comps.path, torch_dtype=torch.float32, audio_vae=None, vocoder=None)
+
+
+@torch.no_grad()
+def test_text_encoding_equals_the_pipelines_encode_prompt_and_connectors(comps, pipe):
+    """Gemma-3's every hidden state (prompts left-padded to 1024 tokens), then the connectors' video context and mask:
+    what LTX2Pipeline hands its transformer, here for a positive and a shorter negative batched as it batches them."""
+    pos, neg = encode_prompts(comps, "ltx2", POSITIVE, NEGATIVE)
+    embeds, mask, neg_embeds, neg_mask = pipe.encode_prompt(POSITIVE, NEGATIVE, device="cpu")
+    video, _audio, video_mask = pipe.connectors(
+        torch.cat([neg_embeds, embeds]), torch.cat([neg_mask, mask]), padding_side="left"
+    )
+    assert mask.sum() > neg_mask.sum() and pos.prompt_embeds.shape == (1, 1024, TEXT_WIDTH)
+    torch.testing.assert_close(torch.cat([neg.prompt_embeds, pos.prompt_embeds]), video, atol=1e-6, rtol=0)
+    assert torch.equal(torch.cat([neg.attention_mask, pos.attention_mask]), video_mask)
 
 
 def test_audio_is_refused_by_the_samplers_latent_check():
@@ -154,13 +174,16 @@ def test_single_device_equals_the_release_schedulers_denoise_loop(comps):
 
 
 class LTX2Reference(FamilyReference):
-    """The tiny LTX-2's single-device results on a 3 x 3 x 5 latent (45 tokens: divisible by neither 2 nor 4)."""
+    """The tiny LTX-2's single-device results on a 3 x 3 x 5 latent (45 tokens: divisible by neither 2 nor 4), its
+    own Gemma-3 and connectors encoding the prompts."""
 
     def __init__(self):
         self.path = str(ensure_tiny_model(NAME))
         self.components = load_pipeline_components(self.path, "cpu", torch.float32)
         self.adapter = self.components.adapter()
-        self.pos, self.neg = _conds(1)
+        pos, neg = encode_prompts(self.components, "ltx2", POSITIVE, NEGATIVE)
+        rate = LTX2FrameRate(torch.tensor([25.0]))
+        self.pos, self.neg = (Conditioning(c.prompt_embeds, None, c.attention_mask, rate) for c in (pos, neg))
         self.latent = torch.zeros(1, 128, 3, 3, 5)
         self.steps, self.cfg = 3, 3.0
         self.results = {}
@@ -206,6 +229,10 @@ def test_vae_decode_band_parallel_equals_diffusers(cpu_pool, reference, rows):
     rank decodes them all while the other sits out), equal to diffusers' decode of the whole clip."""
     pool = cpu_pool(LAYOUTS["ulysses2"])
     reference.load(pool)
+    if rows == 4:  # Parallel Text Encode's job: Gemma-3 + the connectors on the workers, as in process
+        (got,) = pool.submit(encode_text, [POSITIVE]).result(120)
+        torch.testing.assert_close(got.prompt_embeds, reference.pos.prompt_embeds)
+        assert torch.equal(got.attention_mask, reference.pos.attention_mask)
     z = torch.randn(1, 128, 2, rows, 5, generator=torch.Generator().manual_seed(rows))
     image = pool.submit(decode, z).result(300)
     vae = reference.components.vae

@@ -4,8 +4,10 @@ Same rules as :mod:`.factory`: a diffusers folder built from configs with a fixe
 released LTX-2.0 model ("split" rotary tables, double-precision frequencies, the audio stream and the audio<->video
 cross-attentions present in every block), sizes do not: 2 blocks, 2 heads x 8 (video and audio). The folder holds
 LTX2Pipeline's transformer, video VAE (AutoencoderKLLTX2Video: 32x spatial, 8x temporal, 128 latent channels,
-per-channel statistics set off 0 / 1) and scheduler (the release's dynamic-shift config); the text side (Gemma-3,
-connectors), audio VAE and vocoder are absent (video-only: the family's README row).
+per-channel statistics set off 0 / 1), scheduler (the release's dynamic-shift config) and text side: a tiny
+Gemma-3 (Gemma3ForConditionalGeneration, 2 layers, a one-layer vision tower never used) with a small unigram
+tokenizer (the release's is Gemma's; the pipeline pads either on the left), and LTX2TextConnectors (1 layer,
+8 learned registers, "split" rotary tables). The audio VAE and vocoder are absent (video-only: the family's README).
 """
 
 from __future__ import annotations
@@ -69,6 +71,58 @@ def ltx2_transformer(seed: int = SEED, **overrides: Any):
     return model
 
 
+GEMMA_LAYERS = 2
+
+
+def ltx2_text_encoder(vocab_size: int, pad_token_id: int):
+    """Tiny Gemma3ForConditionalGeneration: the text model LTX2Pipeline reads every hidden state of."""
+    from transformers import Gemma3Config, Gemma3ForConditionalGeneration, Gemma3TextConfig, SiglipVisionConfig
+
+    text = Gemma3TextConfig(
+        vocab_size=vocab_size + 3,  # + the image markers, kept out of the tokenizer's ids
+        hidden_size=TEXT_WIDTH,
+        intermediate_size=64,
+        num_hidden_layers=GEMMA_LAYERS,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        max_position_embeddings=2048,
+        sliding_window=16,
+        pad_token_id=pad_token_id,
+    )
+    vision = SiglipVisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                image_size=28, patch_size=14)  # fmt: skip
+    config = Gemma3Config(
+        text_config=text,
+        vision_config=vision,
+        mm_tokens_per_image=4,
+        boi_token_index=vocab_size,
+        eoi_token_index=vocab_size + 1,
+        image_token_index=vocab_size + 2,
+    )
+    torch.manual_seed(SEED)
+    return Gemma3ForConditionalGeneration(config).eval()
+
+
+def ltx2_connectors():
+    from diffusers.pipelines.ltx2.connectors import LTX2TextConnectors
+
+    torch.manual_seed(SEED)
+    return LTX2TextConnectors(
+        caption_channels=TEXT_WIDTH,
+        text_proj_in_factor=GEMMA_LAYERS + 1,
+        video_connector_num_attention_heads=2,
+        video_connector_attention_head_dim=16,
+        video_connector_num_layers=1,
+        video_connector_num_learnable_registers=8,
+        audio_connector_num_attention_heads=2,
+        audio_connector_attention_head_dim=16,
+        audio_connector_num_layers=1,
+        audio_connector_num_learnable_registers=8,
+        rope_type="split",
+    ).eval()
+
+
 def ltx2_scheduler():
     from diffusers import FlowMatchEulerDiscreteScheduler
 
@@ -87,15 +141,18 @@ def ltx2_scheduler():
 def tiny_ltx2(overrides: dict[str, Any]) -> dict[str, Any]:
     from diffusers import LTX2Pipeline
 
+    from .vocab import build_t5_tokenizer
+
+    tokenizer = build_t5_tokenizer(1024)
     return dict(
         cls=LTX2Pipeline,
         transformer=ltx2_transformer(**overrides),
         vae=ltx2_vae(),
         scheduler=ltx2_scheduler(),
+        text_encoder=ltx2_text_encoder(len(tokenizer), tokenizer.pad_token_id),
+        tokenizer=tokenizer,
+        connectors=ltx2_connectors(),
         audio_vae=None,
-        text_encoder=None,
-        tokenizer=None,
-        connectors=None,
         vocoder=None,
     )
 

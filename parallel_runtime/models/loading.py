@@ -106,7 +106,13 @@ def read_model_index(path: str | os.PathLike) -> dict[str, Any]:
 
 
 def component_class(name: str, entry: Any, path: Path) -> type:
-    """The diffusers/transformers class ``entry`` of model_index.json names (no remote code)."""
+    """The diffusers/transformers class ``entry`` of model_index.json names (no remote code). A component defined
+    in a diffusers pipeline's own module (saved as ``[<pipeline module>, <class>]``, e.g. a pipeline's text
+    connectors) is read from ``diffusers.pipelines.<module>``."""
+    if isinstance(entry, (list, tuple)) and len(entry) == 2 and entry[0] not in _LIBRARIES:
+        pipeline_class = _pipeline_module_class(entry)
+        if pipeline_class is not None:
+            return pipeline_class
     if not (isinstance(entry, (list, tuple)) and len(entry) == 2 and entry[0] in _LIBRARIES):
         raise ConfigError(
             f"component {name!r} in {path / 'model_index.json'} is {entry!r}",
@@ -124,6 +130,21 @@ def component_class(name: str, entry: Any, path: Path) -> type:
             f"update {entry[0]} or re-save the folder with the installed version",
         )
     return cls
+
+
+def _pipeline_module_class(entry: Any) -> type | None:
+    """The class ``entry[1]`` of the diffusers pipeline module ``entry[0]`` (None when there is none)."""
+    import importlib
+
+    module_name = entry[0]
+    if not (isinstance(module_name, str) and module_name.isidentifier() and isinstance(entry[1], str)):
+        return None
+    try:
+        module = importlib.import_module(f"diffusers.pipelines.{module_name}")
+    except ImportError:
+        return None
+    cls = getattr(module, entry[1], None)
+    return cls if isinstance(cls, type) else None
 
 
 def _read_json(file: Path) -> dict[str, Any]:
@@ -223,6 +244,7 @@ def load_pipeline_components(
         if name.startswith("tokenizer") and isinstance(entry, list) and entry[0]:
             cls = component_class(name, entry, path)
             comps.tokenizers[name] = cls.from_pretrained(path / name, local_files_only=True)
-        if "text" in parts and name.startswith("text_encoder") and isinstance(entry, list) and entry[0]:
+        text_part = name.startswith("text_encoder") or name in family_spec(family).text.components
+        if "text" in parts and text_part and isinstance(entry, list) and entry[0]:
             comps.text_encoders[name] = load_model(name, "text")
     return comps

@@ -56,6 +56,8 @@ class TextFacts:
     max_length: int  # tokens the family's diffusers pipeline encodes a prompt to by default
     comfy_nodes: str  # ComfyUI's own nodes that encode prompts for this family (said in error messages)
     lora_roles: Mapping[str, str] = dataclasses.field(default_factory=lambda: MappingProxyType({}))  # component -> role
+    components: tuple[str, ...] = ()  # diffusers components beyond text_encoder* the encoding runs, loaded with
+    # them into ``text_encoders`` (LTX-2's ``connectors``)
 
 
 @dataclasses.dataclass(frozen=True)

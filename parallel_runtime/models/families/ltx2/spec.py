@@ -49,7 +49,11 @@ FAMILY = FamilySpec(
     variants=(LTX2_19B,),
     folder=Path(__file__).resolve().parent,
     original_layout=_original_layout,
-    text=TextFacts(max_length=1024, comfy_nodes="none: ComfyUI 0.3.64 has no LTX-2 text encoder"),
+    text=TextFacts(
+        max_length=1024,
+        comfy_nodes="Parallel Text Encode on the diffusers folder (ComfyUI 0.3.64 has no LTX-2 text encoder)",
+        components=("connectors",),
+    ),
     text_encoding=_text_encoding,
     layout=LayoutHints(default_cfg=3.0, text_tokens=0),  # cross-attention: the text is not in the sequence
     head_dim=128,

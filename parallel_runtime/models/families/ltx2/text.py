@@ -1,29 +1,45 @@
-"""LTX-2 prompts: not encoded on the workers yet.
-
-diffusers' LTX2Pipeline encodes a prompt with Gemma-3 (every hidden layer's states, normalised per prompt and
-projected), then LTX-2's text connectors (``LTX2TextConnectors``: 1-D transformers with learned registers) give
-the video and audio contexts. That encoder is not ported here yet: the transformer takes the connectors' video
-context as ``Conditioning.prompt_embeds`` (with its attention mask), computed outside (e.g. by LTX2Pipeline's
-``encode_prompt`` + ``connectors``), and a prompt given as text is refused with this message.
-"""
+"""LTX-2 prompts, as LTX2Pipeline encodes them: Gemma-3 on the prompt (stripped, padded on the LEFT to 1024 tokens,
+run with its attention mask), the hidden states of the embeddings and of every layer stacked per token, then LTX-2's
+text connectors (``LTX2TextConnectors``, the pipeline's ``connectors`` component: each layer's states normalised
+over the prompt's tokens, projected, and a 1-D transformer whose learned registers take the padded positions). The
+connectors' video context is the transformer's cross-attention text, with the connectors' mask; their audio
+context is not used (video-only)."""
 
 from __future__ import annotations
 
 import torch
 
-from ....errors import ConfigError
 from ...base import Conditioning
-from ...text_parts import TextComponents
+from ...text_parts import TextComponents, component
 from ..spec import TextEncoding
+from . import ID
+
+PADDING_SIDE = "left"  # Gemma's, as LTX2Pipeline pads
 
 
 def encode(comps: TextComponents, prompts: list[str], max_length: int, device: torch.device) -> Conditioning:
-    raise ConfigError(
-        "LTX-2 prompts given as text",
-        "LTX-2's text encoder (Gemma-3 + its text connectors) does not run on the workers yet",
-        "pass the connectors' video context as the conditioning's prompt embeddings (LTX2Pipeline.encode_prompt "
-        "then its connectors), or sample LTX-2 with diffusers' LTX2Pipeline",
+    tokenizer = component(comps, "tokenizer", "tokenizer", ID)
+    gemma = component(comps, "encoder", "text_encoder", ID)
+    connectors = component(comps, "encoder", "connectors", ID)
+    tokenizer.padding_side = PADDING_SIDE
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokens = tokenizer(
+        [p.strip() for p in prompts],
+        padding="max_length",
+        max_length=max_length,
+        truncation=True,
+        add_special_tokens=True,
+        return_tensors="pt",
     )
+    where = next(gemma.parameters()).device
+    ids, mask = tokens.input_ids.to(where), tokens.attention_mask.to(where)
+    states = gemma(input_ids=ids, attention_mask=mask, output_hidden_states=True).hidden_states
+    stacked = torch.stack(states, dim=-1).flatten(2, 3)  # [B, tokens, width x (layers + 1)]
+    where = next(connectors.parameters()).device
+    stacked = stacked.to(where, next(connectors.parameters()).dtype)
+    video, _audio, video_mask = connectors(stacked, mask.to(where), padding_side=PADDING_SIDE)
+    return Conditioning(video.to(device), None, video_mask.to(device))
 
 
 ENCODING = TextEncoding(encode)
