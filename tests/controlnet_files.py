@@ -22,6 +22,7 @@ FLUX_MISTOLINE = DATA / "tiny_flux_controlnet_mistoline.safetensors"
 MISTOLINE_BLOCKS = (2, 3)  # double, single blocks of the tiny Mistoline file
 MISTOLINE_KERNELS = (3, 1, 3, 3, 3, 3, 3, 3, 1, 3)  # its hint encoder's convolutions (input_cond_block.encoder.2k)
 QWEN_INSTANTX = DATA / "tiny_qwen_controlnet_instantx.safetensors"
+QWEN_INSTANTX_INPAINT = DATA / "tiny_qwen_controlnet_instantx_inpaint.safetensors"  # x embedder: 64 + 4 mask
 QWEN_DIFFSYNTH = DATA / "tiny_qwen_diffsynth_controlnet.safetensors"
 QWEN_DIFFSYNTH_INPAINT = DATA / "tiny_qwen_diffsynth_inpaint.safetensors"  # img_in reads the latent and a mask
 QWEN_DIFFSYNTH_BLOCKS = 3  # one per block of the tiny Qwen-Image (DiffSynth's files: 60, one per Qwen-Image block)
@@ -118,13 +119,14 @@ def write_flux_mistoline(path: Path = FLUX_MISTOLINE) -> Path:
     return path
 
 
-def qwen_instantx_state() -> dict[str, torch.Tensor]:
+def qwen_instantx_state(mask_values: int = 0) -> dict[str, torch.Tensor]:
     """The tiny InstantX Qwen-Image ControlNet (diffusers' QwenImageControlNetModel names, the layout of
-    InstantX/Qwen-Image-ControlNet-Union's file), stored as bf16; RMS-norm scales near 1."""
+    InstantX/Qwen-Image-ControlNet-Union's file), stored as bf16; RMS-norm scales near 1. ``mask_values=4``: the
+    inpainting file's layout (InstantX/Qwen-Image-ControlNet-Inpainting: ``controlnet_x_embedder`` reads 68)."""
     from diffusers import QwenImageControlNetModel
 
     with torch.device("meta"):
-        model = QwenImageControlNetModel(**QWEN_INSTANTX_CONFIG)
+        model = QwenImageControlNetModel(**QWEN_INSTANTX_CONFIG, extra_condition_channels=mask_values)
     out = {}
     for name, tensor in sorted(model.state_dict().items()):
         shape = tuple(tensor.shape)
@@ -178,6 +180,13 @@ def write_qwen_instantx(path: Path = QWEN_INSTANTX) -> Path:
     from safetensors.torch import save_file
 
     save_file(qwen_instantx_state(), str(path))
+    return path
+
+
+def write_qwen_instantx_inpaint(path: Path = QWEN_INSTANTX_INPAINT) -> Path:
+    from safetensors.torch import save_file
+
+    save_file(qwen_instantx_state(mask_values=4), str(path))
     return path
 
 

@@ -29,6 +29,7 @@ class ControlNetFile:
     hint_format: LatentFormat | None  # the hint's VAE latent -> model space (``latent_format.process_in``);
     # None: the hint is the IMAGE itself, scaled to ``pixel_scale`` x the latent (no VAE)
     pixel_scale: int = 8
+    mask_channels: int = 0  # an inpainting ControlNet's mask channels, after the encoded hint's (in hint_channels)
 
     @property
     def hint_scale(self) -> int:

@@ -47,6 +47,8 @@ class ParallelControlNet:
         self.previous_controlnet: Any = None
         self.extra_args: dict[str, Any] = {}
         self.latent_format = info.hint_format  # tells ComfyUI's apply node to keep the VAE it is given
+        self.concat_mask = info.mask_channels > 0  # tells ControlNetInpaintingAliMamaApply to pass its mask
+        self.extra_concat: tuple = ()  # the inpainting ControlNet's masks ([B, 1, H, W] each, 1 = keep)
         self._read: tuple | None = None  # (latent size, ControlChain) of the last read_control
 
     # -- what ComfyUI's ControlNet nodes call ------------------------------------------------------------
@@ -63,12 +65,14 @@ class ParallelControlNet:
         vae: Any = None,
         extra_concat: Any = (),
     ) -> ParallelControlNet:
-        if extra_concat:
+        extra_concat = tuple(extra_concat or ())
+        if extra_concat and not self.concat_mask:
             raise ConfigError(
                 f"extra images concatenated to the hint of the ControlNet {self.info.name}",
-                "an inpainting ControlNet's mask channel (ControlNetInpaintingAliMamaApply) is not run in parallel",
-                "use ControlNetApplyAdvanced with a Union / canny / depth ControlNet",
+                "only an inpainting ControlNet reads a mask beside its hint; this one reads the hint alone",
+                "use ControlNetApplyAdvanced with this ControlNet, or load an inpainting ControlNet",
             )
+        self.extra_concat = extra_concat
         self.cond_hint_original, self.strength = cond_hint, strength
         self.timestep_percent_range, self.vae = tuple(timestep_percent_range), vae
         return self
@@ -139,8 +143,10 @@ def read_control(control: Any, latent_shape: tuple[int, ...] | None, where: str)
 
 
 def _link(node: ParallelControlNet, latent_shape: tuple[int, ...], where: str):
+    import torch
+
     from ..denoise.control import ControlLink
-    from .control_hint import encode_hint, image_hint
+    from .control_hint import encode_hint, image_hint, inpaint_masks
 
     info = node.info
     if node.cond_hint_original is None:
@@ -159,6 +165,8 @@ def _link(node: ParallelControlNet, latent_shape: tuple[int, ...], where: str):
         )
     else:
         hint = encode_hint(node.cond_hint_original, node.vae, latent_shape, info.hint_format)
+    if info.mask_channels:
+        hint = torch.cat([hint, *inpaint_masks(node.extra_concat, hint.shape, info)], dim=1)
     start, end = node.timestep_percent_range
     control_type = tuple(int(v) for v in (node.extra_args.get("control_type") or ()))
     return ControlLink(info.path, hint, float(node.strength), float(start), float(end), control_type)

@@ -90,3 +90,32 @@ def kept_area(mask: Any, batch: int, channels: int, size: tuple[int, int]) -> An
     with torch.no_grad():
         kept = F.interpolate(kept.cpu(), size=tuple(size), mode="bilinear")
     return kept.expand(batch, -1, -1, -1).contiguous()
+
+
+def inpaint_masks(masks: Any, hint_shape: tuple[int, ...], info: Any) -> list:
+    """An inpainting ControlNet's mask channels for a hint latent of ``hint_shape`` [B, C, h, w]: each mask the
+    apply node passed ([b, 1, H, W], 1 where the picture is kept) cropped to the latent's aspect ratio about its
+    centre, resized nearest-exact to its size and repeated or cut to its batch; none given: all ones (everything
+    kept)."""
+    import torch
+
+    batch, size = hint_shape[0], tuple(hint_shape[-2:])
+    out = []
+    for mask in masks or (torch.ones(1, 1, 1, 1),):
+        if not isinstance(mask, torch.Tensor) or mask.ndim != 4 or mask.shape[1] != 1:
+            raise ConfigError(
+                f"an inpainting ControlNet mask of {type(mask).__name__} {list(getattr(mask, 'shape', ()))}",
+                f"the ControlNet {info.name} reads one mask channel [batch, 1, height, width] beside its hint",
+                "apply it with ControlNet Inpainting (AliMama) Apply and connect a MASK",
+            )
+        with torch.no_grad():
+            mask = fit_to(mask.float().cpu(), size[1], size[0])
+        repeats = -(-batch // mask.shape[0])
+        out.append(mask.repeat(repeats, 1, 1, 1)[:batch].contiguous())
+    if sum(m.shape[1] for m in out) != info.mask_channels:
+        raise ConfigError(
+            f"{len(out)} masks for the inpainting ControlNet {info.name}",
+            f"it reads {info.mask_channels} mask channel(s) after the hint latent",
+            "apply it with one mask (ControlNet Inpainting (AliMama) Apply)",
+        )
+    return out

@@ -7,6 +7,8 @@ What ComfyUI 0.3.64 computes for such a file (numbers matched, see tests/test_co
   latent statistics); it is packed in 2x2 patches like the noisy latent and the image tokens are
   ``img_in(x) + controlnet_x_embedder(hint)``; text and time embed as in the main model, with the same rotary
   positions (image grid centred, text after it);
+- the inpainting ControlNet (a 68-value ``controlnet_x_embedder``) reads, after the hint latent's 16 channels,
+  one mask channel (the host concatenates it, service/comfy_control.py), packed in the same 2x2 patches;
 - after ControlNet block ``k`` its image tokens pass ``controlnet_blocks[k]``; ComfyUI spreads these over the
   60 blocks of the full-size model: each serves ``ceil(60 / ControlNet blocks)`` consecutive main blocks, and
   main block ``i`` (``i < 60``) gets ControlNet block ``i // that``, whatever the main model's depth.
@@ -36,6 +38,7 @@ from . import ID
 from .adapter import QwenImageAdapter, _check_mask_layout, wan21_latent_format
 
 FULL_BLOCKS = 60  # Qwen-Image's blocks, over which ComfyUI spreads a ControlNet's residuals
+INPAINT_HINT_IN = 68  # the inpainting ControlNet's hint values per token: 64 of the latent, 4 of the mask
 
 
 class _ControlBlocks(QwenImageAdapter):
@@ -160,15 +163,20 @@ def build_model(state: dict[str, torch.Tensor], config: dict[str, Any], name: st
 
 
 def describe_qwen_instantx(path: Path, shapes: dict[str, list[int]]) -> ControlNetFile:
-    """An InstantX Qwen-Image file's facts from its tensor shapes (the 68-channel inpainting one refused)."""
+    """An InstantX Qwen-Image file's facts from its tensor shapes. A file whose ``controlnet_x_embedder`` reads 68
+    values per token beside a 64-value ``img_in`` is the inpainting ControlNet (as ComfyUI 0.3.64 detects it): its
+    hint is the 16-channel latent and one mask channel, packed 2x2 together."""
     _, in_channels = shapes["img_in.weight"]
     hint_in = shapes["controlnet_x_embedder.weight"][1]
-    if hint_in != in_channels:
+    inpainting = hint_in == INPAINT_HINT_IN and in_channels == INPAINT_HINT_IN - 4
+    if hint_in != in_channels and not inpainting:
         raise ConfigError(
             f"ControlNet file {path.name} takes {hint_in} hint values per token (the model's latent has {in_channels})",
-            "a 68-channel Qwen-Image ControlNet is an inpainting ControlNet: its hint carries a mask channel",
-            "use a Qwen-Image ControlNet whose hint is the plain latent (InstantX Union: canny, depth, pose ...)",
+            "a Qwen-Image ControlNet's hint is the packed latent, or for the inpainting ControlNet the 64-value "
+            "latent and 4 mask values",
+            "use an InstantX Qwen-Image ControlNet (Union, or Inpainting) made for this model",
         )
+    latent_channels = int(in_channels) // 4
     blocks = len({k.split(".")[1] for k in shapes if k.startswith("transformer_blocks.")})
     return ControlNetFile(
         path=str(path),
@@ -178,5 +186,6 @@ def describe_qwen_instantx(path: Path, shapes: dict[str, list[int]]) -> ControlN
         hint_channels=int(hint_in) // 4,
         double_blocks=blocks,
         single_blocks=0,
-        hint_format=wan21_latent_format(int(hint_in) // 4),  # ComfyUI: latent_formats.Wan21() for these files
+        hint_format=wan21_latent_format(latent_channels),  # ComfyUI: latent_formats.Wan21() for these files
+        mask_channels=int(hint_in) // 4 - latent_channels,
     )
