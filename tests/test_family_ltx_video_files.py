@@ -6,6 +6,8 @@ blocks alone) and the skeleton gives the file's names and shapes back from a con
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -149,7 +151,9 @@ def test_incomplete_or_unknown_vae_layouts_are_refused(tmp_path):
 
 def test_the_checkpoint_runs_with_its_own_vae_on_ulysses(cpu_pool, folder, checkpoint):
     """Loaded on two worker processes, the checkpoint's transformer samples as the folder's on one device and its
-    own VAE (found beside the transformer) decodes band-parallel as diffusers' decode of the folder's VAE."""
+    own VAE (found beside the transformer) decodes band-parallel as diffusers' decode of the folder's VAE with its
+    decoder's convs padded with reflect (ComfyUI's padding of a 0.9.0 file whose metadata states none; diffusers'
+    zeros differ: tests/test_family_ltx_video_vae090.py compares with ComfyUI)."""
     from parallel_runtime.denoise import SamplingSettings, denoise_latent, model_sampling_for
     from parallel_runtime.models.base import Conditioning
     from parallel_runtime.parallel.config import ParallelConfig
@@ -172,8 +176,15 @@ def test_the_checkpoint_runs_with_its_own_vae_on_ulysses(cpu_pool, folder, check
     got = pool.submit(generate, pos, None, latent, settings).result(600)
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
     image = pool.submit(decode, expected).result(300)
-    vae = folder.vae
-    with torch.no_grad():
-        own = vae.decode(expected * vae.latents_std.view(1, -1, 1, 1, 1) + vae.latents_mean.view(1, -1, 1, 1, 1)).sample
+    vae = copy.deepcopy(folder.vae)
+    pictures = {}
+    for padding in ("reflect", "zeros"):  # the file's decoder pads as ComfyUI's (reflect), the folder's as diffusers'
+        for module in vae.decoder.modules():
+            if isinstance(module, torch.nn.Conv3d):
+                module.padding_mode = padding
+        with torch.no_grad():
+            z = expected * vae.latents_std.view(1, -1, 1, 1, 1) + vae.latents_mean.view(1, -1, 1, 1, 1)
+            pictures[padding] = ((vae.decode(z).sample + 1) / 2).clamp(0, 1)[0].movedim(0, -1)
     assert image.shape == (9, 96, 64, 3)
-    torch.testing.assert_close(image, ((own + 1) / 2).clamp(0, 1)[0].movedim(0, -1), atol=2e-5, rtol=0)
+    torch.testing.assert_close(image, pictures["reflect"], atol=2e-5, rtol=0)
+    assert (image - pictures["zeros"]).abs().max() > 1e-3

@@ -5,7 +5,7 @@ causal) and in space with zeros (or mirrored rows: see below), per-pixel RMS nor
 upsampling after a conv, and a 4x4 pixel unpatchify at the end; no GroupNorm, no attention. Only the convs look
 beyond a pixel's rows: each is stated as padding of the rows (the band halos; at the clip's border zeros or
 mirrored rows) and a padding wrapper that repeats the edge frames and pads the width as the conv pads (zeros, or
-reflect for the 0.9.1+ files ComfyUI decodes with reflect padding), then the conv without padding of its own. The
+reflect for the Lightricks files ComfyUI decodes with reflect padding), then the conv without padding of its own. The
 latent is un-normalised first with the VAE's own per-channel statistics (``latents_mean`` / ``latents_std``, scaling
 factor 1), as diffusers' pipeline and ComfyUI's VAE do.
 

@@ -4,7 +4,9 @@ ComfyUI's CheckpointLoaderSimple reads as the VAE), read as diffusers' ``Autoenc
 The 0.9.0 layout numbers the decoder's pieces ``up_blocks.0`` (the mid block) to ``up_blocks.9`` (resnets,
 depth-to-space upsamplers and the channel-changing resnets in a fixed order) and the encoder's ``down_blocks.0``
 to ``.9``; widths, resnets per level, latent channels and the pixel patch come from the tensor shapes, the renaming
-is diffusers' own single-file converter's. The later layouts (0.9.1+: a timestep-conditioned decoder) are read by
+is diffusers' own single-file converter's. The decoder pads in space as ComfyUI's VAE Decode pads it: reflect,
+unless the checkpoint's ``config`` metadata states a ``spatial_padding_mode`` (zeros; diffusers' decoder pads with
+zeros). The later layouts (0.9.1+: a timestep-conditioned decoder) are read by
 ``vae_file_later`` (the decoder only).
 """
 
@@ -70,6 +72,7 @@ def vae_config(shapes: Shapes) -> dict[str, Any]:
             reversed([_resnets(shapes, f"decoder.up_blocks.{i}") for i in (0, *DECODER_LEVELS)])
         ),
         "patch_size": patch,
+        vae_file_later.PADDING: "reflect",  # ComfyUI's decoder pads so unless the checkpoint's metadata says otherwise
     }
 
 
@@ -80,6 +83,8 @@ def build(state: dict[str, torch.Tensor], config: dict[str, Any], name: str) -> 
 
     if vae_file_later.is_later(config):
         return vae_file_later.build(state, config, name)
+    config = dict(config)
+    padding = config.pop(vae_file_later.PADDING, "zeros")
     converted = compat.convert_ltx_vae({"vae." + k: v for k, v in state.items()})
     with parameters_on_meta():
         vae = AutoencoderKLLTXVideo(**config)
@@ -93,6 +98,7 @@ def build(state: dict[str, torch.Tensor], config: dict[str, Any], name: str) -> 
             "decode the LATENT with ComfyUI's VAE Decode (the VAE of CheckpointLoaderSimple on this file)",
         )
     vae.load_state_dict(converted, strict=True, assign=True)
+    vae_file_later.pad_decoder(vae, padding)  # the encoder keeps zeros, as in ComfyUI
     return vae
 
 

@@ -26,7 +26,7 @@ from ... import compat
 
 Shapes = Mapping[str, tuple[int, ...]]
 SCALE_MULTIPLIER = "decoder.timestep_scale_multiplier"
-_PADDING = "decoder_spatial_padding_mode"  # ours: set on the decoder's convs after building (diffusers has no key)
+PADDING = "decoder_spatial_padding_mode"  # ours: set on the decoder's convs after building (diffusers has no key)
 _FIX = "decode the LATENT with ComfyUI's VAE Decode (the VAE of CheckpointLoaderSimple / VAELoader on this file)"
 
 
@@ -104,27 +104,43 @@ def vae_config(shapes: Shapes) -> dict[str, Any]:
         "decoder_causal": False,
         "spatial_compression_ratio": patch * 2**levels,
         "temporal_compression_ratio": 2**levels,
-        _PADDING: "reflect",
+        PADDING: "reflect",
     }
 
 
 def is_later(config: Mapping[str, Any]) -> bool:
-    return _PADDING in config
+    return "upsample_factor" in config  # 0.9.0's config (``vae_file``) has fixed depth-to-space upsamplers
+
+
+def with_padding(config: dict[str, Any], vae: Mapping[str, Any]) -> dict[str, Any]:
+    """``config`` with the decoder's spatial padding a checkpoint's ``vae`` metadata states (ComfyUI: reflect
+    when it states none)."""
+    config = dict(config)
+    config[PADDING] = vae.get("spatial_padding_mode", "reflect")
+    if config[PADDING] not in ("zeros", "reflect"):
+        raise _refuse(f"spatial_padding_mode {config[PADDING]!r} (the band decode pads with zeros or reflect)")
+    return config
+
+
+def pad_decoder(vae: nn.Module, padding: str) -> None:
+    """Set the spatial padding of every conv of ``vae``'s decoder (diffusers' config has no key for it)."""
+    for module in vae.decoder.modules():
+        if isinstance(module, nn.Conv3d):
+            module.padding_mode = padding
 
 
 def with_metadata(config: dict[str, Any], metadata: Mapping[str, str]) -> dict[str, Any]:
     """``config`` with what a checkpoint's ``config`` metadata states of its VAE (ComfyUI's Load Checkpoint builds
     the VAE from it): the upsamplers' ``residual`` flags, the decoder's spatial padding and causality."""
-    if not is_later(config) or "config" not in metadata:
+    if "config" not in metadata:
         return config
     try:
         vae = json.loads(metadata["config"]).get("vae") or {}
     except (ValueError, AttributeError):
         return config
-    config = dict(config)
-    config[_PADDING] = vae.get("spatial_padding_mode", "reflect")
-    if config[_PADDING] not in ("zeros", "reflect"):
-        raise _refuse(f"spatial_padding_mode {config[_PADDING]!r} (the band decode pads with zeros or reflect)")
+    config = with_padding(config, vae)
+    if not is_later(config):
+        return config
     config["decoder_causal"] = bool(vae.get("causal_decoder", False))
     blocks = vae.get("decoder_blocks", vae.get("blocks"))
     if blocks is not None:
@@ -145,7 +161,7 @@ def build(state: dict[str, torch.Tensor], config: dict[str, Any], name: str) -> 
     from ...weights import parameters_on_meta
 
     config = dict(config)
-    padding = config.pop(_PADDING)
+    padding = config.pop(PADDING)
     kept = {k: v for k, v in state.items() if k.startswith(("decoder.", "per_channel_statistics."))}
     probe = "vae.encoder.conv_out.conv.weight"  # diffusers' converter reads it to tell 0.9.5's names: not 2048 wide
     converted = compat.convert_ltx_vae({"vae." + k: v for k, v in kept.items()} | {probe: torch.zeros(1, 1)})
@@ -163,7 +179,5 @@ def build(state: dict[str, torch.Tensor], config: dict[str, Any], name: str) -> 
             _FIX,
         )
     vae.load_state_dict(converted, strict=True, assign=True)
-    for module in vae.decoder.modules():
-        if isinstance(module, nn.Conv3d):
-            module.padding_mode = padding
+    pad_decoder(vae, padding)
     return vae
