@@ -36,6 +36,7 @@ TINY_STAND_INS: dict[str, tuple[str, str]] = {
     "diffusers/stable-diffusion-3.5-medium": ("tiny-sd3", ""),
     "diffusers/PixArt-Sigma-XL-2-1024-MS": ("tiny-pixart", ""),
     "diffusers/HunyuanVideo-1.5-Diffusers-480p_t2v": ("tiny-hunyuan-video-1.5", ""),
+    "diffusers/LTX-2": ("tiny-ltx2", ""),
     "diffusion_models/flux1-dev.safetensors": ("tiny-flux", "transformer/diffusion_pytorch_model.safetensors"),
     "vae/ae.safetensors": ("tiny-flux", "vae/diffusion_pytorch_model.safetensors"),
     "vae/sd3.5_vae.safetensors": ("tiny-sd3", "vae/diffusion_pytorch_model.safetensors"),
