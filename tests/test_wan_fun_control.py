@@ -6,9 +6,11 @@ Wan22FunControlToVideo and KSampler on tiny Fun-Control-structure Wan files (48 
 vision: ComfyUI's WAN21_FunControl2V; 52 without: Wan 2.2 Fun-Control, the mask between control and start
 image). The test rebuilds those files (digests in the JSON) into a ComfyUI models tree; the Parallel Model
 Loader and Parallel Sampler on real CPU worker pools equal ComfyUI on one rank, Ulysses 2, CFG 2 and
-PipeFusion 2 (every step synchronous). A Fun-Control model without a control video reads zeros, as in
-ComfyUI; image latents on a model without extra channels, or of a width that does not fill them, are refused
-on the host.
+PipeFusion 2 (every step synchronous). Wan22FunControlToVideo's ref_image (``fun22_ref_image``: a reference
+latent read by the file's ref_conv) equals ComfyUI on one rank, Ulysses 2 and CFG 2, and is refused under
+PipeFusion. A Fun-Control model without a control video reads zeros, as in ComfyUI; image latents on a model
+without extra channels, or of a width that does not fill them, and a reference image for a file without
+ref_conv, are refused on the host.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ LAYOUTS = {
 }
 LOAD = dict(devices="cpu:2", ulysses=1, ring=1, cfg_parallel=1, pipefusion=1, pp_patches=0, pp_warmup=0)
 FILES = ("fun21", "fun22", "fun22_ref_conv_file")  # the reference cases whose model each file is
+FILE_OF = {"fun22_ref_image": "fun22_ref_conv_file"}  # a case run on another case's file
 FUN21 = {"embed_dim": 4096, "pooled_dim": None, "image_dim": 1280, "latent_channels": 16, "in_channels": 48}
 
 
@@ -95,6 +98,8 @@ def options(case: dict, control: bool = True) -> dict:
     out: dict = {}
     if case["clip_vision"] is not None:
         out["clip_vision_output"] = ClipVisionOutput(generated(case["clip_vision"]))
+    if case.get("reference_latents"):
+        out["reference_latents"] = [tensor(t) for t in case["reference_latents"]]
     if control and case["concat_latent_image"] is not None:
         out["concat_latent_image"] = tensor(case["concat_latent_image"])
         if case["concat_mask"] is not None:
@@ -108,14 +113,17 @@ def comfy_cond(case: dict, **extra) -> tuple[list, list]:
     return [[generated(case["positive"]), dict(opts)]], [[generated(case["negative"]), dict(opts)]]
 
 
-def sample(ctx: NodeContext, name: str, layout: str) -> torch.Tensor:
+def sample(ctx: NodeContext, name: str, layout: str, reference: bool = True) -> torch.Tensor:
     case = REF[name]
     degrees = {**LOAD, **LAYOUTS[layout], "pp_warmup": case["steps"]}  # PipeFusion exact: every step synchronous
+    file = FILE_OF.get(name) or next(f for f in reversed(FILES) if name.startswith(f))
     (handle,) = ParallelModelLoader(ctx).load(
-        model=f"wan_{next(f for f in reversed(FILES) if name.startswith(f))}.safetensors", family="wan", layout="manual", dtype="fp32",
-        attention="auto", **degrees,
-    )["result"]  # fmt: skip
+        model=f"wan_{file}.safetensors", family="wan", layout="manual", dtype="fp32", attention="auto", **degrees
+    )["result"]
     pos, neg = comfy_cond(case)
+    if not reference:
+        for entry in (*pos, *neg):
+            entry[1].pop("reference_latents", None)
     args = (case["seed"], case["steps"], case["cfg"], case["sampler"], case["scheduler"], 1.0)
     (out,) = ParallelSampler(ctx).sample(handle, pos, neg, {"samples": tensor(case["latent"])}, *args)["result"]
     return out["samples"]
@@ -128,9 +136,10 @@ def relative_error(got: torch.Tensor, expected: torch.Tensor) -> float:
 
 def _params():
     """Every ComfyUI case on one rank; each layout with one of the two files (CFG with both branches' control)."""
-    for name in ("fun21", "fun21_control_only", "fun21_no_control", "fun22", "fun22_ref_conv_file"):
+    for name in ("fun21", "fun21_control_only", "fun21_no_control", "fun22", "fun22_ref_conv_file", "fun22_ref_image"):
         yield pytest.param("1rank", name, id=f"1rank-{name}")
-    for layout, name in (("ulysses2", "fun21"), ("ulysses2", "fun22"), ("cfg2", "fun22"), ("pp2", "fun21")):
+    for layout, name in (("ulysses2", "fun21"), ("ulysses2", "fun22"), ("cfg2", "fun22"), ("pp2", "fun21"),
+                         ("ulysses2", "fun22_ref_image"), ("cfg2", "fun22_ref_image")):  # fmt: skip
         yield pytest.param(layout, name, id=f"{layout}-{name}")
 
 
@@ -149,16 +158,29 @@ def test_fun_control_files_are_read_as_comfyui_detects_them(fun_models):
     assert REF["fun21"]["model"]["comfy_model_config"] == "WAN21_FunControl2V"
     assert REF["fun22"]["model"]["comfy_model_config"] == "WAN21_T2V" and REF["fun22"]["concat_mask_index"] == 16
     with_ref_conv = inspect_single_file(folder / "wan_fun22_ref_conv_file.safetensors")
-    assert with_ref_conv.config == fun22.config  # its ref_conv is left out (reference images are refused)
+    assert with_ref_conv.config == {**fun22.config, "_ref_conv_in_channels": 16}  # the reference-image conv's input
 
 
-def test_wan22_fun_control_reference_image_is_refused():
-    """Wan22FunControlToVideo's ref_image (reference_latents, read by the file's ref_conv) is not supported yet."""
-    case = REF["fun22"]
-    ref = [torch.zeros(1, 16, 1, 6, 8)]
-    expected = {**FUN21, "in_channels": 52, "image_dim": None}
-    with pytest.raises(ConfigError, match="reference latents"):
-        to_branch(comfy_cond(case, reference_latents=ref)[0], expected, "wan")
+def test_reference_image_changes_the_result(fun_ctx):
+    """Without its reference latent the same ref_conv file and conditioning give another video (so the equality
+    above is the reference's doing), and that one is ComfyUI's without a ref_image (seed aside, fun22's case)."""
+    with_ref = sample(fun_ctx, "fun22_ref_image", "1rank")
+    without = sample(fun_ctx, "fun22_ref_image", "1rank", reference=False)
+    assert relative_error(without, with_ref) > 1e-2
+
+
+def test_reference_image_refusals_say_what_why_fix(fun_ctx):
+    """A reference image for a file without ref_conv is refused on the host (ComfyUI ignores it); PipeFusion,
+    whose stages do not load the reference embedding, refuses it with a reason."""
+    case = REF["fun22_ref_image"]
+    no_ref_conv = {**FUN21, "in_channels": 52, "image_dim": None, "ref_conv_channels": None}
+    with pytest.raises(ConfigError, match="without a reference-image embedding") as err:
+        to_branch(comfy_cond(case)[0], no_ref_conv, "wan")
+    assert "why:" in str(err.value)
+    (entry,) = to_branch(comfy_cond(case)[0], {**no_ref_conv, "ref_conv_channels": 16}, "wan")
+    torch.testing.assert_close(entry.cond.extras.reference, tensor(case["reference_latents"][0])[:, :, 0])
+    with pytest.raises(ConfigError, match="reference image .* with PipeFusion"):
+        sample(fun_ctx, "fun22_ref_image", "pp2")
 
 
 def test_fun_control_channels_formula():

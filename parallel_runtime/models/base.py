@@ -37,8 +37,7 @@ from .sampling_spec import ModelSamplingSpec
 
 
 class BlockCaller(Protocol):
-    """Calls a block with its self/joint attention sent where ``attention_for(module)`` says (compiled blocks:
-    ``models.compiled_blocks.CompiledBlocks``)."""
+    """Calls a block, its self/joint attention sent where ``attention_for(module)`` says (``compiled_blocks``)."""
 
     def call(
         self,
@@ -95,14 +94,16 @@ class ModelPlan:
 
 @dataclasses.dataclass(frozen=True)
 class ConditioningExtras:
-    """Inputs a family adds to the shared :class:`Conditioning`: a frozen dataclass of optional batch-first
-    tensors declared in the family's folder (e.g. Wan's image-to-video inputs). The helpers that move, batch
-    and expand conditioning treat its fields as they treat the shared ones."""
+    """Inputs a family adds to the shared :class:`Conditioning` (a frozen dataclass of optional batch-first tensors
+    in its folder, moved and batched like the shared ones); ``pipefusion_refusal``: (what, why, fix) or None."""
 
     settings_fields: ClassVar[tuple[str, ...]] = ()  # plain fields: kept when tensors move, equal to batch
 
     def tensors(self) -> dict[str, torch.Tensor | None]:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in self.settings_fields}
+
+    def pipefusion_refusal(self) -> tuple[str, str, str] | None:
+        return None
 
 
 EXTRAS = "extras."  # the prefix of a family's extra tensors in Conditioning.tensors()
@@ -408,8 +409,7 @@ class ModelAdapter(abc.ABC):
         return acts
 
     def final(self, acts: Activations, mesh: ParallelMesh) -> torch.Tensor:
-        """Prediction [B, latent_channels, (T,) H, W] in model space (the stacked view for a band's 2-D grid
-        of a video family), gathered on every sp rank."""
+        """Prediction [B, C, (T,) H, W] in model space (a video band's: its stacked 2-D view), gathered on all sp."""
         tokens = gather(self.project_out(acts), 1, acts.img_tokens + acts.ref_tokens, mesh)
         if acts.ref_tokens:  # reference images ride along in the sequence; the prediction is the image's
             tokens = tokens[:, : acts.img_tokens]

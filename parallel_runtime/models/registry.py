@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from torch import nn
 
 from ..errors import ConfigError
 from .base import LatentFormat, ModelAdapter
-from .families.registry import FAMILIES
+from .families.registry import FAMILIES, family_of_class_name
 
 
 def adapter_classes() -> dict[type, type[ModelAdapter]]:
@@ -47,3 +49,20 @@ def get_adapter(transformer: nn.Module, latent_format: LatentFormat | None = Non
     """The adapter driving ``transformer``; ``latent_format`` overrides the family's default
     (e.g. ``LatentFormat.from_vae_config(vae.config)``)."""
     return adapter_class_for(type(transformer))(transformer, latent_format)
+
+
+def transformer_skeleton(model_cls: type, config: dict[str, Any]) -> nn.Module:
+    """``weights.meta_model`` with the modules the family adds to the diffusers class for what ``config`` says
+    the file holds (``FamilySpec.extra_modules``: e.g. a Wan Fun-Control file's reference-image conv), so that
+    they load like the rest."""
+    from .weights import meta_model, parameters_on_meta
+
+    model = meta_model(model_cls, config)
+    spec = family_of_class_name(str(config.get("_class_name", model_cls.__name__)))
+    if spec is None or spec.extra_modules is None:
+        return model
+    with parameters_on_meta():
+        extras = spec.extra_modules(config)
+    for name, module in extras.items():
+        model.add_module(name, module.eval().requires_grad_(False))
+    return model

@@ -44,7 +44,7 @@ from .original_layout import (
     to_diffusers,
 )
 from .tensor_files import read_header
-from .weights import FP8_STORAGE, TensorSource, cast_model, load_tensors, meta_model, parameters_on_meta
+from .weights import FP8_STORAGE, TensorSource, cast_model, load_tensors
 
 log = logging.getLogger(__name__)
 
@@ -277,7 +277,7 @@ def load_single_file_transformer(
     dequantised per call with ``dequant_dtype``'s arithmetic); a .pth file is converted whole."""
     import diffusers
 
-    from .registry import adapter_class_for
+    from .registry import adapter_class_for, transformer_skeleton
 
     info = inspect_single_file(path, family, variant, overrides)
     cls = getattr(diffusers, str(info.config["_class_name"]))
@@ -285,15 +285,14 @@ def load_single_file_transformer(
     device = torch.device(device)
     if info.path.name.endswith(SAFETENSORS_SUFFIXES) or info.path.name.lower().endswith(GGUF_SUFFIX):
         source = _file_source(info, dequant_dtype)
-        model = meta_model(cls, info.config)
+        model = transformer_skeleton(cls, info.config)
         _check_fits(model, source.shapes, info)
         load_tensors(model, source, lambda name: "all", device, dtype, storage=storage)
         return model, info.family, dict(info.scheduler_config)
     state = _read_state(info, device, dtype)
     converted = to_diffusers(info.family, state, info.config)
     _check_leftovers(info, list(state))
-    with parameters_on_meta():
-        model = cls.from_config(info.config)
+    model = transformer_skeleton(cls, info.config)
     _assign(model, converted, info)
     # cast tensor by tensor: the modules diffusers keeps in float32 (Wan's rope, time embedder) stay in it
     model = cast_model(model, device, dtype).eval().requires_grad_(False)

@@ -22,9 +22,9 @@ from torch import nn
 from ..errors import ConfigError
 from ..models.extra_roles import block_prefixes, trace_extra_roles
 from ..models.loading import PipelineComponents, component_class, load_pipeline_components, read_model_index
-from ..models.registry import adapter_class_for
+from ..models.registry import adapter_class_for, transformer_skeleton
 from ..models.single_file import single_file_tensor_source, transformer_only
-from ..models.weights import TensorSource, folder_tensor_source, gguf_held_bytes, load_tensors, meta_model
+from ..models.weights import TensorSource, folder_tensor_source, gguf_held_bytes, load_tensors
 from ..parallel.mesh import ParallelMesh
 from ..parallel.stages import StagePlan, plan_stages
 
@@ -89,7 +89,7 @@ def build_stage_transformer(
     """``model_cls(config)`` with only ``stage``'s tensors read from ``source`` (see
     :func:`load_stage_transformer`); names and shapes are checked against the model."""
     roles = trace_extra_roles(model_cls, config)
-    model = meta_model(model_cls, config)
+    model = transformer_skeleton(model_cls, config)
     adapter = adapter_class_for(model_cls)(model)
     prefixes = block_prefixes(model, adapter)
     stages = plan_stages(len(prefixes), pp, stage_weights)

@@ -196,7 +196,7 @@ class ParallelModel:
             "image_dim": self.info.get("image_dim"),  # CLIP-vision states (Wan 2.1 I2V), else None
             "latent_channels": self.info.get("latent_channels"),  # what a reference image's latent must have
             "in_channels": self.info.get("in_channels"),  # the transformer's input features (FLUX.1 Fill: 384)
-            "vace_in_channels": self.info.get("vace_in_channels"),  # Wan VACE's control context, else None
+            **{k: self.info.get(k) for k in ("vace_in_channels", "ref_conv_channels")},  # Wan VACE / ref_image, or None
         }
 
     def check_latent_size(self, height: int, width: int) -> None:

@@ -184,6 +184,7 @@ def load_model(
         "image_dim": cfg.get("image_dim"),
         "in_channels": cfg.get("in_channels"),
         "vace_in_channels": cfg.get("vace_in_channels"),  # Wan VACE's control context (None: no VACE blocks)
+        "ref_conv_channels": cfg.get("_ref_conv_in_channels"),  # Wan Fun-Control's reference image (None: no ref_conv)
         "transformer_bytes": weight_bytes,
         "compile": compile,
         "fp8_matmul": fp8_choice,

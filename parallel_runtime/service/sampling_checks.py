@@ -132,11 +132,15 @@ def check_branches_for_layout(
     sampler: str = "euler",
     block_cache: BlockCacheSpec | None = None,
 ) -> None:
-    """What PipeFusion cannot run (reference images with an area or a block cache; ControlNets by kind:
-    ``service.controlnets.check_controls``);
+    """What PipeFusion cannot run (reference images with an area or a block cache; a family's extras that say
+    so, e.g. Wan Fun-Control's reference image; ControlNets by kind: ``service.controlnets.check_controls``);
     several entries, timestep ranges, areas, masks and reference images it runs (``pipefusion.branches``; areas
     are checked against the latent by :func:`check_regions`)."""
     if config.pp > 1:
+        for entry in (*positive, *(negative or ())):
+            refusal = entry.cond.extras.pipefusion_refusal() if entry.cond.extras is not None else None
+            if refusal is not None:
+                raise ConfigError(*refusal)
         refs = [e for e in (*positive, *(negative or ())) if reference_count(e.cond)]
         if any(_has_window(e) for e in refs):
             raise ConfigError(*REFERENCES_WITH_AREAS)

@@ -11,7 +11,7 @@ The files are ``wan_tiny_weights``' tiny Wan (2 blocks, width 256) in the origin
 ``WAN21_FunControl2V``: latent, control video, start image) and 52 without it (Wan 2.2 Fun-Control: latent,
 control video, 4 mask channels, start image; ComfyUI's ``WAN21_T2V`` class with ``concat_mask_index``), that one
 also with a reference-image ``ref_conv`` as Fun-Control v1.1 / Wan 2.2 Fun files carry (unused without a
-``ref_image``). They are
+``ref_image``; ``fun22_ref_image`` gives one). They are
 written to a temporary folder and loaded with ``comfy.sd.load_diffusion_model``; the test rebuilds them and
 checks their digests. The VAE the nodes call is ``make_comfy_wan_reference.StubVAE`` (a fixed latent per name
 and frame count): the nodes' own resizing, zero-filling, channel placement and mask run for real, and the test
@@ -89,6 +89,8 @@ def run_case(c, model, info: dict, name: str, node: str, pos, neg, recipes: dict
     for key in ("concat_latent_image", "concat_mask"):
         record[key] = tensor_json(options[key]) if key in options else None
     record["concat_mask_index"] = options.get("concat_mask_index", 0)
+    refs = options.get("reference_latents")
+    record["reference_latents"] = None if refs is None else [tensor_json(t) for t in refs]
     print(
         f"{name:16s} {info['comfy_model_class']:8s} {tuple(out['samples'].shape)} |x| {out['samples'].abs().mean():.4f}"
     )
@@ -167,6 +169,18 @@ def main() -> None:
         assert model.model.diffusion_model.ref_conv is not None
         ref["fun22_ref_conv_file"] = run_case(c, model, info, name, "Wan22FunControlToVideo", pos, neg, recipes, made,
                                               seed=6, steps=3, cfg=2.5)  # fmt: skip
+        # ... and with a ref_image (no start image, so that the reference is the only one-frame encode): the
+        # node resizes it to the video and appends its latent to both branches' reference_latents
+        ref_image, ref_recipe = start_image(f"{name}/ref_image", HEIGHT + 16, WIDTH - 16)
+        vae = StubVAE22(f"{name}/vae_ref", 16, 8)
+        made = c.wan.Wan22FunControlToVideo.execute(
+            pos, neg, vae, WIDTH, HEIGHT, LENGTH, 1, ref_image=ref_image, control_video=video
+        ).args
+        assert len(made[0][0][1]["reference_latents"]) == 1
+        recipes = {"positive": pos_recipe, "negative": neg_recipe, "clip_vision": None, "start_image": None,
+                   "ref_image": ref_recipe, "control_video": video_recipe, "vae_encode": vae.calls}  # fmt: skip
+        ref["fun22_ref_image"] = run_case(c, model, info, name, "Wan22FunControlToVideo", pos, neg, recipes, made,
+                                          seed=7, steps=3, cfg=2.5)  # fmt: skip
     args.out.write_text(dump_json(ref) + "\n", encoding="utf-8")
     print(f"wrote {args.out} ({args.out.stat().st_size} bytes)")
 

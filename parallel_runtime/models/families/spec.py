@@ -191,6 +191,8 @@ class FamilySpec:
     more_transformer_classes: tuple[str, ...] = ()  # further diffusers classes the adapter drives (Wan VACE)
     pipefusion_refusal: Callable[[Mapping[str, Any]], tuple[str, str, str] | None] | None = None  # a config ->
     # the (what, why, fix) of why it cannot run in PipeFusion stages (None: it can)
+    extra_modules: Callable[[Mapping[str, Any]], dict[str, Any]] | None = None  # a config -> modules (name ->
+    # nn.Module on meta) the diffusers class lacks but the file holds (Wan Fun-Control's ref_conv)
     lora_aliases: Callable[[str], tuple[str, ...]] | None = None  # an original-layout module -> more LoRA module
     # names that patch it (beyond diffusion_model.<name> and lora_unet_<name>), e.g. ComfyUI's own module names
     lora_prefixes: tuple[str, ...] = ()  # more prefixes LoRA files put before the diffusers layout's names

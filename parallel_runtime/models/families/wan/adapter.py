@@ -11,7 +11,9 @@ Variants, as ComfyUI tells them apart (``comfy.model_detection`` / ``model_base.
   ``image_embeds``) and Wan 2.2 I2V A14B (without); Fun-Control (Wan 2.1: 48 = 16 + 16 control + 16 image,
   Wan 2.2: 52 with 4 mask channels between them). The extra channels are built (``concat``) from the
   conditioning's ``concat_latent_image`` / ``concat_mask`` / ``concat_mask_index`` as ComfyUI's
-  ``WAN21.concat_cond`` builds them from ``WanImageToVideo`` / ``WanFunControlToVideo``'s;
+  ``WAN21.concat_cond`` builds them from ``WanImageToVideo`` / ``WanFunControlToVideo``'s; a Fun-Control file
+  with a ``ref_conv`` also reads ``Wan22FunControlToVideo``'s reference image as one extra frame of tokens
+  (``reference``), carried after the video's as ``ref_tokens``;
 - Wan 2.2 TI2V-5B (48 channels, 16x VAE): timesteps may differ per frame (``Wan22ImageToVideoLatent`` keeps
   the first frame): the time embedding is computed per frame and expanded to a per-token modulation, which
   is split over "sp" with the tokens (diffusers' 4-D ``temb`` path).
@@ -30,8 +32,9 @@ from ...base import Activations, Conditioning, LatentFormat, ModelAdapter, Model
 from ...sampling_spec import discrete_flow_sampling
 from . import ID
 from .concat import concat_channels, cuts_image
-from .conditioning import image_inputs
+from .conditioning import REFERENCE_PIPEFUSION, image_inputs
 from .latent import WAN21, WAN22
+from .reference import reference_tokens
 from .vace import context_tokens, hint_blocks, run_hints
 
 WAN_SHIFT = 8.0  # ComfyUI 0.3.64 WAN21_T2V sampling_settings, inherited by WAN21_I2V and WAN22_T2V (TI2V-5B)
@@ -41,6 +44,11 @@ VACE_PIPEFUSION = (
     "PipeFusion's stages hold the main blocks and stale K/V buffers of the video tokens only; VACE's hint blocks "
     "would need their weights on every stage with a hinted block and stale buffers of their own control tokens",
     "run Wan VACE with ulysses, ring or cfg parallelism (all exact)",
+)
+REFERENCE_VACE = (
+    "a reference image (reference_latents) together with WanVaceToVideo's control video",
+    "no published Wan file has both a reference-image embedding and VACE blocks",
+    "leave one of them out",
 )
 TEXT_TOKENS_WITH_IMAGE = 512  # diffusers' WanAttnProcessor takes the last 512 context tokens as the text
 
@@ -152,6 +160,14 @@ class WanAdapter(ModelAdapter):
             streams, scale = context_tokens(t.vace_patch_embedding, x, image_inputs(cond), self.plan.latent_format,
                                             self.pad_to_patch)  # fmt: skip
             control = (img, *streams)
+        img_rope, refs = t.rope(x), 0
+        reference = image_inputs(cond).reference
+        if reference is not None:  # Fun-Control's reference frame: after the video's tokens, at frame 0
+            if control is not None:
+                raise ConfigError(*REFERENCE_VACE)
+            ref, ref_rope, img_rope = reference_tokens(t, reference, x, self.plan.latent_format, self.per_frame_time)
+            img, refs = torch.cat([img, ref], dim=1), ref.shape[1]
+            img_rope = tuple(torch.cat(pair, dim=1) for pair in zip(img_rope, ref_rope, strict=True))
         return Activations(
             img=img,
             control=control,
@@ -161,7 +177,8 @@ class WanAdapter(ModelAdapter):
             temb_out=temb,
             grid=(frames, rows, cols),
             txt_tokens=txt.shape[1],
-            img_rope=t.rope(x),
+            img_rope=img_rope,
+            ref_tokens=refs,
         )
 
     def call_block(self, list_name: str, block: nn.Module, acts: Activations) -> Activations:
@@ -180,6 +197,8 @@ class WanAdapter(ModelAdapter):
     def embed_rows(self, x_band, rows, full_size, timestep, cond, mesh, guidance=None) -> Activations:
         if self._hints:
             raise ConfigError(*VACE_PIPEFUSION)
+        if image_inputs(cond).reference is not None:
+            raise ConfigError(*REFERENCE_PIPEFUSION)
         return super().embed_rows(x_band, rows, full_size, timestep, cond, mesh, guidance)
 
     def project_out(self, acts: Activations) -> torch.Tensor:

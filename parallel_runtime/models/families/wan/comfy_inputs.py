@@ -1,5 +1,6 @@
 """What Wan takes from a ComfyUI CONDITIONING beyond text: ``WanImageToVideo``'s start image,
-``WanFunControlToVideo`` / ``Wan22FunControlToVideo``'s control video and start image.
+``WanFunControlToVideo`` / ``Wan22FunControlToVideo``'s control video and start image (and the latter's
+reference image, ``reference_latents``).
 
 ``concat_latent_image`` / ``concat_mask`` / ``concat_mask_index`` (the image latents, where the start image is
 kept, where the mask channels go) and ``clip_vision_output``'s penultimate hidden states (Wan 2.1 I2V) become
@@ -18,7 +19,7 @@ from typing import Any
 from ....errors import ConfigError
 from ..spec import ComfyConditioning
 
-KEYS = ("concat_latent_image", "concat_mask", "concat_mask_index", "clip_vision_output")  # the nodes' additions
+KEYS = ("concat_latent_image", "concat_mask", "concat_mask_index", "clip_vision_output", "reference_latents")
 VACE_KEYS = ("vace_frames", "vace_mask", "vace_strength")  # WanVaceToVideo's (a list each, one per node)
 
 
@@ -59,9 +60,44 @@ def image_inputs(options: Mapping[str, Any], expected: Mapping[str, int | None],
             )
         out["image_embeds"] = states.float().cpu()
     out.update(vace_inputs(options, expected, role))
+    reference = reference_input(options, expected, role)
+    if reference is not None:
+        out["reference"] = reference
     inputs = WanImageInputs(**out) if out else None
     image_inputs_fit(inputs, expected, role)
     return inputs
+
+
+def reference_input(options: Mapping[str, Any], expected: Mapping[str, int | None], role: str):
+    """The first frame of the last ``reference_latents`` entry (Wan22FunControlToVideo's ref_image) [B, 16, H, W];
+    None without one. Refused for a model known to have no reference-image embedding (ComfyUI ignores it)."""
+    import torch
+
+    latents = options.get("reference_latents")
+    if not latents:
+        return None
+    refuse_reference(expected, role)
+    last = list(latents)[-1]
+    channels = expected.get("ref_conv_channels") or 16
+    if not isinstance(last, torch.Tensor) or last.ndim != 5 or last.shape[1] != channels:
+        raise ConfigError(
+            f"the {role} conditioning's last reference latent has shape {tuple(getattr(last, 'shape', ()))}",
+            f"Wan Fun-Control reads a video latent [batch, {channels}, frames, height, width] of the reference image",
+            "connect ref_image to Wan22FunControlToVideo (it encodes the image with the Wan VAE)",
+        )
+    return last[:, :, 0].float().cpu()
+
+
+def refuse_reference(expected: Mapping[str, int | None], where: str) -> None:
+    """A reference image for a model known to have no reference-image embedding is refused."""
+    if "ref_conv_channels" in expected and not expected["ref_conv_channels"]:
+        raise ConfigError(
+            f"the {where} conditioning carries a reference image (reference_latents) for a Wan model without a "
+            "reference-image embedding (ref_conv)",
+            "only Wan Fun-Control files with a ref_conv read Wan22FunControlToVideo's ref_image; this model would "
+            "ignore it (ComfyUI does, silently)",
+            "load a Wan 2.2 Fun-Control (or Fun v1.1) file with ref_conv, or leave ref_image unconnected",
+        )
 
 
 def vace_inputs(options: Mapping[str, Any], expected: Mapping[str, int | None], role: str) -> dict[str, Any]:
@@ -100,10 +136,13 @@ def vace_inputs(options: Mapping[str, Any], expected: Mapping[str, int | None], 
 
 def image_inputs_fit(extras: Any, expected: Mapping[str, Any], where: str) -> None:
     """Image latents only for a model with extra input channels, and of a width that fills them
-    (``expected["in_channels"]`` / ``["latent_channels"]``; nothing is checked when they are unknown)."""
+    (``expected["in_channels"]`` / ``["latent_channels"]``; nothing is checked when they are unknown); a
+    reference image only for a model with a ref_conv (``expected["ref_conv_channels"]``)."""
     from .concat import cuts_image, takes_mask
     from .conditioning import WanImageInputs
 
+    if isinstance(extras, WanImageInputs) and extras.reference is not None:
+        refuse_reference(expected, where)
     in_channels, latent = expected.get("in_channels"), expected.get("latent_channels")
     image = extras.concat_image if isinstance(extras, WanImageInputs) else None
     if image is None or not (in_channels and latent):

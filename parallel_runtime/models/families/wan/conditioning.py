@@ -9,11 +9,18 @@ import torch
 from ....errors import ConfigError
 from ...base import Conditioning, ConditioningExtras
 
+REFERENCE_PIPEFUSION = (
+    "a Wan Fun-Control reference image (ref_image) with PipeFusion",
+    "PipeFusion's stages load only their own blocks' and ends' weights (not the reference-image embedding) and "
+    "keep stale K/V buffers of the video tokens only",
+    "run it with ulysses, ring or cfg parallelism (all exact), or leave ref_image unconnected",
+)
+
 
 @dataclasses.dataclass(frozen=True)
 class WanImageInputs(ConditioningExtras):
-    """WanImageToVideo's start image, WanFunControlToVideo's control video and start image or WanVaceToVideo's
-    control entries, as ComfyUI's conditioning carries them (each None when absent)."""
+    """WanImageToVideo's start image, WanFunControlToVideo's control video and start image (and reference image)
+    or WanVaceToVideo's control entries, as ComfyUI's conditioning carries them (each None when absent)."""
 
     settings_fields = ("concat_mask_index", "vace_strength")
     image_embeds: torch.Tensor | None = None  # [B, N, Di] CLIP-vision penultimate states (Wan 2.1 I2V)
@@ -25,6 +32,11 @@ class WanImageInputs(ConditioningExtras):
     vace_frames: torch.Tensor | None = None  # [B, N, 32, T, H, W] inactive then reactive control video latents
     vace_mask: torch.Tensor | None = None  # [B, N, 64, T, H, W] the mask, 8x8 pixels packed into channels
     vace_strength: tuple[float, ...] = ()  # each entry's strength
+    # Wan22FunControlToVideo's ref_image (reference.py): the last reference_latents entry's first frame, raw
+    reference: torch.Tensor | None = None  # [B, 16, H, W]
+
+    def pipefusion_refusal(self) -> tuple[str, str, str] | None:
+        return None if self.reference is None else REFERENCE_PIPEFUSION
 
 
 NONE = WanImageInputs()

@@ -21,7 +21,8 @@ from . import I2V_14B, I2V_A14B, T2V_1_3B, T2V_14B, TI2V_5B
 
 HEAD_DIM = 128  # every Wan model; ComfyUI derives num_heads = dim // 128 the same way
 ANCHOR = "head.modulation"
-REF_CONV = "ref_conv."  # Fun-Control's reference-image conv (unused: reference images are refused)
+REF_CONV = "ref_conv.weight"  # Fun-Control's reference-image patch embedding (families/wan/reference.py)
+REF_CONV_KEY = "_ref_conv_in_channels"  # the config entry saying the file has one (diffusers' class has none)
 VACE_EMBED = "vace_patch_embedding.weight"  # Wan VACE: the control context's patch embedding
 VACE_CLASS = "WanVACETransformer3DModel"
 
@@ -47,6 +48,7 @@ def wan_config(shapes: Shapes, base: Mapping[str, Any]) -> dict[str, Any]:
         "added_kv_proj_dim": dim if "blocks.0.cross_attn.k_img.weight" in shapes else None,
         "pos_embed_seq_len": shapes["img_emb.emb_pos"][1] if "img_emb.emb_pos" in shapes else None,
         **vace_config(shapes),
+        **({REF_CONV_KEY: shapes[REF_CONV][1]} if REF_CONV in shapes else {}),
     }
 
 
@@ -79,11 +81,8 @@ def wan_variant(shapes: Shapes) -> str:
 
 
 def wan_to_diffusers(state: dict[str, torch.Tensor], config: Mapping[str, Any]) -> dict[str, torch.Tensor]:
-    """diffusers' conversion; a Fun-Control file's ``ref_conv`` (the reference image's patch embedding, read only
-    with ``Wan22FunControlToVideo``'s ``ref_image``, which the sampler refuses) is left out, as ComfyUI leaves it
-    unused without one."""
-    for name in [n for n in state if n.startswith(REF_CONV)]:
-        del state[name]
+    """diffusers' conversion; a Fun-Control file's ``ref_conv.*`` keep their names (the module the Wan adapter
+    adds to the transformer, ``reference.extra_modules``)."""
     return compat.convert_wan_transformer(state)
 
 

@@ -69,6 +69,13 @@ def _pipefusion_refusal(config):
     return VACE_PIPEFUSION
 
 
+def _extra_modules(config):
+    """A Fun-Control file's reference-image patch embedding (``reference.extra_modules``)."""
+    from .reference import extra_modules
+
+    return extra_modules(config)
+
+
 def _expert_boundary(config) -> float:
     """diffusers' Wan 2.2 A14B pipelines' boundary_ratio: 0.9 image-to-video (36 input channels), else 0.875."""
     return 0.9 if config.get("in_channels") == 36 else 0.875
@@ -99,4 +106,5 @@ FAMILY = FamilySpec(
     gguf=GGUF,
     expert_boundary=_expert_boundary,
     pipefusion_refusal=_pipefusion_refusal,
+    extra_modules=_extra_modules,
 )
