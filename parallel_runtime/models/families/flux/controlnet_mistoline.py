@@ -25,12 +25,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from ....errors import ConfigError
 from ...base import ModelAdapter
 from ...controlnet_kind import FLUX_MISTOLINE, ControlNetFile
-from . import ID
-from .controlnet import DOUBLE_LIST, FULL_DOUBLE, FULL_SINGLE, build_model
-from .controlnet_xlabs import XLabsFluxControlNet, config_from_shapes
+from .controlnet import build_model
+from .controlnet_xlabs import XLabsFluxControlNet, config_from_shapes, count_blocks, cyclic_spread, pixel_hint_file
 from .keys import skeleton, to_diffusers
 
 MARKER = "controlnet_blocks.0.linear.weight"  # ComfyUI's test for a Mistoline file
@@ -40,11 +38,6 @@ _BLOCKS = (  # (the file's control blocks, diffusers' FluxControlNetModel list)
     (re.compile(r"controlnet_blocks\.(\d+)\.linear\.(weight|bias)"), "controlnet_blocks"),
     (re.compile(r"single_controlnet_blocks\.(\d+)\.linear\.(weight|bias)"), "controlnet_single_blocks"),
 )
-
-
-def _count(keys: Sequence[str], prefix: str) -> int:
-    pattern = re.compile(re.escape(prefix) + r"\.(\d+)\.")
-    return len({m.group(1) for k in keys if (m := pattern.match(k))})
 
 
 def split_state(
@@ -85,7 +78,7 @@ class MistolineFluxControlNet(XLabsFluxControlNet):
         state = load_file(str(path))
         shapes = {k: v.shape for k, v in state.items()}
         config = config_from_shapes(shapes, main.transformer.config.axes_dims_rope)
-        config["num_single_layers"] = _count(list(shapes), "single_blocks")
+        config["num_single_layers"] = count_blocks(list(shapes), "single_blocks")
         diffusers_state, hint_convs = split_state(state, config)
         model = build_model(diffusers_state, config, Path(path).name, main)
         for name in ("controlnet_blocks", "controlnet_single_blocks"):  # each control block: linear, then SiLU
@@ -109,35 +102,15 @@ class MistolineFluxControlNet(XLabsFluxControlNet):
     @staticmethod
     def spread(doubles: list[torch.Tensor], singles: list[torch.Tensor], main_blocks: Sequence[str]) -> list:
         """Main double block j < 19 takes ControlNet block j mod n, single block j < 38 single block j mod m."""
-        out: list[torch.Tensor | None] = []
-        d = s = 0
-        for name in main_blocks:
-            if name == DOUBLE_LIST:
-                out.append(doubles[d % len(doubles)] if doubles and d < FULL_DOUBLE else None)
-                d += 1
-            else:
-                out.append(singles[s % len(singles)] if singles and s < FULL_SINGLE else None)
-                s += 1
-        return out
+        return cyclic_spread(doubles, singles, main_blocks)
 
 
 def describe_mistoline(path: Path, shapes: dict[str, list[int]]) -> ControlNetFile:
     """A Mistoline Flux file's facts from its tensor shapes (the hint encoder's convolutions checked)."""
-    convs = sorted({int(m.group(1)) for k in shapes if (m := _HINT_CONV.fullmatch(k))})
-    first = shapes.get("input_cond_block.encoder.0.weight")
-    if len(convs) != len(HINT_STRIDES) or first is None or first[1] != 3 or "pos_embed_input.weight" not in shapes:
-        raise ConfigError(
-            f"ControlNet file {path.name} has Mistoline's control blocks without its 10-convolution hint encoder",
-            "a Mistoline Flux ControlNet reads the control image through ten convolutions (input_cond_block)",
-            "use a MistoLine Flux ControlNet release, or an XLabs / InstantX Flux file",
-        )
-    return ControlNetFile(
-        path=str(path),
-        kind=FLUX_MISTOLINE,
-        family=ID,
-        union_modes=0,
-        hint_channels=3,
-        double_blocks=_count(list(shapes), "double_blocks"),
-        single_blocks=_count(list(shapes), "single_blocks"),
-        hint_format=None,  # the IMAGE itself, scaled to 8x the latent
+    refusal = (
+        f"ControlNet file {path.name} has Mistoline's control blocks without its 10-convolution hint encoder",
+        "a Mistoline Flux ControlNet reads the control image through ten convolutions (input_cond_block)",
+        "use a MistoLine Flux ControlNet release, or an XLabs / InstantX Flux file",
     )
+    first = "input_cond_block.encoder.0.weight"
+    return pixel_hint_file(path, shapes, FLUX_MISTOLINE, _HINT_CONV, HINT_STRIDES, first, refusal)

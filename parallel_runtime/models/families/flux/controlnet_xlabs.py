@@ -30,7 +30,7 @@ from ....errors import ConfigError
 from ...base import ModelAdapter
 from ...controlnet_kind import FLUX_XLABS, ControlNetFile
 from . import ID
-from .controlnet import DOUBLE_LIST, FULL_DOUBLE, FluxControlNet, build_model
+from .controlnet import DOUBLE_LIST, FULL_DOUBLE, FULL_SINGLE, FluxControlNet, build_model
 from .keys import skeleton, to_diffusers
 
 HINT_STRIDES = (1, 1, 2, 1, 2, 1, 2, 1)  # the pixel hint's convolutions, first to last
@@ -39,7 +39,8 @@ _HINT_CONV = re.compile(r"input_hint_block\.(\d+)\.(weight|bias)")
 _CONTROL_BLOCK = re.compile(r"controlnet_blocks\.(\d+)\.(weight|bias)")
 
 
-def _count(keys: Sequence[str], prefix: str) -> int:
+def count_blocks(keys: Sequence[str], prefix: str) -> int:
+    """How many ``prefix.N.`` blocks ``keys`` hold."""
     pattern = re.compile(re.escape(prefix) + r"\.(\d+)\.")
     return len({m.group(1) for k in keys if (m := pattern.match(k))})
 
@@ -51,7 +52,7 @@ def config_from_shapes(shapes: dict[str, Sequence[int]], axes_dims_rope: Sequenc
     return {
         "patch_size": 1,
         "in_channels": int(in_channels),
-        "num_layers": _count(list(shapes), "double_blocks"),
+        "num_layers": count_blocks(list(shapes), "double_blocks"),
         "num_single_layers": 0,
         "attention_head_dim": int(head_dim),
         "num_attention_heads": int(hidden) // int(head_dim),
@@ -117,34 +118,57 @@ class XLabsFluxControlNet(FluxControlNet):
     @staticmethod
     def spread(doubles: list[torch.Tensor], singles: list[torch.Tensor], main_blocks: Sequence[str]) -> list:
         """Main double block j < 19 takes ControlNet block j mod n; the single blocks take nothing."""
-        out: list[torch.Tensor | None] = []
-        d = 0
-        for name in main_blocks:
-            if name == DOUBLE_LIST:
-                out.append(doubles[d % len(doubles)] if doubles and d < FULL_DOUBLE else None)
-                d += 1
-            else:
-                out.append(None)
-        return out
+        return cyclic_spread(doubles, [], main_blocks)
 
 
 def describe_xlabs(path: Path, shapes: dict[str, list[int]]) -> ControlNetFile:
     """An XLabs Flux file's facts from its tensor shapes (the pixel hint's convolutions checked)."""
-    convs = sorted({int(m.group(1)) for k in shapes if (m := _HINT_CONV.fullmatch(k))})
-    first = shapes.get("input_hint_block.0.weight")
-    if len(convs) != len(HINT_STRIDES) or first is None or first[1] != 3 or "pos_embed_input.weight" not in shapes:
-        raise ConfigError(
-            f"ControlNet file {path.name} has an XLabs Flux layout without its 8-convolution pixel hint block",
-            "an XLabs Flux ControlNet reads the control image through eight 3x3 convolutions (input_hint_block)",
-            "use an XLabs Flux ControlNet release (canny, depth, hed), or a Flux InstantX / Union file",
-        )
+    refusal = (
+        f"ControlNet file {path.name} has an XLabs Flux layout without its 8-convolution pixel hint block",
+        "an XLabs Flux ControlNet reads the control image through eight 3x3 convolutions (input_hint_block)",
+        "use an XLabs Flux ControlNet release (canny, depth, hed), or a Flux InstantX / Union file",
+    )
+    return pixel_hint_file(path, shapes, FLUX_XLABS, _HINT_CONV, HINT_STRIDES, "input_hint_block.0.weight", refusal)
+
+
+def cyclic_spread(doubles: list[torch.Tensor], singles: list[torch.Tensor], main_blocks: Sequence[str]) -> list:
+    """Main double block j < 19 takes ControlNet block j mod n, main single block j < 38 single block j mod m
+    (none where the file has no blocks of that kind)."""
+    out: list[torch.Tensor | None] = []
+    d = s = 0
+    for name in main_blocks:
+        if name == DOUBLE_LIST:
+            out.append(doubles[d % len(doubles)] if doubles and d < FULL_DOUBLE else None)
+            d += 1
+        else:
+            out.append(singles[s % len(singles)] if singles and s < FULL_SINGLE else None)
+            s += 1
+    return out
+
+
+def pixel_hint_file(
+    path: Path,
+    shapes: dict[str, list[int]],
+    kind: str,
+    hint_conv: re.Pattern,
+    strides: Sequence[int],
+    first_conv: str,
+    refusal: tuple[str, str, str],
+) -> ControlNetFile:
+    """The facts of a Flux file that reads the IMAGE through its own convolutions (XLabs, Mistoline): its hint
+    convolutions (``hint_conv``, one per stride, the first reading 3 channels) checked, a ConfigError of
+    ``refusal`` (what, why, fix) otherwise."""
+    convs = {int(m.group(1)) for k in shapes if (m := hint_conv.fullmatch(k))}
+    first = shapes.get(first_conv)
+    if len(convs) != len(strides) or first is None or first[1] != 3 or "pos_embed_input.weight" not in shapes:
+        raise ConfigError(*refusal)
     return ControlNetFile(
         path=str(path),
-        kind=FLUX_XLABS,
+        kind=kind,
         family=ID,
         union_modes=0,
         hint_channels=3,
-        double_blocks=_count(list(shapes), "double_blocks"),
-        single_blocks=_count(list(shapes), "single_blocks"),
+        double_blocks=count_blocks(list(shapes), "double_blocks"),
+        single_blocks=count_blocks(list(shapes), "single_blocks"),
         hint_format=None,  # the IMAGE itself, scaled to 8x the latent
     )
