@@ -21,6 +21,7 @@ import torch
 
 from ....errors import ConfigError
 from ...layout_shapes import Shapes, block_count, shape_of
+from ...name_table import renamed
 from ..spec import OriginalLayout
 from . import ID, LTX2_19B
 
@@ -45,21 +46,11 @@ RENAMES = (  # (original, diffusers); a leading "." renames inside a name, else 
 
 
 def to_diffusers_name(name: str) -> str:
-    for original, diffusers in RENAMES:
-        if original.startswith("."):
-            name = name.replace(original, diffusers)
-        elif name.startswith(original):
-            name = diffusers + name[len(original) :]
-    return name
+    return renamed(name, RENAMES)
 
 
 def to_original_name(name: str) -> str:
-    for original, diffusers in RENAMES:
-        if diffusers.startswith("."):
-            name = name.replace(diffusers, original)
-        elif name.startswith(diffusers):
-            name = original + name[len(diffusers) :]
-    return name
+    return renamed(name, RENAMES, to_original=True)
 
 
 def config_from_weights(shapes: Shapes, base: Mapping[str, Any]) -> dict[str, Any]:

@@ -25,6 +25,7 @@ import torch
 
 from ....errors import ConfigError
 from ...layout_shapes import Shapes, block_count, shape_of
+from ...name_table import renamed
 from ..spec import OriginalLayout
 from . import CAUSAL_POSITIONS, ID, LTXV_2B
 
@@ -37,18 +38,11 @@ RENAMES = (("patchify_proj.", "proj_in."), ("adaln_single.", "time_embed."), (".
 
 
 def to_diffusers_name(name: str) -> str:
-    for original, diffusers in RENAMES:
-        name = name.replace(original, diffusers) if original.startswith(".") or name.startswith(original) else name
-    return name
+    return renamed(name, RENAMES)
 
 
 def to_original_name(name: str) -> str:
-    for original, diffusers in RENAMES:
-        if diffusers.startswith("."):
-            name = name.replace(diffusers, original)
-        elif name.startswith(diffusers):
-            name = original + name[len(diffusers) :]
-    return name
+    return renamed(name, RENAMES, to_original=True)
 
 
 def config_from_weights(shapes: Shapes, base: Mapping[str, Any]) -> dict[str, Any]:
