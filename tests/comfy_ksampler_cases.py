@@ -68,6 +68,30 @@ def relative_error(got: torch.Tensor, expected: torch.Tensor) -> float:
     return float((got.float() - expected).norm() / expected.norm().clamp_min(1e-30))
 
 
+def frames_relative_error(got: torch.Tensor, expected: torch.Tensor) -> float:
+    """``relative_error`` of an image latent [B,16,H,W] against ComfyUI's stored [B,16,1,H,W] (Qwen-Image's)."""
+    return relative_error(got.reshape(expected.shape) if got.numel() == expected.numel() else got, expected)
+
+
+def load_manual(ctx: NodeContext, model: str, devices: str, config: ParallelConfig, warmup: int = 1):
+    """The Parallel Model Loader's model of ``model`` (fp32) on ``devices`` in the manual layout ``config``."""
+    result = ParallelModelLoader(ctx).load(
+        model=model,
+        family="auto",
+        devices=devices,
+        layout="manual",
+        ulysses=config.ulysses,
+        ring=config.ring,
+        cfg_parallel=config.cfg,
+        pipefusion=config.pp,
+        pp_patches=0,
+        pp_warmup=warmup,
+        dtype="fp32",
+        attention="auto",
+    )
+    return result["result"][0]
+
+
 def sample_both_ways(
     node_ctx: NodeContext,
     pool_registry,

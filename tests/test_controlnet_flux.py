@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from comfy_ksampler_cases import load_manual, relative_error  # tests/ helper
 from controlnet_files import FLUX_UNION, flux_union_state  # tests/ helper
 from pack_import import load_pack  # tests/ helper
 
@@ -34,7 +35,6 @@ from parallel_runtime.service.comfy_control import ParallelControlNet
 load_pack()
 from dit_parallel_pack.nodes.bridge import ComfyBridge  # noqa: E402
 from dit_parallel_pack.nodes.context import NodeContext  # noqa: E402
-from dit_parallel_pack.nodes.loader import ParallelModelLoader  # noqa: E402
 from dit_parallel_pack.nodes.sampler import ParallelSampler  # noqa: E402
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -108,30 +108,6 @@ def graph_conditioning(case: dict):
 @pytest.fixture(scope="module")
 def node_ctx(pool_registry):
     return NodeContext.create(registry=pool_registry, bridge=ComfyBridge())
-
-
-def load_node(ctx: NodeContext, layout: str):
-    devices, config = LAYOUTS[layout]
-    result = ParallelModelLoader(ctx).load(
-        model=str(MODEL),
-        family="auto",
-        devices=devices,
-        layout="manual",
-        ulysses=config.ulysses,
-        ring=1,
-        cfg_parallel=config.cfg,
-        pipefusion=config.pp,
-        pp_patches=0,
-        pp_warmup=1,
-        dtype="fp32",
-        attention="auto",
-    )
-    return result["result"][0]
-
-
-def relative_error(got: torch.Tensor, expected: torch.Tensor) -> float:
-    assert got.shape == expected.shape
-    return float((got.float() - expected).norm() / expected.norm())
 
 
 def _params():
@@ -267,3 +243,8 @@ def test_controlnet_tokens_stay_split_under_ulysses(pool_registry):
         assert control["ulysses"] - plain["ulysses"] == steps * 3 * per_attention
         assert control.get("gather", 0) == plain.get("gather", 0)  # only the main model's output is gathered
         assert set(control) - {"meta"} == set(plain) - {"meta"}
+
+
+def load_node(ctx: NodeContext, layout: str):
+    devices, config = LAYOUTS[layout]
+    return load_manual(ctx, str(MODEL), devices, config)

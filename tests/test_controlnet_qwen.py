@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from comfy_ksampler_cases import frames_relative_error as relative_error  # tests/ helper
+from comfy_ksampler_cases import load_manual  # tests/ helper
 from controlnet_files import QWEN_INSTANTX, qwen_instantx_state  # tests/ helper
 from pack_import import load_pack  # tests/ helper
 
@@ -34,7 +36,6 @@ from parallel_runtime.service.comfy_control import ParallelControlNet, controlne
 load_pack()
 from dit_parallel_pack.nodes.bridge import ComfyBridge  # noqa: E402
 from dit_parallel_pack.nodes.context import NodeContext  # noqa: E402
-from dit_parallel_pack.nodes.loader import ParallelModelLoader  # noqa: E402
 from dit_parallel_pack.nodes.sampler import ParallelSampler  # noqa: E402
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -92,31 +93,6 @@ def graph_conditioning(case: dict, with_control: bool = True):
 @pytest.fixture(scope="module")
 def node_ctx(pool_registry):
     return NodeContext.create(registry=pool_registry, bridge=ComfyBridge())
-
-
-def load_node(ctx: NodeContext, layout: str):
-    devices, config = LAYOUTS[layout]
-    result = ParallelModelLoader(ctx).load(
-        model=str(MODEL),
-        family="auto",
-        devices=devices,
-        layout="manual",
-        ulysses=config.ulysses,
-        ring=1,
-        cfg_parallel=config.cfg,
-        pipefusion=1,
-        pp_patches=0,
-        pp_warmup=0,
-        dtype="fp32",
-        attention="auto",
-    )
-    return result["result"][0]
-
-
-def relative_error(got: torch.Tensor, expected: torch.Tensor) -> float:
-    got = got.reshape(expected.shape) if got.numel() == expected.numel() else got  # [B,16,H,W] vs [B,16,1,H,W]
-    assert got.shape == expected.shape
-    return float((got.float() - expected).norm() / expected.norm())
 
 
 def run_graph(ctx, handle, case, with_control: bool = True):
@@ -238,3 +214,8 @@ def test_qwen_controlnet_tokens_stay_split_under_ulysses(pool_registry):
         assert control["ulysses"] - plain["ulysses"] == steps * 1 * per_attention, rank
         assert control.get("gather", 0) == plain.get("gather", 0)  # only the main model's output is gathered
         assert set(control) - {"meta"} == set(plain) - {"meta"}
+
+
+def load_node(ctx: NodeContext, layout: str):
+    devices, config = LAYOUTS[layout]
+    return load_manual(ctx, str(MODEL), devices, config, warmup=0)

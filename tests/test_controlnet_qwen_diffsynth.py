@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from comfy_ksampler_cases import frames_relative_error as relative_error  # tests/ helper
 from controlnet_files import (  # tests/ helper
     QWEN_DIFFSYNTH,
     QWEN_DIFFSYNTH_INPAINT,
@@ -86,12 +87,6 @@ def run(model, case, reference: str = "patch") -> torch.Tensor:
         sampler_name=case["sampler_name"],
         scheduler=case["scheduler"],
     )
-
-
-def relative_error(got: torch.Tensor, expected: torch.Tensor) -> float:
-    got = got.reshape(expected.shape) if got.numel() == expected.numel() else got  # [B,16,H,W] vs [B,16,1,H,W]
-    assert got.shape == expected.shape
-    return float((got.float() - expected).norm() / expected.norm())
 
 
 def _params(reference=REFERENCE):

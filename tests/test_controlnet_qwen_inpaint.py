@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from comfy_ksampler_cases import frames_relative_error as relative_error  # tests/ helper
+from comfy_ksampler_cases import load_manual  # tests/ helper
 from controlnet_files import QWEN_INSTANTX_INPAINT, qwen_instantx_state  # tests/ helper
 from pack_import import load_pack  # tests/ helper
 
@@ -30,7 +32,6 @@ from parallel_runtime.service.comfy_control import controlnet
 load_pack()
 from dit_parallel_pack.nodes.bridge import ComfyBridge  # noqa: E402
 from dit_parallel_pack.nodes.context import NodeContext  # noqa: E402
-from dit_parallel_pack.nodes.loader import ParallelModelLoader  # noqa: E402
 from dit_parallel_pack.nodes.sampler import ParallelSampler  # noqa: E402
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -72,31 +73,6 @@ def graph_conditioning(case: dict, masks: list | None = None):
 @pytest.fixture(scope="module")
 def node_ctx(pool_registry):
     return NodeContext.create(registry=pool_registry, bridge=ComfyBridge())
-
-
-def load_node(ctx: NodeContext, layout: str):
-    devices, config = LAYOUTS[layout]
-    result = ParallelModelLoader(ctx).load(
-        model=str(MODEL),
-        family="auto",
-        devices=devices,
-        layout="manual",
-        ulysses=config.ulysses,
-        ring=1,
-        cfg_parallel=config.cfg,
-        pipefusion=1,
-        pp_patches=0,
-        pp_warmup=0,
-        dtype="fp32",
-        attention="auto",
-    )
-    return result["result"][0]
-
-
-def relative_error(got: torch.Tensor, expected: torch.Tensor) -> float:
-    got = got.reshape(expected.shape) if got.numel() == expected.numel() else got  # [B,16,H,W] vs [B,16,1,H,W]
-    assert got.shape == expected.shape
-    return float((got.float() - expected).norm() / expected.norm())
 
 
 def run_graph(ctx, handle, case, masks=None):
@@ -160,3 +136,8 @@ def test_mask_on_a_plain_controlnet_is_refused():
     assert not net.concat_mask
     with pytest.raises(ConfigError, match="only an inpainting ControlNet reads a mask"):
         net.copy().set_cond_hint(torch.zeros(1, 3, 8, 8), extra_concat=[torch.ones(1, 1, 8, 8)])
+
+
+def load_node(ctx: NodeContext, layout: str):
+    devices, config = LAYOUTS[layout]
+    return load_manual(ctx, str(MODEL), devices, config, warmup=0)
