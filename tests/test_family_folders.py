@@ -150,3 +150,13 @@ def test_latent_formats_are_comfyuis():
 def test_no_engine_or_node_file_is_over_500_lines():
     long = [f"{p.relative_to(ROOT)}: {n}" for p in SCANNED if (n := len(p.read_text().splitlines())) > 500]
     assert not long, "split these files (one concept each, at most 500 lines):\n" + "\n".join(long)
+
+
+def test_pyproject_description_names_every_family():
+    """The Registry shows pyproject's description; a family landing without its label there leaves it stale
+    (tests/comfyui/test_registry_pack.py reads it through comfy-cli; this is the quick check every family runs)."""
+    import tomllib
+
+    description = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["description"]
+    missing = [spec.label for spec in FAMILIES if spec.label not in description]
+    assert not missing, f"pyproject.toml's description does not name {missing}: add them to its Models list"
