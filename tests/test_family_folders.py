@@ -160,3 +160,29 @@ def test_pyproject_description_names_every_family():
     description = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["description"]
     missing = [spec.label for spec in FAMILIES if spec.label not in description]
     assert not missing, f"pyproject.toml's description does not name {missing}: add them to its Models list"
+
+
+def test_a_family_newer_than_the_installed_diffusers_leaves_the_others_working(monkeypatch):
+    """With a diffusers that lacks one family's class (an older release than the family needs), the other
+    families' adapters still resolve and that family's class is a clear error naming diffusers' version."""
+    import sys
+    import types
+
+    import diffusers
+
+    from parallel_runtime.errors import ConfigError
+    from parallel_runtime.models.registry import adapter_class_for, adapter_classes, diffusers_class
+
+    newest = FAMILIES[-1].transformer_class
+    older = types.ModuleType("diffusers")
+    older.__version__ = "0.36.0"
+    for spec in FAMILIES:
+        for name in (spec.transformer_class, *spec.more_transformer_classes):
+            if name != newest:
+                setattr(older, name, getattr(diffusers, name))
+    monkeypatch.setitem(sys.modules, "diffusers", older)
+    table = adapter_classes()
+    assert getattr(diffusers, newest) not in table and len(table) == len({*table})
+    assert adapter_class_for(getattr(diffusers, FAMILIES[0].transformer_class)) is FAMILIES[0].adapter()
+    with pytest.raises(ConfigError, match=f"diffusers 0.36.0 has no {newest}"):
+        diffusers_class(newest)

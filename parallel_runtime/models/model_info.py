@@ -110,8 +110,7 @@ def _from_diffusers_folder(path: Path, family_id: str | None, run_bytes: int) ->
 def _with_budget(info: ModelInfo, path: Path, run_bytes: int, storage: str) -> ModelInfo:
     """``info`` with the bytes each block, the embedding and the output layers will hold (from the model's
     config on "meta"; fp8 tensors of a single file counted as kept). Unreadable configs keep the estimate."""
-    import diffusers
-
+    from .registry import diffusers_class
     from .single_file import inspect_single_file, single_file_tensor_source
     from .weight_budget import weight_budget
 
@@ -126,7 +125,7 @@ def _with_budget(info: ModelInfo, path: Path, run_bytes: int, storage: str) -> M
             config = dict(inspect_single_file(path, info.family).config)
             source = single_file_tensor_source(path, info.family)[2]
             fp8 = frozenset(source.fp8)
-        cls = getattr(diffusers, str(config["_class_name"]))
+        cls = diffusers_class(str(config["_class_name"]))
         budget = weight_budget(cls, config, run_bytes, fp8, storage, source if source and source.ggml else None)
     except ConfigError:
         if path.suffix.lower() == ".gguf":

@@ -12,14 +12,31 @@ from .families.registry import FAMILIES, family_of_class_name
 
 
 def adapter_classes() -> dict[type, type[ModelAdapter]]:
-    """Supported transformer classes -> adapter classes (built on call; diffusers imported lazily)."""
+    """Supported transformer classes -> adapter classes (built on call; diffusers imported lazily). Classes the
+    installed diffusers lacks (a family newer than it) are left out: the other families keep working."""
     import diffusers
 
-    return {
-        getattr(diffusers, name): spec.adapter()
-        for spec in FAMILIES
-        for name in (spec.transformer_class, *spec.more_transformer_classes)
-    }
+    table = {}
+    for spec in FAMILIES:
+        for name in (spec.transformer_class, *spec.more_transformer_classes):
+            cls = getattr(diffusers, name, None)
+            if cls is not None:
+                table[cls] = spec.adapter()
+    return table
+
+
+def diffusers_class(name: str) -> type:
+    """diffusers' class ``name``; a ConfigError naming the installed diffusers when it has no such class."""
+    import diffusers
+
+    cls = getattr(diffusers, name, None)
+    if cls is None:
+        raise ConfigError(
+            f"the installed diffusers {diffusers.__version__} has no {name}",
+            "this model's transformer is built with that diffusers class, which came in a later diffusers release",
+            "upgrade diffusers (pip install -U diffusers; dit-parallel is tested with diffusers 0.42.1)",
+        )
+    return cls
 
 
 def supported_class_names() -> list[str]:

@@ -275,12 +275,10 @@ def load_single_file_transformer(
     .safetensors file is read tensor by tensor into the model (fp8 layers as ``storage`` says, see
     ``weights.WEIGHT_STORAGE``), a .gguf file too (its Linear weights kept in their GGML blocks,
     dequantised per call with ``dequant_dtype``'s arithmetic); a .pth file is converted whole."""
-    import diffusers
-
-    from .registry import adapter_class_for, transformer_skeleton
+    from .registry import adapter_class_for, diffusers_class, transformer_skeleton
 
     info = inspect_single_file(path, family, variant, overrides)
-    cls = getattr(diffusers, str(info.config["_class_name"]))
+    cls = diffusers_class(str(info.config["_class_name"]))
     adapter_class_for(cls)  # a class with a parallel adapter
     device = torch.device(device)
     if info.path.name.endswith(SAFETENSORS_SUFFIXES) or info.path.name.lower().endswith(GGUF_SUFFIX):
@@ -321,10 +319,10 @@ def single_file_tensor_source(
     .safetensors or .gguf file is read only where a caller asks (a PipeFusion stage: its blocks), through the
     conversion plan (``conversion_plan``); fp8 tensors keep their dtype and per-tensor scales, GGUF ones
     their GGML type."""
-    import diffusers
+    from .registry import diffusers_class
 
     info = inspect_single_file(path, family)
-    return info, getattr(diffusers, str(info.config["_class_name"])), _file_source(info, dequant_dtype)
+    return info, diffusers_class(str(info.config["_class_name"])), _file_source(info, dequant_dtype)
 
 
 def _file_source(info: SingleFileInfo, dequant_dtype: str = "default") -> TensorSource:

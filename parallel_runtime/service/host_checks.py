@@ -123,12 +123,10 @@ def host_geometry(path: Path) -> dict[str, Any]:
 
 def _plan_from_class(config: dict[str, Any]) -> ModelPlan:
     """The plan of a transformer of ``config`` built with no weights (diffusers fills in the defaults)."""
-    import diffusers
-
-    from ..models.registry import get_adapter
+    from ..models.registry import diffusers_class, get_adapter
     from ..models.weights import meta_model
 
-    return get_adapter(meta_model(getattr(diffusers, str(config["_class_name"])), config)).plan
+    return get_adapter(meta_model(diffusers_class(str(config["_class_name"])), config)).plan
 
 
 class _ConfigFields(dict):
