@@ -92,6 +92,14 @@ def load_manual(ctx: NodeContext, model: str, devices: str, config: ParallelConf
     return result["result"][0]
 
 
+def sample_zeros(ctx: NodeContext, handle, positive: list, negative: list, case: dict) -> torch.Tensor:
+    """The Parallel Sampler's samples of ``case`` (its seed, steps, cfg, sampler, scheduler; full denoise) from a zero
+    latent of ``case["latent_shape"]``."""
+    latent = {"samples": torch.zeros(case["latent_shape"])}
+    settings = (case["seed"], case["steps"], case["cfg"], case["sampler_name"], case["scheduler"], 1.0)
+    return ParallelSampler(ctx).sample(handle, positive, negative, latent, *settings)["result"][0]["samples"]
+
+
 def sample_both_ways(
     node_ctx: NodeContext,
     pool_registry,
@@ -110,18 +118,7 @@ def sample_both_ways(
     from parallel_runtime.denoise.model_sampling import model_sampling_sd3_node
 
     devices, config = layout
-    degrees = dict(ulysses=config.ulysses, ring=config.ring, cfg_parallel=config.cfg, pipefusion=config.pp)
-    (handle,) = ParallelModelLoader(node_ctx).load(
-        model=path,
-        family="auto",
-        devices=devices,
-        layout="manual",
-        **degrees,
-        pp_patches=0,
-        pp_warmup=warmup,
-        dtype="fp32",
-        attention="auto",
-    )["result"]
+    handle = load_manual(node_ctx, path, devices, config, warmup)
     model = load_parallel_model(
         LoadRequest(model=path, devices=devices, layout=config, pp_warmup=warmup), pool_registry
     )

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 from comfy_ksampler_cases import frames_relative_error as relative_error  # tests/ helper
-from comfy_ksampler_cases import load_manual  # tests/ helper
+from comfy_ksampler_cases import load_manual, sample_zeros  # tests/ helper
 from controlnet_files import QWEN_INSTANTX, qwen_instantx_state  # tests/ helper
 from pack_import import load_pack  # tests/ helper
 
@@ -36,7 +36,6 @@ from parallel_runtime.service.comfy_control import ParallelControlNet, controlne
 load_pack()
 from dit_parallel_pack.nodes.bridge import ComfyBridge  # noqa: E402
 from dit_parallel_pack.nodes.context import NodeContext  # noqa: E402
-from dit_parallel_pack.nodes.sampler import ParallelSampler  # noqa: E402
 
 DATA = Path(__file__).resolve().parent / "data"
 sys.path.insert(0, str(DATA))
@@ -97,20 +96,7 @@ def node_ctx(pool_registry):
 
 def run_graph(ctx, handle, case, with_control: bool = True):
     positive, negative, vae = graph_conditioning(case, with_control)
-    latent = {"samples": torch.zeros(case["latent_shape"])}
-    result = ParallelSampler(ctx).sample(
-        handle,
-        positive,
-        negative,
-        latent,
-        case["seed"],
-        case["steps"],
-        case["cfg"],
-        case["sampler_name"],
-        case["scheduler"],
-        1.0,
-    )
-    return result["result"][0]["samples"], vae
+    return sample_zeros(ctx, handle, positive, negative, case), vae
 
 
 def _params():

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 from comfy_ksampler_cases import frames_relative_error as relative_error  # tests/ helper
-from comfy_ksampler_cases import load_manual  # tests/ helper
+from comfy_ksampler_cases import load_manual, sample_zeros  # tests/ helper
 from controlnet_files import QWEN_INSTANTX_INPAINT, qwen_instantx_state  # tests/ helper
 from pack_import import load_pack  # tests/ helper
 
@@ -32,7 +32,6 @@ from parallel_runtime.service.comfy_control import controlnet
 load_pack()
 from dit_parallel_pack.nodes.bridge import ComfyBridge  # noqa: E402
 from dit_parallel_pack.nodes.context import NodeContext  # noqa: E402
-from dit_parallel_pack.nodes.sampler import ParallelSampler  # noqa: E402
 
 DATA = Path(__file__).resolve().parent / "data"
 sys.path.insert(0, str(DATA))
@@ -77,20 +76,7 @@ def node_ctx(pool_registry):
 
 def run_graph(ctx, handle, case, masks=None):
     positive, negative, vae = graph_conditioning(case, masks)
-    latent = {"samples": torch.zeros(case["latent_shape"])}
-    result = ParallelSampler(ctx).sample(
-        handle,
-        positive,
-        negative,
-        latent,
-        case["seed"],
-        case["steps"],
-        case["cfg"],
-        case["sampler_name"],
-        case["scheduler"],
-        1.0,
-    )
-    return result["result"][0]["samples"], vae
+    return sample_zeros(ctx, handle, positive, negative, case), vae
 
 
 def _params():
