@@ -1,7 +1,7 @@
-"""HunyuanVideo image-to-video that does not run is refused with a message before any sampling: the 16-channel
-HunyuanVideo-I2V ("token_replace": its start frame's tokens take another modulation) when its plan is made, as
-its shipped config states it; the 33-channel one ("latent_concat") and text-to-video get their plans. (ComfyUI's
-"v2 (replace)" / "custom" conditioning keys are refused in tests/test_family_hunyuan_video_nodes.py.)"""
+"""HunyuanVideo image-to-video: every shipped HunyuanVideo 1.0 config gets its plan (the 16-channel "token_replace"
+I2V runs: tests/test_family_hunyuan_video_replace.py), and a noise mask keeps the clean latent as ComfyUI's
+HunyuanVideo does; what does not run is refused with a message before any sampling (ComfyUI's "custom" conditioning
+key: tests/test_family_hunyuan_video_nodes.py; a HunyuanVideo 1.5 image-to-video folder below)."""
 
 from __future__ import annotations
 
@@ -23,12 +23,10 @@ def _config(variant: str) -> SimpleNamespace:
     return SimpleNamespace(**json.loads((folder / "config.json").read_text()))
 
 
-def test_token_replace_i2v_is_refused_and_the_others_plan():
-    with pytest.raises(ConfigError, match="token replacement") as refused:
-        HunyuanVideoAdapter.make_plan(_config(I2V_REPLACE), None)
-    assert "33-channel" in str(refused.value)  # the fix names what runs
-    assert HunyuanVideoAdapter.make_plan(_config(I2V_CONCAT), None).latent_channels == 16
-    assert HunyuanVideoAdapter.make_plan(_config(T2V), None).latent_channels == 16
+def test_every_shipped_config_plans():
+    for variant in (T2V, I2V_CONCAT, I2V_REPLACE):
+        plan = HunyuanVideoAdapter.make_plan(_config(variant), None)
+        assert plan.latent_channels == 16 and plan.inpaint_with_clean_latent  # ComfyUI's scale_latent_inpaint
 
 
 def test_a_hunyuan_video15_image_to_video_folder_is_refused(tmp_path):

@@ -13,7 +13,10 @@ is the padded one exactly. A batch of prompts of different lengths keeps a key m
 parallel apply; sequence parallelism and PipeFusion refuse it.
 
 Image-to-video: HunyuanVideo-I2V "v1" (33 input channels) reads the start-image latent and a 1-channel mask after
-the latent's channels, as ComfyUI's ``HunyuanImageToVideo`` (v1, concat) hands them over (``comfy_inputs``).
+the latent's channels, as ComfyUI's ``HunyuanImageToVideo`` (v1, concat) hands them over (``comfy_inputs``). "v2"
+(16 channels, ``HunyuanImageToVideo`` "v2 (replace)") keeps the start image on the latent's first frame (the LATENT's
+noise mask) and modulates that frame's tokens with the guiding frame's vector (``token_replace``); a branch whose
+conditioning carries no guiding frame (ComfyUI's negative) runs with one vector for every token.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from ...sampling_spec import discrete_flow_sampling
 from . import ID
 from .conditioning import image_inputs, start_image_channels
 from .latent import HUNYUAN_VIDEO
+from .token_replace import TOKEN_REPLACE_BLOCKS, double_block, first_frame_flags, output_norm, single_block
 
 ATTN_PROCESSOR = "HunyuanVideoAttnProcessor2_0"  # calls dispatch_attention_fn: SDPA on diffusers' native backend
 SHIFT = 7.0  # ComfyUI 0.3.64 supported_models.HunyuanVideo sampling_settings (inherited by the I2V classes)
@@ -47,12 +51,6 @@ class HunyuanVideoAdapter(ModelAdapter):
                 f"HunyuanVideo transformer with temporal patch size {config.patch_size_t}",
                 "every published HunyuanVideo model patches 1 frame x 2x2 pixels; the token bands assume it",
                 "load a HunyuanVideo 1.0 transformer as published",
-            )
-        if config.image_condition_type == "token_replace":
-            raise ConfigError(
-                "HunyuanVideo-I2V with first-frame token replacement (16-channel, 'v2 (replace)')",
-                "its first frame's tokens take another modulation than the rest; that split is not supported yet",
-                "use the 33-channel HunyuanVideo-I2V ('v1 (concat)') or text-to-video",
             )
         channels = config.out_channels or config.in_channels
         return ModelPlan(
@@ -73,6 +71,7 @@ class HunyuanVideoAdapter(ModelAdapter):
             latent_dims=3,
             vae_temporal_factor=4,
             default_guidance=DEFAULT_GUIDANCE,
+            inpaint_with_clean_latent=True,  # ComfyUI HunyuanVideo.scale_latent_inpaint: the kept frames stay clean
         )
 
     def joint_text_order(self, module: nn.Module) -> Literal["first", "last"]:
@@ -106,11 +105,18 @@ class HunyuanVideoAdapter(ModelAdapter):
                 "guidance-distilled HunyuanVideo embeds the guidance scale as an input",
                 f"pass guidance (ComfyUI's default is {DEFAULT_GUIDANCE})",
             )
-        x = start_image_channels(x, image_inputs(cond), t.config.in_channels, self.plan.latent_format)
+        inputs = image_inputs(cond)
+        x = start_image_channels(x, inputs, t.config.in_channels, self.plan.latent_format)
         frames, rows, cols = self.grid_of(x)
         text, keep = kept_text(cond.prompt_embeds, cond.attention_mask)
         embedded = None if guidance is None else guidance.to(x.dtype) * GUIDANCE_SCALE
-        temb, _ = t.time_text_embed(timestep, cond.pooled, embedded if self.plan.guidance_embed else None)
+        embedded = embedded if self.plan.guidance_embed else None
+        temb, _ = t.time_text_embed(timestep, cond.pooled, embedded)
+        rope = t.rope(x)
+        if inputs.guiding_timestep is not None:  # "v2 (replace)": the first frame's vector, and which tokens take it
+            guiding, _ = t.time_text_embed(inputs.guiding_timestep.to(timestep.dtype), cond.pooled, embedded)
+            temb = torch.stack([temb, guiding], dim=1)
+            rope = (*rope, first_frame_flags(frames, rows, cols, x.device))
         txt = t.context_embedder(text, timestep, keep)
         return Activations(
             img=t.x_embedder(x),
@@ -119,7 +125,7 @@ class HunyuanVideoAdapter(ModelAdapter):
             temb_out=temb,
             grid=(frames, rows, cols),
             txt_tokens=txt.shape[1],
-            img_rope=t.rope(x),
+            img_rope=rope,
             txt_mask=keep,
         )
 
@@ -129,7 +135,12 @@ class HunyuanVideoAdapter(ModelAdapter):
         if acts.txt_mask is not None:  # prompts of different lengths: padded text keys are masked out
             image = acts.txt_mask.new_ones(acts.img.shape[0], acts.img.shape[1])
             mask = torch.cat([image, acts.txt_mask], dim=1)[:, None, None, :].bool()
-        img, txt = block(acts.img, acts.txt, acts.temb, mask, acts.img_rope)
+        rope, first = acts.img_rope[:2], (acts.img_rope[2] if len(acts.img_rope) > 2 else None)
+        if first is None and type(block).__name__ not in TOKEN_REPLACE_BLOCKS:
+            img, txt = block(acts.img, acts.txt, acts.temb, mask, rope)
+        else:  # per-token modulation (diffusers' token-replace blocks take it only as a count of leading tokens)
+            run = double_block if list_name == "transformer_blocks" else single_block
+            img, txt = run(block, acts.img, acts.txt, acts.temb, mask, rope, first)
         return acts.replace(img=img, txt=txt)
 
     def self_attention_modules(self, list_name: str, block: nn.Module) -> list[nn.Module]:
@@ -137,6 +148,8 @@ class HunyuanVideoAdapter(ModelAdapter):
 
     def project_out(self, acts: Activations) -> torch.Tensor:
         t = self.transformer
+        if acts.temb_out.ndim == 3:  # ComfyUI modulates the output layer per token too
+            return t.proj_out(output_norm(t.norm_out, acts.img, acts.temb_out, acts.img_rope[2]))
         return t.proj_out(t.norm_out(acts.img, acts.temb_out))
 
 

@@ -1,9 +1,9 @@
 """What HunyuanVideo takes from a ComfyUI CONDITIONING beyond text: ``HunyuanImageToVideo``'s start image.
 
-"v1 (concat)" puts ``concat_latent_image`` / ``concat_mask`` on the positive conditioning; they become the
-Conditioning's ``HunyuanImageInputs``. "v2 (replace)" (``guiding_frame_index``) and "custom" (``ref_latent``)
-are refused: the 16-channel token-replacing model and reference latents are not supported yet, and the node
-layer would otherwise not know the keys. Light to import: torch is imported on call.
+"v1 (concat)" puts ``concat_latent_image`` / ``concat_mask`` on the positive conditioning, "v2 (replace)"
+``guiding_frame_index`` (the start image itself goes on the LATENT, kept by its noise mask); they become the
+Conditioning's ``HunyuanImageInputs``. "custom" (``ref_latent``) is refused: reference latents are not supported
+yet, and the node layer would otherwise not know the key. Light to import: torch is imported on call.
 """
 
 from __future__ import annotations
@@ -15,10 +15,7 @@ from ....errors import ConfigError
 from ..spec import ComfyConditioning
 
 KEYS = ("concat_latent_image", "concat_mask", "guiding_frame_index", "ref_latent")
-_REFUSED = {
-    "guiding_frame_index": "HunyuanImageToVideo's 'v2 (replace)' start frame",
-    "ref_latent": "HunyuanImageToVideo's 'custom' reference latent",
-}
+_REFUSED = {"ref_latent": "HunyuanImageToVideo's 'custom' reference latent"}
 
 
 def image_inputs(options: Mapping[str, Any], expected: Mapping[str, int | None], role: str):
@@ -31,9 +28,10 @@ def image_inputs(options: Mapping[str, Any], expected: Mapping[str, int | None],
         if options.get(key) is not None:
             raise ConfigError(
                 f"the {role} conditioning carries {what} ({key!r})",
-                "the parallel sampler runs HunyuanVideo text-to-video and the 33-channel image-to-video model "
-                "('v1 (concat)'); this input would be ignored",
-                "set HunyuanImageToVideo's guidance_type to 'v1 (concat)' with the 33-channel I2V model",
+                "the parallel sampler runs HunyuanVideo text-to-video and image-to-video 'v1 (concat)' and "
+                "'v2 (replace)'; this input would be ignored",
+                "set HunyuanImageToVideo's guidance_type to 'v1 (concat)' (33-channel I2V model) or 'v2 (replace)' "
+                "(16-channel I2V model)",
             )
     out: dict[str, Any] = {}
     for key, field in (("concat_latent_image", "concat_image"), ("concat_mask", "concat_mask")):
@@ -47,6 +45,15 @@ def image_inputs(options: Mapping[str, Any], expected: Mapping[str, int | None],
                     "use HunyuanImageToVideo with the HunyuanVideo VAE",
                 )
             out[field] = value.float().cpu()
+    index = options.get("guiding_frame_index")
+    if index is not None:
+        if isinstance(index, bool) or not isinstance(index, (int, float)):
+            raise ConfigError(
+                f"the {role} conditioning's guiding_frame_index is {index!r}",
+                "HunyuanImageToVideo 'v2 (replace)' sets it to a number (0, the clean start frame's timestep)",
+                "use HunyuanImageToVideo's output conditioning as it is",
+            )
+        out["guiding_timestep"] = torch.tensor([float(index)])
     return HunyuanImageInputs(**out) if out else None
 
 

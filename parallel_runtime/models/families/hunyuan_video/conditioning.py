@@ -1,4 +1,5 @@
-"""What HunyuanVideo adds to the shared Conditioning: HunyuanVideo-I2V's start image (``Conditioning.extras``)."""
+"""What HunyuanVideo adds to the shared Conditioning: HunyuanVideo-I2V's start image (``Conditioning.extras``):
+"v1 (concat)"'s latent and mask, or "v2 (replace)"'s guiding frame (the start image itself is on the LATENT)."""
 
 from __future__ import annotations
 
@@ -13,10 +14,11 @@ from ...latent_formats import LatentFormat
 
 @dataclasses.dataclass(frozen=True)
 class HunyuanImageInputs(ConditioningExtras):
-    """HunyuanImageToVideo's ("v1 (concat)") start image, as ComfyUI's conditioning carries it."""
+    """HunyuanImageToVideo's start image, as ComfyUI's conditioning carries it."""
 
     concat_image: torch.Tensor | None = None  # [B, 16, T', H, W] raw start-image latent (concat_latent_image)
     concat_mask: torch.Tensor | None = None  # [B, 1, T, H, W], 0 on the frames the start image covers
+    guiding_timestep: torch.Tensor | None = None  # [B] "v2 (replace)": the first frame's timestep (guiding_frame_index)
 
 
 NONE = HunyuanImageInputs()

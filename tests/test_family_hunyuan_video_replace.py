@@ -1,0 +1,148 @@
+"""HunyuanVideo-I2V "v2 (replace)" (ComfyUI's HunyuanImageToVideo guidance_type "v2 (replace)": the start image
+on the LATENT's first frame, kept by its noise mask, and that frame's tokens modulated with the guiding frame's
+vector): our engine equals ComfyUI 0.3.64's KSampler (tests/data/comfy_hunyuan_video_replace_reference.json) on
+one device, through the nodes (ComfyUI's CONDITIONING and LATENT into Parallel Sampler on 1 rank and Ulysses 2: the
+first frame's tokens on rank 0) and on the other layouts (across ranks 0 and 1 under Ulysses x Ring; PipeFusion
+bands; CFG parallel with a negative that has no guiding frame), and diffusers' HunyuanVideoImageToVideoPipeline on
+a token-replace transformer where the two agree (no guidance input)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from comfy_ksampler_cases import load_manual  # tests/ helper
+from node_helpers import RecordingBridge  # tests/ helper
+from pack_import import load_pack  # tests/ helper
+from test_family_hunyuan_video_comfy import conditioning, files, generated, tensor  # noqa: F401 (fixture)
+from test_family_hunyuan_video_parallel import LAYOUTS, close, run
+
+from parallel_runtime.denoise import SamplingSettings, denoise_latent, model_sampling_for
+from parallel_runtime.denoise.entries import CondEntry
+from parallel_runtime.models.base import Conditioning
+from parallel_runtime.models.families.hunyuan_video.adapter import HunyuanVideoAdapter
+from parallel_runtime.models.families.hunyuan_video.conditioning import HunyuanImageInputs
+from parallel_runtime.models.families.hunyuan_video.latent import HUNYUAN_VIDEO
+from parallel_runtime.models.single_file import load_single_file_components
+from parallel_runtime.parallel.mesh import ParallelMesh
+
+REF = json.loads((Path(__file__).parent / "data" / "comfy_hunyuan_video_replace_reference.json").read_text())
+CASE = REF["replace"]
+GUIDING = HunyuanImageInputs(guiding_timestep=torch.tensor([float(CASE["guiding_frame_index"])]))
+
+
+def inputs(index: int):
+    """(positive branch, negative, LATENT samples, noise mask, settings) of reference run ``index``."""
+    run_ref = CASE["runs"][index]
+    settings = SamplingSettings(
+        seed=run_ref["seed"],
+        steps=run_ref["steps"],
+        cfg=run_ref["cfg"],
+        sampler=run_ref["sampler"],
+        scheduler=run_ref["scheduler"],
+    )
+    positive = (CondEntry(conditioning(CASE["positive"], GUIDING), guidance=run_ref["guidance"]),)
+    negative = conditioning(CASE["negative"])  # HunyuanImageToVideo sets the guiding frame on the positive only
+    return positive, negative, tensor(CASE["latent"]), tensor(CASE["noise_mask"]), settings
+
+
+@pytest.mark.parametrize("index", [0, 1], ids=["euler-guidance4.5", "euler_ancestral-cfg2.5"])
+def test_v2_replace_equals_comfyui_on_one_device(files, index):  # noqa: F811
+    assert CASE["model"]["comfy_model_class"] == "HunyuanVideo"  # ComfyUI loads the 16-channel I2V file so too
+    adapter = load_single_file_components(files["t2v"], "cpu", torch.float32).adapter()
+    positive, negative, latent, mask, settings = inputs(index)
+    out = denoise_latent(
+        adapter, ParallelMesh.single(), model_sampling_for(adapter), positive, negative, latent, settings,
+        noise_mask=mask,
+    )  # fmt: skip
+    expected = tensor(CASE["runs"][index]["output"])
+    close(out, expected)
+    torch.testing.assert_close(out[:, :, :1], latent[:, :, :1])  # the start frame stays the image's latent
+    # without the guiding frame's modulation (the start frame as any other token) the result is not ComfyUI's
+    plain = (CondEntry(conditioning(CASE["positive"]), guidance=CASE["runs"][index]["guidance"]),)
+    other = denoise_latent(
+        adapter, ParallelMesh.single(), model_sampling_for(adapter), plain, negative, latent, settings,
+        noise_mask=mask,
+    )  # fmt: skip
+    assert ((other - expected).norm() / expected.norm()).item() > 1e-3
+
+
+@pytest.mark.parametrize("layout", ["1rank", "ulysses2"])
+def test_v2_replace_graph_equals_comfyui(pool_registry, files, layout):  # noqa: F811
+    """HunyuanImageToVideo "v2 (replace)"'s CONDITIONING (guiding_frame_index, FluxGuidance's guidance) and LATENT
+    (noise_mask) into Parallel Sampler: the Parallel Model Loader's model of the file from models/diffusion_models.
+    36 video tokens, the first frame's 12: all on rank 0 under Ulysses 2."""
+    load_pack()
+    from dit_parallel_pack.nodes.context import NodeContext
+    from dit_parallel_pack.nodes.sampler import ParallelSampler
+
+    from parallel_runtime.parallel.config import ParallelConfig
+
+    bridge = RecordingBridge(folders={"diffusion_models": [str(files["t2v"].parent)]})
+    ctx = NodeContext.create(registry=pool_registry, bridge=bridge)
+    config = ParallelConfig() if layout == "1rank" else LAYOUTS[layout]
+    handle = load_manual(ctx, files["t2v"].name, f"cpu:{config.world_size}", config)
+    run_ref = CASE["runs"][0]
+    options = {"pooled_output": generated(CASE["positive"]["pooled"]), "guidance": run_ref["guidance"]}
+    positive = [[generated(CASE["positive"]["llama"]), {**options, "guiding_frame_index": 0}]]
+    negative = [[generated(CASE["negative"]["llama"]), {"pooled_output": generated(CASE["negative"]["pooled"])}]]
+    latent = {"samples": tensor(CASE["latent"]), "noise_mask": tensor(CASE["noise_mask"])}
+    settings = (run_ref["seed"], run_ref["steps"], run_ref["cfg"], run_ref["sampler"], run_ref["scheduler"], 1.0)
+    (out,) = ParallelSampler(ctx).sample(handle, positive, negative, latent, *settings)["result"]
+    close(out["samples"], tensor(run_ref["output"]))
+
+
+@pytest.mark.parametrize("layout", ["ulysses2xring2", "pp2", "cfg2"])
+def test_v2_replace_layouts_equal_comfyui(cpu_pool, files, layout):  # noqa: F811
+    """The first frame's 12 tokens across ranks 0 and 1 (4 ranks of 9), in PipeFusion's row bands (warmup over
+    every step: exact), CFG parallel (the negative runs without the guiding frame, as ComfyUI runs it)."""
+    index = 1 if layout == "cfg2" else 0
+    positive, negative, latent, mask, settings = inputs(index)
+    kwargs = {"patches": 3, "warmup": settings.steps} if layout == "pp2" else {}
+    pool = cpu_pool(LAYOUTS[layout])
+    out = run(pool, files["t2v"], positive, negative, latent, settings, noise_mask=mask, **kwargs)
+    close(out, tensor(CASE["runs"][index]["output"]))
+
+
+@torch.no_grad()
+def test_v2_replace_equals_diffusers_image_to_video_pipeline():
+    """A token-replace transformer without guidance input (where ComfyUI and diffusers agree: diffusers leaves
+    the embedded guidance out of the guiding frame's vector) in HunyuanVideoImageToVideoPipeline (initial latent
+    0.999 x noise + 0.001 x the image latent; the first frame replaced by the image latent before every step)."""
+    from diffusers import FlowMatchEulerDiscreteScheduler, HunyuanVideoImageToVideoPipeline
+    from PIL import Image
+
+    from dit_devtools.tiny.hunyuan_video import hunyuan_video_transformer, hunyuan_video_vae
+
+    transformer = hunyuan_video_transformer(seed=5, guidance_embeds=False, image_condition_type="token_replace")
+    scheduler = FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=7.0)
+    pipe = HunyuanVideoImageToVideoPipeline(
+        text_encoder=None, tokenizer=None, text_encoder_2=None, tokenizer_2=None, image_processor=None,
+        scheduler=scheduler, transformer=transformer, vae=hunyuan_video_vae(),
+    )  # fmt: skip
+    g = torch.Generator().manual_seed(6)
+    text, pooled = torch.randn(1, 7, 32, generator=g), torch.randn(1, 32, generator=g)
+    image = Image.fromarray((torch.rand(32, 32, 3, generator=g) * 255).byte().numpy())
+    start = pipe.vae.encode(pipe.video_processor.preprocess(image, 32, 32).unsqueeze(2)).latent_dist.mode()
+    noise = torch.randn(1, 16, 3, 4, 4, generator=g)
+    ref = pipe(
+        image=image, prompt_embeds=text, pooled_prompt_embeds=pooled, prompt_attention_mask=torch.ones(1, 7),
+        height=32, width=32, num_frames=9, num_inference_steps=3, latents=noise, output_type="latent",
+    ).frames  # fmt: skip
+    adapter = HunyuanVideoAdapter(transformer)
+    latent = torch.zeros(1, 16, 3, 4, 4)
+    latent[:, :, :1] = start  # HunyuanImageToVideo "v2 (replace)": the LATENT holds the start image's latent
+    mask = torch.ones(1, 1, 3, 4, 4)
+    mask[:, :, :1] = 0
+    first = noise * 0.999 + start.repeat(1, 1, 3, 1, 1) * HUNYUAN_VIDEO.scale * 0.001
+    settings = SamplingSettings(seed=0, cfg=1.0, sampler="euler", sigmas=pipe.scheduler.sigmas.float())
+    cond = Conditioning(text, pooled, extras=HunyuanImageInputs(guiding_timestep=torch.zeros(1)))
+    raw = denoise_latent(
+        adapter, ParallelMesh.single(), model_sampling_for(adapter), cond, None, latent, settings,
+        start_model_space=first, noise_mask=mask,
+    )  # fmt: skip
+    ours = HUNYUAN_VIDEO.to_model(raw)
+    err = ((ours - ref).norm() / ref.norm()).item()
+    assert err <= 1e-4, f"relative L2 error {err:.2e} against diffusers"
