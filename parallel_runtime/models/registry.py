@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from torch import nn
 
 from ..errors import ConfigError
 from .base import LatentFormat, ModelAdapter
-from .families.registry import FAMILIES, family_of_class_name
+from .families.registry import FAMILIES, family, family_of_class_name
 
 
 def adapter_classes() -> dict[type, type[ModelAdapter]]:
@@ -66,6 +67,13 @@ def get_adapter(transformer: nn.Module, latent_format: LatentFormat | None = Non
     """The adapter driving ``transformer``; ``latent_format`` overrides the family's default
     (e.g. ``LatentFormat.from_vae_config(vae.config)``)."""
     return adapter_class_for(type(transformer))(transformer, latent_format)
+
+
+def idle_weights(transformer_cls: type) -> Callable[[str], bool]:
+    """Whether a parameter (diffusers' name) of ``transformer_cls`` is one its adapter never runs
+    (``FamilySpec.idle_modules``): loaders leave those on "meta", unread, and byte accounting leaves them out."""
+    starts = family(family_of(transformer_cls)).idle_modules
+    return lambda name: bool(starts) and any(part.startswith(starts) for part in name.split("."))
 
 
 def transformer_skeleton(model_cls: type, config: dict[str, Any]) -> nn.Module:

@@ -275,17 +275,18 @@ def load_single_file_transformer(
     .safetensors file is read tensor by tensor into the model (fp8 layers as ``storage`` says, see
     ``weights.WEIGHT_STORAGE``), a .gguf file too (its Linear weights kept in their GGML blocks,
     dequantised per call with ``dequant_dtype``'s arithmetic); a .pth file is converted whole."""
-    from .registry import adapter_class_for, diffusers_class, transformer_skeleton
+    from .registry import diffusers_class, idle_weights, transformer_skeleton
 
     info = inspect_single_file(path, family, variant, overrides)
     cls = diffusers_class(str(info.config["_class_name"]))
-    adapter_class_for(cls)  # a class with a parallel adapter
+    idle = idle_weights(cls)  # a class with a parallel adapter; the weights it never runs
     device = torch.device(device)
     if info.path.name.endswith(SAFETENSORS_SUFFIXES) or info.path.name.lower().endswith(GGUF_SUFFIX):
         source = _file_source(info, dequant_dtype)
         model = transformer_skeleton(cls, info.config)
         _check_fits(model, source.shapes, info)
-        load_tensors(model, source, lambda name: "all", device, dtype, storage=storage)
+        # the weights the adapter never runs stay on "meta", unread
+        load_tensors(model, source, lambda name: None if idle(name) else "all", device, dtype, storage=storage)
         return model, info.family, dict(info.scheduler_config)
     state = _read_state(info, device, dtype)
     converted = to_diffusers(info.family, state, info.config)

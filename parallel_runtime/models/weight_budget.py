@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from .extra_roles import block_prefixes, trace_extra_roles
-from .registry import adapter_class_for
+from .registry import adapter_class_for, idle_weights
 from .weights import WEIGHT_STORAGE, gguf_held_bytes, linear_weights
 
 
@@ -50,7 +50,7 @@ def weight_budget(
         model = model_cls.from_config(config)
     adapter = adapter_class_for(model_cls)(model)
     prefixes = block_prefixes(model, adapter)
-    params = dict(model.named_parameters())
+    params = {n: p for n, p in model.named_parameters() if not idle_weights(model_cls)(n)}  # what is held
     linear = set(linear_weights(model, list(params)))
     fp8 = set(fp8_names)
     gguf = gguf_held_bytes(model, gguf_source, run_bytes, storage) if gguf_source is not None else None

@@ -22,7 +22,7 @@ from torch import nn
 from ..errors import ConfigError
 from ..models.extra_roles import block_prefixes, trace_extra_roles
 from ..models.loading import PipelineComponents, component_class, load_pipeline_components, read_model_index
-from ..models.registry import adapter_class_for, transformer_skeleton
+from ..models.registry import adapter_class_for, idle_weights, transformer_skeleton
 from ..models.single_file import single_file_tensor_source, transformer_only
 from ..models.weights import TensorSource, folder_tensor_source, gguf_held_bytes, load_tensors
 from ..parallel.mesh import ParallelMesh
@@ -91,12 +91,15 @@ def build_stage_transformer(
     roles = trace_extra_roles(model_cls, config)
     model = transformer_skeleton(model_cls, config)
     adapter = adapter_class_for(model_cls)(model)
+    idle = idle_weights(model_cls)
     prefixes = block_prefixes(model, adapter)
     stages = plan_stages(len(prefixes), pp, stage_weights)
     mine = tuple(prefixes[b] for b in stages.blocks(stage))
     first, last = stage == 0, stage == stages.num_stages - 1
 
     def role(name: str) -> str | None:
+        if idle(name):  # never run (``FamilySpec.idle_modules``): never read
+            return None
         if name.startswith(mine):
             return "block"
         if name.startswith(tuple(prefixes)):
@@ -107,7 +110,7 @@ def build_stage_transformer(
             return "final"
         return None
 
-    params = [n for n, _ in model.named_parameters()]
+    params = [n for n, _ in model.named_parameters() if not idle(n)]
     loaded = load_tensors(model, source, role, device, dtype, what=f"of stage {stage}", storage=storage)
     numels = source.numels
     itemsize = torch.empty(0, dtype=dtype).element_size()

@@ -224,7 +224,8 @@ def _load_transformer_and_vae(ctx, path, dtype, pp, weights, vae_path, vae_norm_
         comps = load_single_file_components(
             path, ctx.device, torch_dtype(dtype), storage=storage, dequant_dtype=dequant_dtype
         )
-    elif pp > 1 or storage != "auto":  # stages, or weights stored other than as the folder has them
+    elif pp > 1 or storage != "auto" or _has_idle_weights(path):  # stages, weights stored other than as the
+        # folder has them, or weights the adapter never runs (read tensor by tensor, those left unread)
         from ..pipefusion.stage_loading import load_pipeline_stage
 
         if has_second_expert(read_model_index(path)):
@@ -252,6 +253,15 @@ def _load_transformer_and_vae(ctx, path, dtype, pp, weights, vae_path, vae_norm_
         comps.vae.to(torch.float32 if dtype == "fp16" else torch_dtype(dtype))
     _checkpoint(ctx)
     return comps, stages, stage_weights
+
+
+def _has_idle_weights(folder: str) -> bool:
+    """Whether the folder's transformer has parameters its adapter never runs (``FamilySpec.idle_modules``)."""
+    from ..models.families.registry import family_of_class_name
+
+    entry = read_model_index(folder).get("transformer")
+    spec = family_of_class_name(str(entry[-1])) if isinstance(entry, (list, tuple)) and entry else None
+    return spec is not None and bool(spec.idle_modules)
 
 
 def _load_text_encoders(ctx, comps, path, dtype, devices) -> None:

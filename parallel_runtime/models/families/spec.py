@@ -188,6 +188,9 @@ class FamilySpec:
     generate_cfg: float = 1.0  # ``python -m parallel_runtime generate``'s CFG scale when none is given
     pick_preview: Callable[[LatentFormat], LatentPreview | None] | None = None  # among ``previews`` (None: by channels)
     lora_markers: tuple[str, ...] = ()  # LoRA module-name fragments that suggest this family (error messages)
+    # starts of dotted name parts of the transformer parameters the adapter never runs (LTX-2's audio stream): the
+    # loaders leave them on "meta" unread and byte accounting does not count them (``models.registry.idle_weights``)
+    idle_modules: tuple[str, ...] = ()
     more_transformer_classes: tuple[str, ...] = ()  # further diffusers classes the adapter drives (Wan VACE)
     pipefusion_refusal: Callable[[Mapping[str, Any]], tuple[str, str, str] | None] | None = None  # a config ->
     # the (what, why, fix) of why it cannot run in PipeFusion stages (None: it can)

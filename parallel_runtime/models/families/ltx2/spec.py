@@ -33,6 +33,11 @@ def _video_vae():
     return VIDEO_VAE
 
 
+# the audio stream and the audio<->video cross-attentions (their time embeddings and modulation tables included):
+# never run (video-only), so never read from a file nor held (5.8B of the release's 18.9B parameters)
+AUDIO_MODULES = ("audio_", "av_cross_attn_", "video_to_audio_", "video_a2v_")
+
+
 def geometry(latent_channels: int | None) -> tuple[int, int]:
     """(pixels per token side, frames per latent frame): VAE 32x x patch 1, 8 frames per latent frame."""
     return 32, 8
@@ -60,6 +65,7 @@ FAMILY = FamilySpec(
     geometry=geometry,
     generate_cfg=3.0,
     lora_markers=("av_ca_", "audio_attn1"),
+    idle_modules=AUDIO_MODULES,
     default_size=(768, 512, 121),
     video_vae=_video_vae,
 )
