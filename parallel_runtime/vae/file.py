@@ -81,7 +81,9 @@ def inspect_vae_file(path: str | os.PathLike, norm_num_groups: int = DEFAULT_NOR
         )
     tensors, metadata = read_header(path)
     shapes = {k: tuple(v["shape"]) for k, v in tensors.items()}
-    formats = [(spec.id, spec.vae_file()) for spec in FAMILIES if spec.vae_file is not None]
+    # highest detection priority first: a family's layout may hold the markers of an older one's (LTX-2, LTX-Video)
+    ordered = sorted(FAMILIES, key=lambda spec: -spec.detection_priority)
+    formats = [(spec.id, spec.vae_file()) for spec in ordered if spec.vae_file is not None]
     for prefix in PREFIXES:
         for layout, fmt in formats:  # a family's own VAE file layout (e.g. Wan's video VAEs)
             if fmt.matches(shapes, prefix):

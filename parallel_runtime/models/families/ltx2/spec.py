@@ -27,6 +27,12 @@ def _text_encoding():
     return ENCODING
 
 
+def _vae_file():
+    from .vae_file import FORMAT
+
+    return FORMAT
+
+
 def _video_vae():
     from .vae_bands import VIDEO_VAE
 
@@ -68,4 +74,5 @@ FAMILY = FamilySpec(
     idle_modules=AUDIO_MODULES,
     default_size=(768, 512, 121),
     video_vae=_video_vae,
+    vae_file=_vae_file,
 )
