@@ -26,42 +26,47 @@ class _SlowRegistry(PoolRegistry):
         return super().get(devices, config, key, worker_setup=(slow_blocks, (BLOCK_S,)), **options)
 
 
+@pytest.fixture(scope="module")
+def registry():
+    """One slowed pool per layout, shared by its plain and block-cache cases (each case checks that the
+    cancel left the pool warm; the next case then starts from a pool that has seen a cancel)."""
+    registry = _SlowRegistry()
+    yield registry
+    registry.close_all()
+
+
 @pytest.mark.parametrize("cache", [None, BlockCacheSpec(threshold=0.2)], ids=["plain", "block-cache"])
 @pytest.mark.parametrize("layout", [ParallelConfig(ulysses=2), ParallelConfig(cfg=2)], ids=["ulysses2", "cfg2"])
-def test_a_cancel_lands_at_the_next_block_boundary_on_every_rank(layout, cache):
+def test_a_cancel_lands_at_the_next_block_boundary_on_every_rank(registry, layout, cache):
     """With or without a block cache (which runs the blocks itself, in parts around its decision)."""
-    registry = _SlowRegistry()
-    try:
-        model = load_parallel_model(LoadRequest("tiny-flux", "cpu:2", layout, threads_per_worker=1), registry)
-        model = model if cache is None else model.with_cache(cache)
-        cond = model.encode_text("a red circle")
-        pids = model.pool.pids
-        events: list[tuple[float, str, object]] = []
-        cancel_at: list[float] = []
+    model = load_parallel_model(LoadRequest("tiny-flux", "cpu:2", layout, threads_per_worker=1), registry)
+    model = model if cache is None else model.with_cache(cache)
+    cond = model.encode_text("a red circle")
+    pids = model.pool.pids
+    events: list[tuple[float, str, object]] = []
+    cancel_at: list[float] = []
 
-        def should_cancel() -> bool:
-            if not cancel_at and time.monotonic() - started > 0.3:
-                cancel_at.append(time.monotonic())
-            return bool(cancel_at)
+    def should_cancel() -> bool:
+        if not cancel_at and time.monotonic() - started > 0.3:
+            cancel_at.append(time.monotonic())
+        return bool(cancel_at)
 
-        started = time.monotonic()
-        with pytest.raises(JobCancelled):
-            model.sample(
-                cond,
-                cond,
-                None,
-                64,
-                64,
-                steps=3,
-                cfg=2.0,
-                should_cancel=should_cancel,
-                on_event=lambda rank, kind, payload: events.append((time.monotonic(), kind, payload)),
-            )
-        ended = time.monotonic()
-        step_s = BLOCKS * BLOCK_S
-        # the first step (>= 2.4 s) never finished: the job ended at a block boundary inside it
-        assert not [e for e in events if e[1] == "progress"], events
-        assert ended - cancel_at[0] < 2 * BLOCK_S + 0.5 < step_s  # one block, the agreement, the round trip
-        assert model.pool.pids == pids and model.pool.submit(echo, 7).result(30) == 7  # every rank stopped together
-    finally:
-        registry.close_all()
+    started = time.monotonic()
+    with pytest.raises(JobCancelled):
+        model.sample(
+            cond,
+            cond,
+            None,
+            64,
+            64,
+            steps=3,
+            cfg=2.0,
+            should_cancel=should_cancel,
+            on_event=lambda rank, kind, payload: events.append((time.monotonic(), kind, payload)),
+        )
+    ended = time.monotonic()
+    step_s = BLOCKS * BLOCK_S
+    # the first step (>= 2.4 s) never finished: the job ended at a block boundary inside it
+    assert not [e for e in events if e[1] == "progress"], events
+    assert ended - cancel_at[0] < 2 * BLOCK_S + 0.5 < step_s  # one block, the agreement, the round trip
+    assert model.pool.pids == pids and model.pool.submit(echo, 7).result(30) == 7  # every rank stopped together
