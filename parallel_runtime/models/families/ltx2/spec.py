@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ....parallel.layout import LayoutHints
-from ..spec import FamilySpec, TextFacts
+from ..spec import FamilySpec, GGUFFacts, TextFacts
 from . import ID, LTX2_19B
 
 
@@ -44,6 +44,14 @@ def _video_vae():
 AUDIO_MODULES = ("audio_", "av_cross_attn_", "video_to_audio_", "video_a2v_")
 
 
+# ComfyUI-GGUF's tools/convert.py detects LTX-2's Lightricks names as LTX-Video's ("ltxv") and keeps the same
+# layers in the conversion type; the audio stream's are never read here
+GGUF = GGUFFacts(
+    architecture="ltxv",
+    quantiser_keeps=("time_embed.", "caption_projection.", "proj_in.", "proj_out.", "scale_shift_table"),
+)
+
+
 def geometry(latent_channels: int | None) -> tuple[int, int]:
     """(pixels per token side, frames per latent frame): VAE 32x x patch 1, 8 frames per latent frame."""
     return 32, 8
@@ -75,4 +83,5 @@ FAMILY = FamilySpec(
     default_size=(768, 512, 121),
     video_vae=_video_vae,
     vae_file=_vae_file,
+    gguf=GGUF,
 )
