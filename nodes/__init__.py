@@ -19,7 +19,7 @@ from .model_sampling import ParallelModelSamplingAuraFlow, ParallelModelSampling
 from .public_form import node_classes
 from .sampler import ParallelSampler
 from .sampler_advanced import ParallelSamplerAdvanced
-from .text_encode import ParallelTextEncode
+from .text_encode import ParallelTextEncode, ParallelTextEncodeHunyuanVideoImageToVideo
 from .text_encode_edit import ParallelTextEncodeQwenImageEdit, ParallelTextEncodeQwenImageEditPlus
 from .unload import ParallelRuntimeUnload
 from .vae_decode import ParallelVAEDecode
@@ -33,6 +33,7 @@ NODES = [
     ParallelTextEncode,
     ParallelTextEncodeQwenImageEdit,
     ParallelTextEncodeQwenImageEditPlus,
+    ParallelTextEncodeHunyuanVideoImageToVideo,
     ParallelEmptyLatent,
     ParallelSampler,
     ParallelSamplerAdvanced,

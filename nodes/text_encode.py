@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from .context import shared_bridge
 from .declare import Choice, DeclaredNode, Input, NodeSpec, Output, Socket
 from .handles import PARALLEL_MODEL, ParallelModelHandle
@@ -87,3 +89,61 @@ class ParallelTextEncode(DeclaredNode):
         first, second, third, fourth = (resolve_text_encoder(n, bridge) for n in names)
         further = {"text_encoder_3": third, "text_encoder_4": fourth}
         return (encode(model, text, first, second, **{k: v for k, v in further.items() if v is not None}),)
+
+
+class ParallelTextEncodeHunyuanVideoImageToVideo(DeclaredNode):
+    """TextEncodeHunyuanVideo_ImageToVideo on the workers: the prompt with the start image's LLaVA vision tokens."""
+
+    SPEC = NodeSpec(
+        node_id="DiTParallelTextEncodeHunyuanVideoImageToVideo",
+        display_name="Parallel Text Encode HunyuanVideo Image To Video",
+        description=(
+            "ComfyUI's TextEncodeHunyuanVideo_ImageToVideo with the text encoders on the parallel workers: the prompt "
+            "in HunyuanVideo-I2V's template with the start image's vision tokens (CLIPVisionEncode with "
+            "llava_llama3_vision.safetensors), from the llava_llama3* and clip_l files."
+        ),
+        inputs=(
+            Socket("parallel_model", PARALLEL_MODEL, "From Parallel Model Loader (a HunyuanVideo transformer)."),
+            Socket("clip_vision_output", "CLIP_VISION_OUTPUT", "CLIPVisionEncode's output (llava_llama3_vision)."),
+            Input("prompt", "STRING", "The prompt.", multiline=True, dynamic_prompts=True),
+            Input(
+                "image_interleave",
+                "INT",
+                "How much the image influences things vs the text prompt: every Nth vision token is kept. Higher "
+                "number means more influence from the text prompt.",
+                default=2,
+                min=1,
+                max=512,
+            ),
+            Choice(
+                "text_encoder",
+                "llava_llama3* from models/text_encoders (its Llama; the vision tower is the CLIP vision file).",
+                lambda: text_encoder_choices(shared_bridge()),
+                default=TEXT_ENCODER_OWN,
+            ),
+            Choice(
+                "text_encoder_2",
+                "clip_l.safetensors (either order with text_encoder, as DualCLIPLoader type hunyuan_video).",
+                lambda: second_text_encoder_choices(shared_bridge()),
+                default=TEXT_ENCODER_NONE,
+            ),
+        ),
+        outputs=(Output("CONDITIONING", "For HunyuanImageToVideo / Parallel Sampler."),),
+        function="encode",
+    )
+
+    def encode(
+        self,
+        parallel_model: ParallelModelHandle,
+        clip_vision_output: Any,
+        prompt: str,
+        image_interleave: int = 2,
+        text_encoder: str = TEXT_ENCODER_OWN,
+        text_encoder_2: str = TEXT_ENCODER_NONE,
+    ) -> tuple[list]:
+        from parallel_runtime.service.comfy_graph import encode_with_image
+
+        bridge = parallel_model.context.bridge
+        first, second = (resolve_text_encoder(n, bridge) for n in (text_encoder, text_encoder_2))
+        model = parallel_model.model()
+        return (encode_with_image(model, prompt, clip_vision_output, image_interleave, first, second),)

@@ -246,15 +246,15 @@ class ParallelModel:
         text_encoder_2: tuple[str, str | None] | None = None,
         text_encoder_3: tuple[str, str | None] | None = None,
         text_encoder_4: tuple[str, str | None] | None = None,
+        vision: dict[str, Any] | None = None,
     ) -> Conditioning:
-        """Conditioning of ``prompt`` with the model's own text encoders, or with ``text_encoder`` = (a text-encoder
-        file from models/text_encoders, its tokenizer folder or None when the file carries its tokenizer) and
-        ``text_encoder_2`` .. ``_4`` the same of the further files of a family reading several (any order)."""
+        """Conditioning of ``prompt`` with the model's own text encoders, or with text-encoder files ``text_encoder``
+        .. ``_4`` (any order), each (file, tokenizer folder or None); ``vision``: an image's tokens (files only)."""
         prompts = input_checks.prompts(prompt)
-        files = text_encoder_files(self.family, text_encoder, text_encoder_2, (text_encoder_3, text_encoder_4))
+        files = text_encoder_files(self.family, text_encoder, text_encoder_2, (text_encoder_3, text_encoder_4), vision)
         if files is not None:
-            job = self._run(encode_text_file, *files[0], prompts, more=files[1:], should_cancel=should_cancel)
-            return concat_conditioning(*job)
+            options = {"more": files[1:], "vision": vision, "should_cancel": should_cancel}
+            return concat_conditioning(*self._run(encode_text_file, *files[0], prompts, **options))
         conds = self._run(encode_text, prompts, loras=stack_entries(self.loras), should_cancel=should_cancel)
         return concat_conditioning(*conds)
 

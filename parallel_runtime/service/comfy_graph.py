@@ -202,6 +202,39 @@ def encode(
     return from_runtime(cond)
 
 
+def encode_with_image(
+    model: ParallelModel,
+    text: str,
+    clip_vision_output: Any,
+    image_interleave: int,
+    text_encoder: tuple[str, str | None] | None,
+    text_encoder_2: tuple[str, str | None] | None = None,
+) -> list[list[Any]]:
+    """ComfyUI CONDITIONING of ``text`` with an image's vision tokens in it, as TextEncodeHunyuanVideo_ImageToVideo
+    makes it: ``clip_vision_output``'s ``mm_projected`` (CLIPVisionEncode with a LLaVA vision file) and every
+    ``image_interleave``-th of its tokens kept, encoded by the text-encoder files on the workers."""
+    import torch
+
+    projected = getattr(clip_vision_output, "mm_projected", None)
+    if not isinstance(projected, torch.Tensor) or projected.ndim != 3:
+        raise ConfigError(
+            "the CLIP_VISION_OUTPUT holds no projected vision tokens (mm_projected)",
+            "the image enters the prompt as LLaVA's vision tokens in the text model's width, which only a CLIP vision "
+            "file with LLaVA's projector gives",
+            "load llava_llama3_vision.safetensors with CLIPVisionLoader and encode the start image with "
+            "CLIPVisionEncode",
+        )
+    if isinstance(image_interleave, bool) or not isinstance(image_interleave, int) or image_interleave < 1:
+        raise ConfigError(
+            f"image_interleave {image_interleave!r}",
+            "every image_interleave-th vision token is kept (1: all of them)",
+            "give a whole number of 1 or more (ComfyUI's default is 2)",
+        )
+    vision = {"states": projected.detach().float().cpu(), "interleave": image_interleave}
+    further = {} if text_encoder_2 is None else {"text_encoder_2": text_encoder_2}
+    return from_runtime(model.encode_text(text, text_encoder, vision=vision, **further))
+
+
 def encode_edit(
     model: ParallelModel,
     text: str,

@@ -267,11 +267,23 @@ def check_text_encoder_files(
 
 
 def text_encoder_files(
-    family_id: str, first: FileChoice | None, second: FileChoice | None, more: tuple[FileChoice | None, ...] = ()
+    family_id: str,
+    first: FileChoice | None,
+    second: FileChoice | None,
+    more: tuple[FileChoice | None, ...] = (),
+    vision: object | None = None,
 ) -> tuple[FileChoice, ...] | None:
     """Parallel Text Encode's (file, tokenizer folder) choices for a ``family_id`` model (``more``: the third and
     fourth, None where not chosen), checked on the host and in the family's order (``check_text_encoder_files``);
-    None: the model's own encoders."""
+    None: the model's own encoders. ``vision`` (an image's tokens for the prompt) needs files that read it."""
+    reader = family(family_id).text_encoder_file
+    if vision is not None and (first is None or reader is None or not reader().takes_vision):
+        raise ConfigError(
+            f"an image's vision tokens for a {family_id} prompt"
+            + ("" if first is not None else " with the model's own text encoders"),
+            "the image goes into the prompt of a text-encoder file that reads vision tokens (a LLaVA's Llama)",
+            "choose those text-encoder files (text_encoder, text_encoder_2) from models/text_encoders",
+        )
     more = tuple(f for f in more if f is not None)
     if first is None and (second is not None or more):
         other = second if second is not None else more[0]

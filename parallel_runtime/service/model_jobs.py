@@ -75,13 +75,14 @@ def encode_text_file(
     overrides: dict[str, Any] | None = None,
     second: tuple[str, str | None] | None = None,
     more: tuple[tuple[str, str | None], ...] = (),
+    vision: dict[str, Any] | None = None,
 ) -> list[Conditioning] | None:
     """Encode each prompt with a text-encoder FILE (ComfyUI's models/text_encoders, of a family that reads one:
     Qwen-Image's Qwen2.5-VL, Wan's UMT5, ...) on TEXT_RANK, in the model's dtype: on one device, or spread over
     the pool's GPUs by layers when larger than what any one has left (``load_job.text_file_placement``); with
     ``second`` = (file, tokenizer folder), the second file a family reads beside the first (Flux.1's CLIP-L), and
-    ``more`` the further ones (HiDream's), on the first one's device. The encoders stay loaded for the next
-    prompts."""
+    ``more`` the further ones (HiDream's), on the first one's device; ``vision``: an image's vision tokens for
+    the prompt (``TextEncoderFile.takes_vision``). The encoders stay loaded for the next prompts."""
     model = loaded_model(ctx)
     family_id = model.adapter.plan.family
     spec = family(family_id)
@@ -104,16 +105,19 @@ def encode_text_file(
             else f"{spec.label} reads one {reader.what} file",
             "give the files the family reads (Parallel Text Encode's text_encoder / text_encoder_2 ...)",
         )
+    if vision is not None and not reader.takes_vision:
+        raise ConfigError(
+            f"an image's vision tokens for a {spec.label} prompt",
+            f"{spec.label}'s {reader.what} file encodes text only",
+            "encode the prompt without the image (Parallel Text Encode)",
+        )
     if ctx.rank != TEXT_RANK:
         return None
     encoder, tokenizer = text_file_encoder(ctx, model, reader, encoder_path, tokenizer_dir, overrides, others)
+    length = max_sequence_length or reader.default_length
+    extra = {} if vision is None else {"vision": vision}
     with torch.no_grad():
-        return [
-            reader.encode(encoder, tokenizer, [p], max_sequence_length or reader.default_length).to(
-                "cpu", torch.float32
-            )
-            for p in prompts
-        ]
+        return [reader.encode(encoder, tokenizer, [p], length, **extra).to("cpu", torch.float32) for p in prompts]
 
 
 def text_file_encoder(

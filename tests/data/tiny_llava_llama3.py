@@ -31,6 +31,7 @@ SPECIALS = {
     "<|start_header_id|>": 128006,
     "<|end_header_id|>": 128007,
     "<|eot_id|>": 128009,
+    "<image>": 128257,  # where ComfyUI's TextEncodeHunyuanVideo_ImageToVideo puts the image's vision tokens
 }
 FIXED = {"user": 882, "\u010a\u010a": 271}  # byte-level BPE spellings: "user", "\n\n"
 CORPUS = """Describe the video by detailing the following aspects: 1. The main content and theme of the video.

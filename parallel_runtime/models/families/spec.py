@@ -115,6 +115,9 @@ class TextEncoderFile:
     # (paths of every file given) -> their indices in the order (first, second, *more) (a ConfigError when they
     # are not the kinds needed); None: the second file is told by its kind's ``recognise``
     arrange: Callable[[Sequence[str]], tuple[int, ...] | None] | None = None
+    # ``encode`` takes ``vision=`` {"states": [images, tokens, width] vision tokens in the text model's width (a
+    # CLIP_VISION_OUTPUT's mm_projected), "interleave": int}: an image's tokens inside the prompt
+    takes_vision: bool = False
 
     @property
     def extra_files(self) -> tuple[SecondEncoderFile, ...]:

@@ -16,6 +16,11 @@ A prompt is encoded as ComfyUI does it for HunyuanVideo (facts of its encoder, c
   the end-of-turn token (the empty prompt: that token alone); HunyuanVideoPipeline pads to 256 tokens and masks
   the padding instead, which the transformer reads the same way (``text.py``).
 - CLIP-L: its pooled output, not projected (see ``clip_text_file``).
+
+With an image (ComfyUI's TextEncodeHunyuanVideo_ImageToVideo: a CLIP_VISION_OUTPUT's ``mm_projected``, LLaVA's
+vision tokens already in Llama's width) the template is HunyuanVideo-I2V's (``I2V_TEMPLATE``): its ``<image>``
+token (id 128257) becomes the image's vision tokens, the prompt's states are cut as above (positions counted with
+the vision tokens in), and every ``image_interleave``-th vision token's states go in front of them.
 """
 
 from __future__ import annotations
@@ -35,6 +40,18 @@ from ...prefixed_text_file import decoder_config, load_prefixed_model
 from ..spec import SecondEncoderFile, TextEncoderFile
 from .text import SKIPPED_LAYERS, TEMPLATE
 
+I2V_TEMPLATE = (
+    "<|start_header_id|>system<|end_header_id|>\n\n<image>\nDescribe the video by detailing the following aspects "
+    "according to the reference image: "
+    "1. The main content and theme of the video."
+    "2. The color, shape, size, texture, quantity, text, and spatial relationships of the objects."
+    "3. Actions, events, behaviors temporal relationships, physical movement changes of the objects."
+    "4. background environment, light, style and atmosphere."
+    "5. camera angles, movements, and transitions used in the video:<|eot_id|>\n\n"
+    "<|start_header_id|>user<|end_header_id|>\n\n{}<|eot_id|>"
+    "<|start_header_id|>assistant<|end_header_id|>\n\n"
+)  # HunyuanVideoImageToVideoPipeline's DEFAULT_PROMPT_TEMPLATE (the I2V model's own)
+
 WHAT = "LLaVA-Llama-3 (HunyuanVideo's text encoder)"
 CLIP_WHAT = "CLIP-L (HunyuanVideo's second text encoder)"
 TEXT_PREFIX = "model."
@@ -47,6 +64,7 @@ LLAMA3_8B: Mapping[str, Any] = {  # llava-llama-3-8b's text config: what the wei
 }
 # Llama-3's token ids that locate the prompt in the template, and the id its empty rows are padded with
 HEADER_START, USER, HEADER_END, NEWLINES, EOT, PAD = 128006, 882, 128007, 271, 128009, 128258
+IMAGE = 128257  # Llama-3 LLaVA's <image>
 
 
 def _shapes(path: str | os.PathLike) -> dict[str, tuple[int, ...]]:
@@ -136,17 +154,29 @@ def prompt_span(ids: Sequence[int]) -> tuple[int, int]:
 
 
 @torch.no_grad()
-def llama_prompt_states(encoder: nn.Module, tokenizer, prompt: str) -> torch.Tensor:
-    """The Llama states [1, N, D] (float32) ComfyUI keeps of ``prompt`` (see the module doc)."""
+def llama_prompt_states(
+    encoder: nn.Module, tokenizer, prompt: str, images: torch.Tensor | None = None, interleave: int = 1
+) -> torch.Tensor:
+    """The Llama states [1, N, D] (float32) ComfyUI keeps of ``prompt`` (see the module doc); ``images``
+    [I, tokens, D]: vision tokens in the image-to-video template, every ``interleave``-th kept in front."""
     from ...prompt_weights import apply_weights, weighted_segments
 
     start = tokenizer("").input_ids[0]
     ids, weights = [start], [1.0]
-    for run, weight in weighted_segments(TEMPLATE.format(prompt)):
+    for run, weight in weighted_segments((TEMPLATE if images is None else I2V_TEMPLATE).format(prompt)):
         tokens = list(tokenizer(run, truncation=False).input_ids[1:])
         ids += tokens
         weights += [weight] * len(tokens)
     device = next(encoder.parameters()).device
+    first, end = prompt_span(ids)
+    if images is not None:
+        if any(w != 1.0 for w in weights):
+            raise ConfigError(
+                "a weighted prompt ('(word:1.2)') with an image's vision tokens",
+                "ComfyUI's weights move states toward an empty row of the same tokens, which the vision tokens lack",
+                "write the image-to-video prompt without weights",
+            )
+        return _with_images(encoder, ids, images.to(device), interleave, first, end)
 
     def run(row: list[int], mask: torch.Tensor) -> torch.Tensor:
         out = encoder(
@@ -158,18 +188,55 @@ def llama_prompt_states(encoder: nn.Module, tokenizer, prompt: str) -> torch.Ten
     if any(w != 1.0 for w in weights):
         empty_mask = (torch.arange(len(ids)) < 1).long()[None]
         states = apply_weights(states, run([start] + [PAD] * (len(ids) - 1), empty_mask), [weights])
-    first, end = prompt_span(ids)
     return states[:, first:end]
 
 
+def _with_images(
+    encoder: nn.Module, ids: list[int], images: torch.Tensor, interleave: int, first: int, end: int
+) -> torch.Tensor:
+    """The states of ``ids`` whose first ``<image>`` tokens (one per image) are the images' vision tokens: every
+    ``interleave``-th state of the images before the prompt, then the prompt's [first, end) (token positions)."""
+    table = encoder.get_input_embeddings()
+    if images.ndim != 3 or images.shape[-1] != table.embedding_dim:
+        raise ConfigError(
+            f"image vision tokens of shape {tuple(images.shape)} for a Llama {table.embedding_dim} wide",
+            "the image's LLaVA tokens (a CLIP_VISION_OUTPUT's mm_projected) take the place of Llama's <image> token",
+            "encode the start image with CLIPVisionLoader's llava_llama3_vision.safetensors (CLIPVisionEncode)",
+        )
+    pieces, where, ahead, shift = [], [], [], 0  # where: token position -> position with the vision tokens in
+    for i, token in enumerate(ids):
+        where.append(i + shift)
+        if token == IMAGE and len(pieces) < images.shape[0]:  # ComfyUI fills one <image> per image, in order
+            image = images[len(pieces)]
+            pieces.append((i, image))
+            if i < first:
+                ahead.append((i + shift, i + shift + image.shape[0]))
+            shift += image.shape[0] - 1
+    where.append(len(ids) + shift)
+    embeds = table(torch.tensor([ids], device=images.device))
+    rows, last = [], 0
+    for i, image in pieces:
+        rows += [embeds[:, last:i], image[None].to(embeds.dtype)]
+        last = i + 1
+    rows.append(embeds[:, last:])
+    out = encoder(inputs_embeds=torch.cat(rows, dim=1), output_hidden_states=True)
+    states = out.hidden_states[-(SKIPPED_LAYERS + 1)].float()
+    kept = [states[:, a:b:interleave] for a, b in ahead]
+    return torch.cat([*kept, states[:, where[first] : where[end]]], dim=1)
+
+
 @torch.no_grad()
-def encode_hunyuan_video_files(encoders, tokenizers, prompts: Sequence[str], max_sequence_length: int = 0):
+def encode_hunyuan_video_files(
+    encoders, tokenizers, prompts: Sequence[str], max_sequence_length: int = 0, vision: Mapping | None = None
+):
     """HunyuanVideo conditioning of ``prompts`` from (Llama, CLIP-L) ``encoders`` and their ``tokenizers``
     (``max_sequence_length`` is not used: ComfyUI keeps every prompt token). Prompts of different lengths are
-    padded with zeros at the end and masked."""
+    padded with zeros at the end and masked. ``vision``: {"states": [I, tokens, D] vision tokens, "interleave"}
+    (TextEncodeHunyuanVideo_ImageToVideo's image and image_interleave)."""
     llama, clip = encoders
     llama_tokenizer, clip_tokenizer = tokenizers
-    rows = [llama_prompt_states(llama, llama_tokenizer, p) for p in prompts]
+    images, interleave = (None, 1) if vision is None else (vision["states"].float(), int(vision["interleave"]))
+    rows = [llama_prompt_states(llama, llama_tokenizer, p, images, interleave) for p in prompts]
     length = max(r.shape[1] for r in rows)
     states = torch.cat([nn.functional.pad(r, (0, 0, 0, length - r.shape[1])) for r in rows])
     mask = torch.stack([(torch.arange(length) < r.shape[1]).long() for r in rows]).to(states.device)
@@ -185,5 +252,11 @@ CLIP_L = SecondEncoderFile(
 )
 
 ENCODER_FILE = TextEncoderFile(
-    "LLaVA-Llama-3", load_llama3_file, encode_hunyuan_video_files, 0, check=check_llama3_file, second=CLIP_L
+    "LLaVA-Llama-3",
+    load_llama3_file,
+    encode_hunyuan_video_files,
+    0,
+    check=check_llama3_file,
+    second=CLIP_L,
+    takes_vision=True,
 )
