@@ -141,6 +141,22 @@ def test_audio_is_refused_by_the_samplers_latent_check():
         model_latent(audio_latent, "ltx2", 128, 3)
 
 
+@pytest.mark.parametrize("kind", ["audio", "joint"])
+def test_audio_and_joint_audio_video_latents_are_refused_by_the_sampler_node(kind):
+    """ComfyUI's audio LATENT ({"type": "audio"}, an empty one is all zeros: it would otherwise pass as an empty
+    latent of another channel count) and a joint one (samples: a nested video + audio latent, as
+    LTXVConcatAVLatent makes) are refused on the host before the model is asked anything (no model here)."""
+    from parallel_runtime.service.comfy_graph import sample
+
+    class Nested:  # ComfyUI's NestedTensor: the video and audio latents side by side
+        tensors = [torch.zeros(1, 128, 2, 3, 4), torch.zeros(1, 8, 5, 16)]
+
+    latent = {"samples": torch.zeros(1, 8, 5, 16), "type": "audio"} if kind == "audio" else {"samples": Nested()}
+    with pytest.raises(ConfigError, match="audio") as info:
+        sample(None, None, None, latent, seed=0, steps=1, cfg=1.0, sampler_name="euler", scheduler="simple")
+    assert "video stream alone" in str(info.value) and "connect the video latent alone" in str(info.value)
+
+
 @torch.no_grad()
 def test_single_device_equals_the_release_schedulers_denoise_loop(comps):
     """Euler over the scheduler's own sigmas (LTX2Pipeline's retrieve_timesteps with the token count's mu), CFG 3 on

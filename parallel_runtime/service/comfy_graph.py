@@ -39,6 +39,7 @@ def _latent_parts(latent: object) -> tuple[torch.Tensor, torch.Tensor | None, li
     """(samples, noise mask, batch index) of a ComfyUI LATENT, each on the CPU (the model checks them)."""
     import torch
 
+    _refuse_audio(latent)
     if not isinstance(latent, Mapping) or not isinstance(latent.get("samples"), torch.Tensor):
         raise ConfigError(
             "latent_image is not a LATENT",
@@ -58,6 +59,24 @@ def _latent_parts(latent: object) -> tuple[torch.Tensor, torch.Tensor | None, li
         None if mask is None else mask.float().cpu(),
         None if index is None else [int(i) for i in index],
     )
+
+
+def _refuse_audio(latent: object) -> None:
+    """An audio LATENT (``type`` "audio") or a joint audio-video one (``samples`` a nested video + audio latent,
+    not one tensor): refused, no family's audio is sampled here."""
+    import torch
+
+    samples = latent.get("samples") if isinstance(latent, Mapping) else None
+    audio = isinstance(latent, Mapping) and latent.get("type") == "audio"
+    nested = samples is not None and not isinstance(samples, torch.Tensor) and hasattr(samples, "tensors")
+    if audio or nested:
+        raise ConfigError(
+            f"latent_image is {'an audio' if audio else 'a joint audio-video (nested video + audio)'} LATENT",
+            "the parallel samplers denoise image and video latents only: an audio-video model runs its video "
+            "stream alone here, so no audio latent is sampled alongside (README, the family's section)",
+            "connect the video latent alone (an empty video latent, or Parallel Empty Latent with a length), and "
+            "make the audio with ComfyUI's own nodes",
+        )
 
 
 def sample(
