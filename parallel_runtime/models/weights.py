@@ -182,8 +182,10 @@ def load_tensors(
     from .base import COMPUTE_DTYPE_ATTR
     from .fp8 import fp8_layers, quantise_per_tensor, set_scale, swap_to_fp8
     from .gguf import placement
+    from .host_heap import release_freed_heap
 
     _check_storage(storage)
+    release_freed_heap()  # the model's construction temporaries: not resident next to the weights read now
     numels = source.numels
     device = torch.device(device)
     wanted = {n: role_of(n) for n in (*dict(model.named_parameters()), *dict(model.named_buffers()))}

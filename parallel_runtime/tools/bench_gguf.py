@@ -5,8 +5,9 @@
   Qwen-Image, FLUX.2-dev and one Wan 2.2 A14B expert at their shipped configs. Byte accounting on the "meta"
   device, no file: each tensor's GGML type as city96's llama.cpp quantiser patch (ComfyUI-GGUF's tools) chooses
   it (:func:`gguf_type`), bf16 compute; ``weight_gb_per_rank_bf16`` the same models in bf16 for comparison.
-- ``stage_load_peak_rss_ratio``: measured: each rank of a pp=2 CPU pool loads its share of a generated
-  Qwen-Image-shaped Q8_0 GGUF file; its peak RSS increase over the GGML bytes it then holds.
+- ``stage_load_peak_rss_ratio``: {quant: the larger of the two ranks'}: measured: each rank of a pp=2 layout
+  loads its share of a generated Qwen-Image-shaped Q8_0 / Q4_K / Q5_1 GGUF file in a fresh process, after a
+  warm-up load (:mod:`.bench_gguf_rss`); its peak RSS increase over the GGML bytes it then holds.
 - ``dequant_step_overhead``: the step time (one transformer forward, CPU, float32 compute) of the same
   Qwen-Image-shaped model with Q8_0 / Q4_K GGUF weights over the time with its bf16 file's weights.
 """
@@ -27,12 +28,11 @@ import torch
 from ..models.families import flux, flux2, qwen_image, wan
 from ..models.families.registry import family_of_variant
 from ..models.families.spec import GGUFFacts
-from ..parallel.config import ParallelConfig
 from ..parallel.layout import ModelInfo
-from ..runtime.pool import WorkerPool
 
 REAL = (flux.DEV, qwen_image.QWEN_IMAGE, flux2.DEV, wan.T2V_14B)  # shipped configs (Wan: one A14B expert's size)
 QUANTS = ("Q8_0", "Q4_K_M")
+RSS_QUANTS = ("Q8_0", "Q4_K", "Q5_1")  # stage_load_peak_rss_ratio
 GB = 1e9
 
 
@@ -102,8 +102,8 @@ def qwen_tensors(width: int, blocks: int, seed: int = 0) -> Iterator[tuple[str, 
 
 
 def write_qwen_gguf(path: Path, tensors: Iterable[tuple[str, torch.Tensor]], quant: str) -> Path:
-    """``tensors`` as a GGUF file: 2-D weights in ``quant`` (Q8_0 quantised from the values; Q4_K random valid
-    blocks of the same magnitude, F16 where rows are not whole blocks), the rest F32, written through a
+    """``tensors`` as a GGUF file: 2-D weights in ``quant`` (Q8_0 / Q5_1 quantised from the values; Q4_K random
+    valid blocks of the same magnitude, F16 where rows are not whole blocks), the rest F32, written through a
     temporary file (one tensor in memory)."""
     import gguf  # alone in its block: ruff takes it for the checkout's folder when that folder is named "gguf"
 
@@ -114,9 +114,9 @@ def write_qwen_gguf(path: Path, tensors: Iterable[tuple[str, torch.Tensor]], qua
             writer.add_tensor(name, value.float().numpy(), raw_dtype=gguf.GGMLQuantizationType.F32)
         elif quant == "Q4_K" and value.shape[-1] % 256:  # rows of partial K blocks: F16, as the quantiser does
             writer.add_tensor(name, value.half().numpy(), raw_dtype=gguf.GGMLQuantizationType.F16)
-        elif quant == "Q8_0":
-            packed = gguf.quants.quantize(value.float().numpy(), gguf.GGMLQuantizationType.Q8_0)
-            writer.add_tensor(name, packed, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+        elif quant in ("Q8_0", "Q5_1"):
+            packed = gguf.quants.quantize(value.float().numpy(), gguf.GGMLQuantizationType[quant])
+            writer.add_tensor(name, packed, raw_dtype=gguf.GGMLQuantizationType[quant])
         else:
             blocks = torch.randint(0, 256, (value.numel() // 256, 144), dtype=torch.uint8, generator=gen)
             factor = torch.tensor([0.2 / 255 / value.shape[-1] ** 0.5] * 2, dtype=torch.float16)
@@ -140,12 +140,18 @@ def write_qwen_bf16(path: Path, width: int, blocks: int, seed: int) -> Path:
 
 
 # -- measurements -----------------------------------------------------------------------------------
-def measure_stage_rss(path: Path) -> list[dict[str, Any]]:
-    """Each rank of a pp=2 CPU pool loads its share of ``path`` (bench_bigmodels.measure_load: peak RSS)."""
-    from .bench_bigmodels import measure_load
+def measure_stage_rss(folder: Path, width: int, blocks: int) -> dict[str, list[dict[str, Any]]]:
+    """{quant: each pp=2 rank's load of its share of a ``width`` x ``blocks`` Qwen-Image-shaped file}, each rank
+    in a fresh process after a warm-up load of a two-block file of the same type (:mod:`.bench_gguf_rss`)."""
+    from .bench_gguf_rss import stage_rss
 
-    with WorkerPool("cpu:2", ParallelConfig(pp=2), threads_per_worker=1) as pool:
-        return pool.submit(measure_load, str(path), "bf16", True, result_rank="all").result(1800)
+    out = {}
+    for quant in RSS_QUANTS:
+        warmup = write_qwen_gguf(folder / f"warmup_{quant}.gguf", qwen_tensors(256, 2), quant)
+        path = write_qwen_gguf(folder / f"qwen_image_{quant}.gguf", qwen_tensors(width, blocks), quant)
+        out[quant] = [{"file_bytes": path.stat().st_size, **rank} for rank in stage_rss(path, warmup)]
+        path.unlink()
+    return out
 
 
 def step_seconds(
@@ -186,7 +192,7 @@ def step_seconds(
 
 def run(quick: bool = False) -> dict[str, Any]:
     """Run the benchmark; ``quick`` uses smaller generated files."""
-    width, blocks = (512, 4) if quick else (1024, 6)
+    width, blocks = (1024, 6) if quick else (1024, 12)  # shares over 100 MiB (quick: Q8_0's only)
     step_width, step_blocks, tokens, rounds = (512, 2, 256, 3) if quick else (1024, 2, 1024, 5)
     device, dtype, where = "cpu", torch.float32, "float32 compute, one CPU thread"
     if torch.cuda.is_available():  # the step on one GPU at Qwen-Image's real width, bf16 compute
@@ -195,7 +201,8 @@ def run(quick: bool = False) -> dict[str, Any]:
     results: dict[str, Any] = {
         "model": f"weights per rank: FLUX.1-dev, Qwen-Image, FLUX.2-dev, Wan 2.1/2.2 14B (one A14B expert) at their "
         "shipped configs on the meta device (byte accounting, types as city96's quantiser chooses them, bf16 "
-        f"compute); RSS: a Qwen-Image-shaped Q8_0 GGUF of {blocks} blocks {width} wide, random weights, 2 CPU ranks; "
+        f"compute); RSS: Qwen-Image-shaped {'/'.join(RSS_QUANTS)} GGUFs of {blocks} blocks {width} wide, random "
+        "weights, pp=2, each rank in a fresh process after a warm-up load; "
         f"step: a Qwen-Image-shaped transformer of {step_blocks} blocks {step_width} wide, {tokens} image + 32 text "
         f"tokens, {where}",
         "baseline": "weights: the same model in bf16 (weight_gb_per_rank_bf16); RSS: the GGML bytes the rank holds; "
@@ -212,12 +219,9 @@ def run(quick: bool = False) -> dict[str, Any]:
     }
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory(prefix="gguf-bench-") as tmp:
-        big = write_qwen_gguf(Path(tmp) / "qwen_image_Q8_0.gguf", qwen_tensors(width, blocks), "Q8_0")
-        ranks = measure_stage_rss(big)
-        results["file_bytes"] = big.stat().st_size
-        results["stage_loads_pp2"] = ranks
-        results["stage_load_peak_rss_ratio"] = round(max(r["peak_increase"] / r["held_bytes"] for r in ranks), 3)
-        big.unlink()
+        loads = measure_stage_rss(Path(tmp), width, blocks)
+        results["stage_loads_pp2"] = loads
+        results["stage_load_peak_rss_ratio"] = {q: max(r["ratio"] for r in ranks) for q, ranks in loads.items()}
         paths = {"bf16": write_qwen_bf16(Path(tmp) / "qwen_image_bf16.safetensors", step_width, step_blocks, 1)}
         for quant in ("Q8_0", "Q4_K"):
             gguf_path = Path(tmp) / f"qwen_image_{quant}.gguf"
