@@ -11,6 +11,7 @@ from __future__ import annotations
 from .caches import ParallelBlockCache, ParallelEasyCache, ParallelLazyCache
 from .context import shared_bridge
 from .controlnet import ParallelControlNetLoader
+from .image_to_video import ParallelHunyuanVideo15ImageToVideo
 from .latent import ParallelEmptyLatent
 from .loader import ParallelModelLoader
 from .lora import ParallelLoraLoader
@@ -35,6 +36,7 @@ NODES = [
     ParallelTextEncodeQwenImageEditPlus,
     ParallelTextEncodeHunyuanVideoImageToVideo,
     ParallelEmptyLatent,
+    ParallelHunyuanVideo15ImageToVideo,
     ParallelSampler,
     ParallelSamplerAdvanced,
     ParallelModelSamplingFlux,

@@ -11,6 +11,7 @@
   own (or at all, for a transformer-only file);
 - text-encoder files under ``models/text_encoders`` (Qwen-Image's Qwen2.5-VL, .safetensors or .gguf), for
   Parallel Text Encode;
+- image-encoder ``.safetensors`` files under ``models/clip_vision`` (HunyuanVideo 1.5's SigLIP);
 - LoRA ``.safetensors`` files under ``models/loras`` (the Parallel LoRA Loader's list);
 - ControlNet ``.safetensors`` files under ``models/controlnet`` (the Parallel ControlNet Loader's list).
 - Model patch ``.safetensors`` files under ``models/model_patches`` (the Parallel Model Patch Loader's list).
@@ -77,6 +78,16 @@ def single_files(bridge: Bridge) -> list[str]:
 def vae_choices(bridge: Bridge) -> list[str]:
     """The loader's VAE list: the model's own, then the files in models/vae."""
     return [VAE_FROM_MODEL, *_files_under(bridge, "vae")]
+
+
+def clip_vision_choices(bridge: Bridge) -> list[str]:
+    """Image-encoder files in ComfyUI's models/clip_vision folders (HunyuanVideo 1.5's SigLIP)."""
+    return _files_under(bridge, "clip_vision")
+
+
+def resolve_clip_vision(name: str, bridge: Bridge) -> str:
+    """The absolute path of the image-encoder file ``name`` (relative to a models/clip_vision folder, or absolute)."""
+    return _resolve_in("clip_vision", "vision encoder", name, bridge)
 
 
 def lora_choices(bridge: Bridge) -> list[str]:

@@ -120,8 +120,7 @@ class ParallelModel:
         return view
 
     def with_cache(self, spec: StepCacheSpec | BlockCacheSpec) -> ParallelModel:
-        """This model (same pool) sampling through ``spec``: a step cache replaces the view's step cache (as
-        a later EasyCache / LazyCache node replaces an earlier one in ComfyUI), a block cache its block cache."""
+        """This model (same pool) sampling through ``spec``, which replaces the view's cache of its kind."""
         view = copy.copy(self)
         view.caches = self.caches.plus(spec)
         return view
@@ -200,8 +199,7 @@ class ParallelModel:
         }
 
     def check_latent_size(self, height: int, width: int) -> None:
-        """Raise ConfigError unless a latent of ``height`` x ``width`` latent pixels suits this model
-        and layout (patch padding, position-embedding limit, PipeFusion bands)."""
+        """A ConfigError unless ``height`` x ``width`` latent pixels suit this model and layout (patches, bands)."""
         check_latent_size(self.info, self.config, height, width)
 
     def describe(self) -> str:
@@ -237,6 +235,8 @@ class ParallelModel:
             self.info.update(_load_into(self.pool, self.path, self.request, generation, should_cancel))
             self._loaded.generation = generation
         return generation
+
+    run_job = _run  # another service module's job (e.g. start_image_job) on this model's workers, model loaded
 
     def encode_text(
         self,

@@ -199,6 +199,45 @@ def empty_latent(model: ParallelModel, width: int, height: int, batch_size: int,
     return {"samples": samples}
 
 
+def image_to_video(
+    model: ParallelModel,
+    positive: Any,
+    negative: Any,
+    vision_path: str | None,
+    width: int,
+    height: int,
+    length: int,
+    batch_size: int,
+    start_image: Any = None,
+) -> tuple[Any, Any, dict[str, Any]]:
+    """(positive, negative, LATENT) of a HunyuanVideo 1.5 video: an empty latent and, with ``start_image``, both
+    conditionings carrying its latent (the model's own VAE) and its SigLIP states (``vision_path``), made on the
+    workers (``start_image_job``); without one, text-to-video."""
+    from .comfy_conditioning import EXTRAS_OPTION
+    from .start_image_job import check_start_image_request, encode_start_image
+
+    latent = empty_latent(model, width, height, batch_size, length)
+    if start_image is None:
+        return positive, negative, latent
+    from ..models.families.hunyuan_video15.start_image import with_start_image
+
+    check_start_image_request(model.family, vision_path, start_image)
+    start, embeds = model.run_job(encode_start_image, vision_path, start_image, int(width), int(height))
+
+    def add(conditioning: Any) -> list[list[Any]]:
+        if not isinstance(conditioning, list):
+            raise ConfigError(
+                f"conditioning is {type(conditioning).__name__}",
+                "CONDITIONING is a list of [embeddings, options] entries",
+                "connect Parallel Text Encode's output",
+            )
+        return [
+            [c, {**o, EXTRAS_OPTION: with_start_image(o.get(EXTRAS_OPTION), start, embeds)}] for c, o in conditioning
+        ]
+
+    return add(positive), add(negative), latent
+
+
 def encode(
     model: ParallelModel,
     text: str,

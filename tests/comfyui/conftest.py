@@ -36,6 +36,8 @@ TINY_STAND_INS: dict[str, tuple[str, str]] = {
     "diffusers/stable-diffusion-3.5-medium": ("tiny-sd3", ""),
     "diffusers/PixArt-Sigma-XL-2-1024-MS": ("tiny-pixart", ""),
     "diffusers/HunyuanVideo-1.5-Diffusers-480p_t2v": ("tiny-hunyuan-video-1.5", ""),
+    # a real folder the t2v stand-in does not use (the loader lists each real folder once)
+    "diffusers/HunyuanVideo-1.5-Diffusers-480p_i2v": ("tiny-hunyuan-video", ""),
     "diffusers/LTX-2": ("tiny-ltx2", ""),
     "diffusion_models/flux1-dev.safetensors": ("tiny-flux", "transformer/diffusion_pytorch_model.safetensors"),
     "vae/ae.safetensors": ("tiny-flux", "vae/diffusion_pytorch_model.safetensors"),
@@ -70,6 +72,7 @@ TINY_STAND_INS: dict[str, tuple[str, str]] = {
     "vae/wan2.2_vae.safetensors": ("tiny-wan-ti2v", "vae/diffusion_pytorch_model.safetensors"),
     "text_encoders/umt5_xxl_fp8_e4m3fn_scaled.safetensors": ("tiny-wan", "text_encoder/model.safetensors"),
     "clip_vision/clip_vision_h.safetensors": ("tiny-wan-i2v", "image_encoder/model.safetensors"),
+    "clip_vision/sigclip_vision_patch14_384.safetensors": ("tiny-wan-i2v", "image_encoder/model.safetensors"),
     "diffusion_models/hunyuan_video_t2v_720p_bf16.safetensors": (
         "tiny-hunyuan-video",
         "transformer/diffusion_pytorch_model.safetensors",
@@ -128,6 +131,7 @@ INPUT_IMAGES = (
     "fill_input.png",
     "controlnet_canny_input.png",
     "ltx_start_image.png",
+    "hunyuan_video15_start_image.png",
 )
 INPUT_VIDEOS = ("wan_control_pose.mp4",)  # LoadVideo's files: validate_prompt checks the name, never decodes it
 

@@ -32,6 +32,7 @@ OUR_NODES = {
     "DiTParallelTextEncodeQwenImageEdit": "Parallel Text Encode Qwen Image Edit",
     "DiTParallelTextEncodeQwenImageEditPlus": "Parallel Text Encode Qwen Image Edit Plus",
     "DiTParallelEmptyLatent": "Parallel Empty Latent",
+    "DiTParallelHunyuanVideo15ImageToVideo": "Parallel HunyuanVideo 1.5 Image To Video",
     "DiTParallelSampler": "Parallel Sampler",
     "DiTParallelVAEDecode": "Parallel VAE Decode",
     "DiTParallelUnload": "Parallel Runtime Unload",

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from types import MappingProxyType
 
 from ....parallel.layout import LayoutHints
 from ..spec import FamilySpec, TextFacts
@@ -59,17 +58,6 @@ FAMILY = FamilySpec(
     text=TextFacts(max_length=1000, comfy_nodes="Parallel Text Encode with the diffusers folder (Qwen2.5-VL + ByT5)"),
     text_encoding=_text_encoding,
     text_encoder_file=_text_encoder_file,
-    refused_pipelines=MappingProxyType(
-        {
-            "HunyuanVideo15ImageToVideoPipeline": (
-                "HunyuanVideo 1.5 image-to-video runs in the engine with the start image's latent and SigLIP states "
-                "given in GlyphText, but no node hands them over yet (ComfyUI 0.3.64 has no HunyuanVideo 1.5): its "
-                "transformer would run as text-to-video with no start image",
-                "load a HunyuanVideo-1.5 text-to-video folder (HunyuanVideo15Pipeline, e.g. "
-                "HunyuanVideo-1.5-Diffusers-480p_t2v)",
-            )
-        }
-    ),
     layout=LayoutHints(default_cfg=6.0, text_tokens=64),
     head_dim=128,
     geometry=geometry,
