@@ -27,7 +27,7 @@ from tests.dist_jobs.cache_jobs import compile_report
 
 MODEL = "tiny-flux-shapes"
 PROMPTS = ("a red circle on a blue background", "a green square on a yellow background", "a blue triangle")
-SEEDS = range(5)
+SEEDS = range(2)  # the first seed and another: a recompile for a new seed would show at the second
 LATENT = torch.zeros(1, 16, 16, 16)  # 128 px, the model's native size
 TOLERANCE = 1e-5  # relative, fp32
 
