@@ -198,3 +198,47 @@ def test_parallel_text_encode_then_sampler_equals_comfyui_s_conditioning_on_our_
     other = model.encode_text("", *files[:1], text_encoder_2=files[1], text_encoder_3=files[2], text_encoder_4=files[3])
     moved = (model.sample(other, branches[1], None, **kw) - latents["comfyui"]).abs().max().item()
     assert moved > 1000 * error  # the prompt shows in the latent: the comparison can see a wrong encoding
+
+
+def test_a_llama_3_1_gguf_encodes_as_the_safetensors_path_on_comfyui_gguf_s_weights(cpu_pool, tmp_path):
+    """HiDream's Llama-3.1 as a llama.cpp GGUF (ComfyUI-GGUF's QuadrupleCLIPLoaderGGUF reads it) gives the
+    conditioning the safetensors path (equal to ComfyUI above) gives on the weights ComfyUI-GGUF dequantises from
+    it, the other three files the same. The tiny Llama is tiny_llava_llama3's (its rows are whole Q8_0 blocks;
+    the reference's Llama is 24 wide), with its Llama-3-id tokenizer."""
+    import sys
+
+    from bigmodel_files import save
+    from llama_gguf_files import write_llama_gguf
+
+    from parallel_runtime.models.families.hidream.text_file import arrange, load_llama_file
+    from parallel_runtime.models.gguf.linear import gguf_layers
+    from parallel_runtime.service.load_job import load_model
+    from parallel_runtime.service.model_jobs import encode_text_file
+
+    sys.path.insert(0, str(DATA))
+    try:
+        import tiny_llava_llama3 as tiny
+    finally:
+        sys.path.remove(str(DATA))
+    path = tmp_path / "Meta-Llama-3.1-8B-Instruct-tiny-Q8_0.gguf"
+    oracle = save(write_llama_gguf(tiny, path), tmp_path / "llama_3.1_oracle.safetensors")
+    assert {layer.kind.name for layer in gguf_layers(load_llama_file(path, "cpu", torch.float32)).values()} == {"Q8_0"}
+    t5, clip_g, _, clip_l = (_choice(n) for n in REFERENCE["cases"]["bf16"]["files"])
+    assert arrange([clip_g[0], str(path), t5[0], clip_l[0]]) == (1, 2, 3, 0)  # the GGUF is told to be the Llama
+    llama = (str(path), str(tiny.TOKENIZER))
+    reader = family("hidream-i1").text_encoder_file()
+    assert check_text_encoder_files(reader, clip_l, llama, "hidream-i1", (clip_g, t5)) == (llama, t5, clip_l, clip_g)
+    pool = cpu_pool(ParallelConfig(ulysses=2))
+    pool.submit(load_model, str(ensure_tiny_model("tiny-hidream")), "fp32", "sdpa").result(300)
+    prompts, tokenizer = REFERENCE["prompts"], str(tiny.TOKENIZER)
+    got = pool.submit(encode_text_file, str(path), tokenizer, prompts, None, None, t5, (clip_l, clip_g)).result(300)
+    overrides = {"head_dim": tiny.HEAD_DIM}  # the tiny file's; Llama-3.1 8B's is 128
+    want = pool.submit(encode_text_file, str(oracle), tokenizer, prompts, None, overrides, t5, (clip_l, clip_g))
+    want = want.result(300)
+    for a, b in zip(got, want):
+        assert a.extras.llama3.shape == b.extras.llama3.shape == (1, tiny.LAYERS, a.extras.llama3.shape[2], tiny.WIDTH)
+    worst = max(float((a.extras.llama3 - b.extras.llama3).abs().max()) for a, b in zip(got, want))
+    assert worst <= BOUND, worst
+    moved = float((got[0].extras.llama3 - got[1].extras.llama3).abs().max())
+    assert moved > 1000 * max(worst, 1e-9)  # the prompts differ in the states: the comparison can see a wrong Llama
+    print(f"HiDream Llama-3.1 GGUF vs the safetensors path on ComfyUI-GGUF's weights: max |err| {worst:.2e}")

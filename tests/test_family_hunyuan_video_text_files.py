@@ -73,50 +73,12 @@ def test_workers_encode_like_comfyui_dualcliploader_hunyuan_video(cpu_pool, file
     print("HunyuanVideo text files vs ComfyUI, max |err|:", worst)
 
 
-def _write_gguf(tiny, path: Path) -> dict[str, torch.Tensor]:
-    """The tiny Llama as llama.cpp's converter writes it (its names, each head's query / key rows in interleaved
-    pairs, 2-D tensors Q8_0, norms F32, sizes as llama.* metadata); returns the weights ComfyUI-GGUF's own
-    dequantisation gives of it, under ComfyUI's names in transformers' row order (the oracle's file)."""
-    import gguf
-    from comfy_gguf import comfy_dequantise
-
-    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, tiny.LAYERS)
-    writer = gguf.GGUFWriter(path=None, arch="llama")
-    writer.add_block_count(tiny.LAYERS)
-    writer.add_embedding_length(tiny.WIDTH)
-    writer.add_feed_forward_length(tiny.FF)
-    writer.add_head_count(tiny.HEADS)
-    writer.add_head_count_kv(tiny.KV_HEADS)
-    writer.add_key_length(tiny.HEAD_DIM)
-    writer.add_value_length(tiny.HEAD_DIM)
-    writer.add_rope_freq_base(500000.0)
-    writer.add_layer_norm_rms_eps(1e-5)
-    oracle = {}
-    for name, value in tiny.tiny_tensors().items():
-        stored = value
-        for projection, heads in (("q_proj", tiny.HEADS), ("k_proj", tiny.KV_HEADS)):
-            if name.endswith(projection + ".weight"):
-                rows = value.shape[0]
-                stored = value.reshape(heads, 2, rows // heads // 2, -1).transpose(1, 2).reshape(value.shape)
-        kind = gguf.GGMLQuantizationType.Q8_0 if value.ndim == 2 else gguf.GGMLQuantizationType.F32
-        packed = gguf.quants.quantize(stored.numpy(), kind)
-        writer.add_tensor(names.get_name(name, try_suffixes=(".weight",)), packed, raw_dtype=kind)
-        if value.ndim == 2:
-            packed = torch.from_numpy(gguf.quants.quantize(value.numpy(), kind))
-            value = comfy_dequantise(packed, "Q8_0", tuple(value.shape), torch.float32)
-        oracle[name] = value.float().contiguous()
-    writer.write_header_to_file(path=str(path))
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return oracle
-
-
 def test_a_llama_gguf_encodes_as_the_safetensors_path_on_comfyui_gguf_s_weights(cpu_pool, tmp_path):
     """A llava-llama-3 GGUF (as ComfyUI-GGUF's DualCLIPLoaderGGUF reads it) encodes as the safetensors path (equal
     to ComfyUI above) on the weights ComfyUI-GGUF dequantises from it. ComfyUI-GGUF itself is not run: it undoes
     the query / key reorder for Llama-3 8B's 32 / 8 heads only, which the tiny model does not have."""
     from bigmodel_files import save
+    from llama_gguf_files import write_llama_gguf
 
     from parallel_runtime.models.families.hunyuan_video.text_file import load_llama3_file
     from parallel_runtime.models.gguf.linear import gguf_layers
@@ -129,7 +91,7 @@ def test_a_llama_gguf_encodes_as_the_safetensors_path_on_comfyui_gguf_s_weights(
     finally:
         sys.path.remove(str(DATA))
     path = tmp_path / "llava-llama-3-8b-tiny-Q8_0.gguf"
-    oracle = save(_write_gguf(tiny, path), tmp_path / "llava_llama3_oracle.safetensors")
+    oracle = save(write_llama_gguf(tiny, path), tmp_path / "llava_llama3_oracle.safetensors")
     assert {layer.kind.name for layer in gguf_layers(load_llama3_file(path, "cpu", torch.float32)).values()} == {"Q8_0"}
     pool = cpu_pool(ParallelConfig(ulysses=2))
     pool.submit(load_model, str(ensure_tiny_model("tiny-hunyuan-video")), "fp32", "sdpa").result(300)

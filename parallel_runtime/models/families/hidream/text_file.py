@@ -5,7 +5,10 @@
   without Llama-3.1's long-context rescaling (ComfyUI's Llama runs plain RoPE), RMSNorm eps 1e-5. fp8-scaled files
   keep their Linear layers in fp8 as ComfyUI's scaled-fp8 layers (``prefixed_text_file``). The first file: when
   it is larger than one GPU's room, its layers are spread over the pool's GPUs (``load_job.text_file_placement``);
-  the three others go to its first device. Its tokenizer is a folder (ComfyUI's ``llama_tokenizer``).
+  the three others go to its first device. Its tokenizer is a folder (ComfyUI's ``llama_tokenizer``). Or a
+  llama.cpp GGUF (general.architecture "llama", e.g. ``Meta-Llama-3.1-8B-Instruct-Q4_K_M.gguf``, as ComfyUI-GGUF's
+  QuadrupleCLIPLoaderGGUF reads it; ``models.gguf.llama_text``): Linear weights kept in their GGML blocks, head
+  width, RoPE base and norm epsilon from its ``llama.*`` metadata.
 - T5-XXL (``t5xxl_fp16`` / ``t5xxl_fp8_e4m3fn_scaled``; ``models.t5_text_file``), weights in float16.
 - CLIP-L and CLIP-G (``clip_l_hidream`` / ``clip_g_hidream``) with their projections (``clip_projected_file``);
   of the two CLIP files the narrower is CLIP-L (768 vs 1280 wide).
@@ -78,20 +81,30 @@ def llama_text_config(shapes: Mapping[str, tuple[int, ...]], overrides: Mapping[
     return decoder_config(shapes, TEXT_PREFIX, int(base.get("head_dim", HEAD_DIM)), layers, base)
 
 
+def _is_gguf(path: str | os.PathLike) -> bool:
+    return str(path).lower().endswith(".gguf")
+
+
 def _safetensors_shapes(path: str | os.PathLike) -> dict[str, tuple[int, ...]]:
     from ...t5_text_file import safetensors_shapes
 
     if not str(path).lower().endswith(".safetensors"):
         raise ConfigError(
             f"{Path(path).name} as HiDream's Llama-3.1 file",
-            "HiDream's Llama-3.1 is read from a .safetensors file here (Llama GGUF files are not read yet)",
-            "pick llama_3.1_8b_instruct_fp8_scaled.safetensors (ComfyUI's models/text_encoders)",
+            "HiDream's Llama-3.1 is read from a .safetensors file or a llama.cpp .gguf file",
+            "pick llama_3.1_8b_instruct_fp8_scaled.safetensors (ComfyUI's models/text_encoders) or a Llama-3.1 GGUF",
         )
     return safetensors_shapes(path)
 
 
 def check_llama_file(path: str) -> None:
-    """On the host: ``path`` holds a Llama text model in ComfyUI's layout."""
+    """On the host: ``path`` holds a Llama text model in ComfyUI's layout (a GGUF: of architecture llama)."""
+    if _is_gguf(path):
+        from ...gguf.llama_text import llama_gguf_overrides, open_llama_gguf
+
+        file, shapes = open_llama_gguf(path, TEXT_PREFIX, LLAMA_WHAT)
+        llama_text_config(shapes, llama_gguf_overrides(file, None))
+        return
     llama_text_config(_safetensors_shapes(path))
 
 
@@ -105,6 +118,11 @@ def load_llama_file(
     """The Llama-3.1 text model in ComfyUI's ``path`` (see the module doc), on ``device``, in ``dtype``."""
     from transformers import LlamaConfig, LlamaModel
 
+    if _is_gguf(path):
+        from ...gguf.llama_text import load_llama_gguf
+
+        return load_llama_gguf(path, TEXT_PREFIX, LLAMA_WHAT, llama_text_config, device, dtype, storage, overrides)
+
     def build(shapes: Mapping[str, tuple[int, ...]]) -> nn.Module:
         return LlamaModel(LlamaConfig(**llama_text_config(shapes, overrides)))
 
@@ -114,6 +132,10 @@ def load_llama_file(
 def _kind(path: str) -> str | None:
     """Which of HiDream's encoders a file holds, by its header: "llama", "t5", "clip" or None."""
     try:
+        if _is_gguf(path):
+            from ...gguf.reader import GGUFFile
+
+            return "llama" if GGUFFile(path).architecture == "llama" else None
         if clip_width(path) is not None:
             return "clip"
         if str(path).lower().endswith(".safetensors") and TEXT_PREFIX + "embed_tokens.weight" in _safetensors_shapes(
@@ -135,7 +157,8 @@ def arrange(paths: Sequence[str]) -> tuple[int, ...]:
         raise ConfigError(
             f"HiDream's text-encoder files are not one Llama-3.1, one T5-XXL and two CLIPs ({said})",
             "HiDream reads four text encoders, one file each, as ComfyUI's QuadrupleCLIPLoader",
-            "choose llama_3.1_8b_instruct*, t5xxl*, clip_l_hidream and clip_g_hidream .safetensors",
+            "choose llama_3.1_8b_instruct* (.safetensors or a llama .gguf), t5xxl*, clip_l_hidream and clip_g_hidream "
+            ".safetensors",
         )
     clip_l, clip_g = sorted(found["clip"], key=lambda i: clip_width(paths[i]))
     if clip_width(paths[clip_l]) == clip_width(paths[clip_g]):

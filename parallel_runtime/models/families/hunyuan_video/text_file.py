@@ -104,39 +104,23 @@ def load_llama3_file(path, device="cpu", dtype=torch.bfloat16, storage="auto", o
     return load_prefixed_model(path, TEXT_PREFIX, build, device, dtype, storage, only_model_parameters=True)
 
 
-def _open_gguf(path):
-    """The llama-architecture GGUF ``path`` and the shapes ``llama_text_config`` reads, under ComfyUI's names."""
-    from ...gguf.reader import GGUFFile
-    from ...gguf.text_model import check_text_architecture, probe_shapes
-
-    file = GGUFFile(Path(path).expanduser())
-    check_text_architecture(file, ("llama",), WHAT)
-    probe = ["embed_tokens.weight", "layers.0.mlp.gate_proj.weight", "layers.0.post_attention_layernorm.weight"]
-    probe += [f"layers.0.self_attn.{p}.weight" for p in ("q_proj", "k_proj")]
-    return file, probe_shapes(file, TEXT_PREFIX, probe)
-
-
 def _load_llama3_gguf(path, device, dtype: torch.dtype, storage: str, overrides) -> nn.Module:
     """The Llama text model of a llama.cpp GGUF (general.architecture "llama", e.g.
     ``llava-llama-3-8b-v1_1-Q4_K_M.gguf``, as ComfyUI-GGUF's DualCLIPLoaderGGUF reads it): Linear weights kept in
     their GGML blocks, query / key rows put back in transformers' order by the file's head counts, the head width,
     RoPE base and norm epsilon from its ``llama.*`` metadata (``models.gguf.llama_text``)."""
-    from transformers import LlamaConfig, LlamaModel
+    from ...gguf.llama_text import load_llama_gguf
 
-    from ...gguf.llama_text import llama_gguf_overrides, llama_gguf_source_fields
-    from ...gguf.text_model import load_llama_cpp_model
-    from ...weights import parameters_on_meta
-
-    file, shapes = _open_gguf(path)
-    with parameters_on_meta():
-        model = LlamaModel(LlamaConfig(**llama_text_config(shapes, llama_gguf_overrides(file, overrides))))
-    return load_llama_cpp_model(model, file, TEXT_PREFIX, device, dtype, storage, llama_gguf_source_fields)
+    return load_llama_gguf(path, TEXT_PREFIX, WHAT, llama_text_config, device, dtype, storage, overrides)
 
 
 def check_llama3_file(path: str) -> None:
     """On the host, before any worker reads it: the file holds a Llama text model (a GGUF: of architecture
     llama)."""
-    llama_text_config(_open_gguf(path)[1] if str(path).lower().endswith(".gguf") else _shapes(path))
+    from ...gguf.llama_text import open_llama_gguf
+
+    gguf = str(path).lower().endswith(".gguf")
+    llama_text_config(open_llama_gguf(path, TEXT_PREFIX, WHAT)[1] if gguf else _shapes(path))
 
 
 def prompt_span(ids: Sequence[int]) -> tuple[int, int]:
