@@ -77,6 +77,14 @@ TINY_STAND_INS: dict[str, tuple[str, str]] = {
         "tiny-hunyuan-video",
         "transformer/diffusion_pytorch_model.safetensors",
     ),
+    "diffusion_models/hunyuan_video_v2_replace_image_to_video_720p_bf16.safetensors": (  # its tensors are T2V's
+        "tiny-hunyuan-video",
+        "transformer/diffusion_pytorch_model.safetensors",
+    ),
+    "clip_vision/llava_llama3_vision.safetensors": (  # validation only reads the name
+        "tiny-wan-i2v",
+        "image_encoder/model.safetensors",
+    ),
     "vae/hunyuan_video_vae_bf16.safetensors": ("tiny-hunyuan-video", "vae/diffusion_pytorch_model.safetensors"),
     "text_encoders/llava_llama3_fp8_scaled.safetensors": ("tiny-hunyuan-video", "text_encoder/model.safetensors"),
     "diffusion_models/ltx-video-2b-v0.9.safetensors": (
@@ -132,6 +140,7 @@ INPUT_IMAGES = (
     "controlnet_canny_input.png",
     "ltx_start_image.png",
     "hunyuan_video15_start_image.png",
+    "hunyuan_start_image.png",
 )
 INPUT_VIDEOS = ("wan_control_pose.mp4",)  # LoadVideo's files: validate_prompt checks the name, never decodes it
 
