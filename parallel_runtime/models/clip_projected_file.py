@@ -76,7 +76,8 @@ def check_projected_clip_file(path: str, kind: str) -> None:
     if not name.lower().endswith(".safetensors"):
         raise ConfigError(
             f"{name} as the {kind} file",
-            f"{kind} is read from a .safetensors file in transformers' CLIP layout (GGUF CLIP files are not read)",
+            f"{kind} is read from a .safetensors file in transformers' CLIP layout (GGUF CLIP files are not read, "
+            "as ComfyUI-GGUF's CLIP loaders read none: their GGUFs are llama.cpp's T5 / Llama / Qwen text models)",
             f"pick {kind.lower().replace('-', '_')}*.safetensors (ComfyUI's models/text_encoders)",
         )
     projected_clip_config(_shapes(path), name, kind)

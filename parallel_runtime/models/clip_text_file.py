@@ -89,7 +89,8 @@ def check_clip_l_file(path: str, what: str = "CLIP-L") -> None:
     if not name.lower().endswith(".safetensors"):
         raise ConfigError(
             f"{name} as the {what} file",
-            f"{what} is read from a .safetensors file in transformers' CLIP layout (GGUF CLIP files are not read)",
+            f"{what} is read from a .safetensors file in transformers' CLIP layout (GGUF CLIP files are not read, "
+            "as ComfyUI-GGUF's CLIP loaders read none: their GGUFs are llama.cpp's T5 / Llama / Qwen text models)",
             "pick clip_l.safetensors (ComfyUI's models/text_encoders)",
         )
     clip_l_config(_shapes(path), name, what)
