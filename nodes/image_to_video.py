@@ -3,8 +3,9 @@ HunyuanVideo 1.5 image-to-video, made on the parallel workers.
 
 It takes the inputs of the node a later ComfyUI has for this model (HunyuanVideo15ImageToVideo: positive,
 negative, width, height, length, batch_size, start_image) with the Parallel Model in place of the VAE (the model's
-own VAE encodes the start image on the workers) and a models/clip_vision file in place of the CLIP-vision output
-(its SigLIP tower encodes the start image on the workers), and gives the same three outputs.
+own VAE encodes the start image on the workers) and a models/clip_vision file (or the model folder's own image
+encoder) in place of the CLIP-vision output (its SigLIP tower encodes the start image on the workers), and gives the
+same three outputs.
 """
 
 from __future__ import annotations
@@ -20,8 +21,10 @@ from .model_files import clip_vision_choices, resolve_clip_vision
 
 _VISION_TIP = (
     "The SigLIP image encoder from models/clip_vision: sigclip_vision_patch14_384.safetensors (Comfy-Org's "
-    "HunyuanVideo 1.5 repackaging; the release's vision_encoder/siglip). Read only when a start image is connected."
+    "HunyuanVideo 1.5 repackaging; the release's vision_encoder/siglip), or the model's own (an i2v diffusers "
+    "folder's image_encoder). Read only when a start image is connected."
 )
+VISION_OWN = "(the model's own)"
 
 
 def _side(name: str, default: int) -> Any:
@@ -46,7 +49,7 @@ class ParallelHunyuanVideo15ImageToVideo(DeclaredNode):
             ),
             Socket("positive", "CONDITIONING", "From Parallel Text Encode."),
             Socket("negative", "CONDITIONING", "From Parallel Text Encode."),
-            Choice("clip_vision", _VISION_TIP, lambda: clip_vision_choices(shared_bridge())),
+            Choice("clip_vision", _VISION_TIP, lambda: [VISION_OWN, *clip_vision_choices(shared_bridge())]),
             _side("width", 848),
             _side("height", 480),
             Int("length", "Video frames (4k+1).", 33, 1, limits.MAX_FRAMES, step=limits.FRAME_STEP),
@@ -76,6 +79,7 @@ class ParallelHunyuanVideo15ImageToVideo(DeclaredNode):
         from parallel_runtime.service.comfy_graph import image_to_video
 
         bridge = parallel_model.context.bridge
-        vision = resolve_clip_vision(clip_vision, bridge) if start_image is not None else None
+        use_file = start_image is not None and clip_vision != VISION_OWN
+        vision = resolve_clip_vision(clip_vision, bridge) if use_file else None
         model = parallel_model.model()
         return image_to_video(model, positive, negative, vision, width, height, length, batch_size, start_image)

@@ -1,8 +1,9 @@
 """HunyuanVideo 1.5 image-to-video through the nodes: a HunyuanVideo15ImageToVideoPipeline folder (the tiny
 model's parts) loads, Parallel Text Encode encodes both prompts and Parallel HunyuanVideo 1.5 Image To Video makes
 the start image's latent (the model's VAE) and SigLIP states (a tiny SigLIP saved as a real models/clip_vision
-file in the release's names) on the workers; Parallel Sampler's video equals diffusers' I2V pipeline on the same
-components (one rank), and Ulysses 2 equals one rank."""
+file in the release's names, or the folder's own image_encoder) on the workers; Parallel Sampler's video equals
+diffusers' I2V pipeline on the same components (one rank, the file), and Ulysses 2 (the folder's encoder) equals one
+rank."""
 
 from __future__ import annotations
 
@@ -30,15 +31,15 @@ POSITIVE, NEGATIVE = 'a shop window with a sign that says "open", warm light', "
 SIGLIP = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2, image_size=32,
               patch_size=8)  # fmt: skip
 WIDTH, HEIGHT, LENGTH, SEED, STEPS, CFG = 48, 32, 9, 5, 3, 4.0
-# loader widgets: devices, ulysses, ring, cfg_parallel, pipefusion, pp_patches, pp_warmup (the warm pools of the
-# other node tests; CFG 2 and PipeFusion 2 of the same conditioning: tests/test_family_hunyuan_video15_i2v.py)
+# loader widgets: devices, ulysses, ring, cfg_parallel, pipefusion, pp_patches, pp_warmup (CFG 2 and PipeFusion 2 of
+# the same conditioning: tests/test_family_hunyuan_video15_i2v.py)
 LAYOUTS = {"one": ("cpu:1", 1, 1, 1, 1, 0, 1), "ulysses2": ("cpu:2", 2, 1, 1, 1, 0, 1)}
 
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
     from safetensors.torch import save_file
-    from transformers import SiglipVisionConfig, SiglipVisionModel
+    from transformers import SiglipImageProcessor, SiglipVisionConfig, SiglipVisionModel
 
     root = tmp_path_factory.mktemp("hunyuan_video15_i2v")
     tiny = ensure_tiny_model(NAME)
@@ -47,14 +48,22 @@ def files(tmp_path_factory):
     for part in tiny.iterdir():
         if part.is_dir():
             (folder / part.name).symlink_to(part)
-    index = json.loads((tiny / "model_index.json").read_text())
-    (folder / "model_index.json").write_text(json.dumps({**index, "_class_name": "HunyuanVideo15ImageToVideoPipeline"}))
     torch.manual_seed(11)
     vision = SiglipVisionModel(SiglipVisionConfig(**SIGLIP)).eval()
     with torch.no_grad():  # norms off their defaults, so a misread tensor shows
         for name, param in vision.named_parameters():
             if "norm" in name:
                 param.add_(torch.randn_like(param) * 0.2)
+    vision.save_pretrained(folder / "image_encoder")  # the i2v folder's own encoder: the same weights
+    SiglipImageProcessor(size={"height": 32, "width": 32}).save_pretrained(folder / "feature_extractor")
+    index = json.loads((tiny / "model_index.json").read_text())
+    own = {
+        "image_encoder": ["transformers", "SiglipVisionModel"],
+        "feature_extractor": ["transformers", "SiglipImageProcessor"],
+    }
+    (folder / "model_index.json").write_text(
+        json.dumps({**index, **own, "_class_name": "HunyuanVideo15ImageToVideoPipeline"})
+    )
     (root / "clip_vision").mkdir()
     weights = {
         "vision_model." + k.removeprefix("vision_model."): v.contiguous() for k, v in vision.state_dict().items()
@@ -100,7 +109,7 @@ def pipeline_video(files) -> torch.Tensor:
     ).frames  # fmt: skip
 
 
-def run_graph(files, layout: str) -> torch.Tensor:
+def run_graph(files, layout: str, clip_vision: str) -> torch.Tensor:
     """Loader -> 2 x Parallel Text Encode -> Parallel HunyuanVideo 1.5 Image To Video -> Parallel Sampler: the
     sampler's raw LATENT."""
     from dit_parallel_pack.nodes.context import NodeContext
@@ -117,7 +126,7 @@ def run_graph(files, layout: str) -> torch.Tensor:
     (pos,) = ParallelTextEncode(context=ctx).encode(model, POSITIVE)
     (neg,) = ParallelTextEncode(context=ctx).encode(model, NEGATIVE)
     pos, neg, latent = ParallelHunyuanVideo15ImageToVideo(context=ctx).encode(
-        model, pos, neg, "tiny_sigclip.safetensors", WIDTH, HEIGHT, LENGTH, 1, files.image
+        model, pos, neg, clip_vision, WIDTH, HEIGHT, LENGTH, 1, files.image
     )
     assert isinstance(pos[0][1]["dit_parallel_extras"], GlyphText) and latent["samples"].shape == (1, 8, 3, 2, 3)
     (out,) = ParallelSampler(context=ctx).sample(model, pos, neg, latent, SEED, STEPS, CFG, "euler", "simple", 1.0)[
@@ -129,10 +138,10 @@ def run_graph(files, layout: str) -> torch.Tensor:
 def test_i2v_nodes_equal_diffusers_pipeline_and_every_layout(files, pool_registry):
     files.registry = pool_registry
     ref = pipeline_video(files)
-    one = run_graph(files, "one")
+    one = run_graph(files, "one", "tiny_sigclip.safetensors")  # the models/clip_vision file
     err = ((HUNYUAN_VIDEO15.to_model(one) - ref).norm() / ref.norm()).item()
     assert err <= 1e-4, f"one rank vs diffusers' I2V pipeline: relative L2 error {err:.2e}"
-    got = run_graph(files, "ulysses2")
+    got = run_graph(files, "ulysses2", "(the model's own)")  # the folder's image_encoder (the same weights)
     err = ((got - one).norm() / one.norm()).item()
     assert err <= 1e-5, f"Ulysses 2 vs one rank: relative L2 error {err:.2e}"
 
@@ -141,12 +150,14 @@ def test_start_image_requests_are_checked_on_the_host(files):
     from parallel_runtime.service.start_image_job import check_start_image_request
 
     assert siglip_config(files.vision_file) == {**SIGLIP, "vision_use_head": True}
+    family, t2v = "hunyuan-video-1.5", ensure_tiny_model(NAME)
+    check_start_image_request(family, None, files.image, files.folder)  # the i2v folder's own encoder
+    with pytest.raises(ConfigError, match="has no image_encoder"):
+        check_start_image_request(family, None, files.image, t2v)  # a t2v folder has none: pick a file
     with pytest.raises(ConfigError, match="not an IMAGE"):
-        check_start_image_request("hunyuan-video-1.5", files.vision_file, torch.zeros(1, 8, 8))
-    with pytest.raises(ConfigError, match="without a vision-encoder file"):
-        check_start_image_request("hunyuan-video-1.5", None, files.image)
+        check_start_image_request(family, files.vision_file, torch.zeros(1, 8, 8), t2v)
     with pytest.raises(ConfigError, match="for a wan model"):
-        check_start_image_request("wan", files.vision_file, files.image)
-    not_siglip = files.folder / "transformer" / "diffusion_pytorch_model.safetensors"
+        check_start_image_request("wan", files.vision_file, files.image, t2v)
+    not_siglip = t2v / "transformer" / "diffusion_pytorch_model.safetensors"
     with pytest.raises(ConfigError, match="no SigLIP vision tower"):
-        check_start_image_request("hunyuan-video-1.5", str(not_siglip), files.image)
+        check_start_image_request(family, str(not_siglip), files.image, t2v)

@@ -211,8 +211,8 @@ def image_to_video(
     start_image: Any = None,
 ) -> tuple[Any, Any, dict[str, Any]]:
     """(positive, negative, LATENT) of a HunyuanVideo 1.5 video: an empty latent and, with ``start_image``, both
-    conditionings carrying its latent (the model's own VAE) and its SigLIP states (``vision_path``), made on the
-    workers (``start_image_job``); without one, text-to-video."""
+    conditionings carrying its latent (the model's own VAE) and its SigLIP states (``vision_path``; None: the
+    model folder's own image encoder), made on the workers (``start_image_job``); without one, text-to-video."""
     from .comfy_conditioning import EXTRAS_OPTION
     from .start_image_job import check_start_image_request, encode_start_image
 
@@ -221,7 +221,7 @@ def image_to_video(
         return positive, negative, latent
     from ..models.families.hunyuan_video15.start_image import with_start_image
 
-    check_start_image_request(model.family, vision_path, start_image)
+    check_start_image_request(model.family, vision_path, start_image, model.path)
     start, embeds = model.run_job(encode_start_image, vision_path, start_image, int(width), int(height))
 
     def add(conditioning: Any) -> list[list[Any]]:

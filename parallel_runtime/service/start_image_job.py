@@ -14,9 +14,9 @@ from ..runtime.jobs import JobContext
 from .load_job import TEXT_RANK, loaded_model
 
 
-def check_start_image_request(family_id: str, vision_path: str | None, image: object) -> None:
-    """On the host: a HunyuanVideo 1.5 model, a SigLIP file, and an IMAGE."""
-    from ..models.families.hunyuan_video15.vision_file import FIX, siglip_config
+def check_start_image_request(family_id: str, vision_path: str | None, image: object, model_path: Path) -> None:
+    """On the host: a HunyuanVideo 1.5 model, a SigLIP file (None: the model folder's own image encoder), an IMAGE."""
+    from ..models.families.hunyuan_video15.vision_file import check_folder_encoder, siglip_config
 
     if family_id != hunyuan_video15.ID:
         raise ConfigError(
@@ -31,21 +31,18 @@ def check_start_image_request(family_id: str, vision_path: str | None, image: ob
             "connect a Load Image or another IMAGE output",
         )
     if vision_path is None:
-        raise ConfigError(
-            "a start image without a vision-encoder file",
-            "HunyuanVideo 1.5 image-to-video conditions on the start image's SigLIP states as well as its latent",
-            FIX,
-        )
-    siglip_config(vision_path)
+        check_folder_encoder(model_path)
+    else:
+        siglip_config(vision_path)
 
 
 def encode_start_image(
-    ctx: JobContext, vision_path: str, image: torch.Tensor, width: int, height: int
+    ctx: JobContext, vision_path: str | None, image: torch.Tensor, width: int, height: int
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """(raw start latent [1, C, 1, h, w], SigLIP states [1, N, D]) on TEXT_RANK (None on the others); the tower is
-    kept in the worker's state for the next image."""
+    """(raw start latent [1, C, 1, h, w], SigLIP states [1, N, D]) on TEXT_RANK (None on the others), SigLIP from
+    ``vision_path`` or (None) the model folder's own image encoder; the tower is kept for the next image."""
     from ..models.families.hunyuan_video15.start_image import encode_start_image as encode
-    from ..models.families.hunyuan_video15.vision_file import load_siglip_file
+    from ..models.families.hunyuan_video15.vision_file import load_folder_encoder, load_siglip_file
     from ..models.single_file import missing_part_error
 
     model = loaded_model(ctx)
@@ -59,11 +56,13 @@ def encode_start_image(
         return None
     if model.components.vae is None:  # a transformer file loaded without a VAE
         raise missing_part_error(model.components.path, "vae")
-    key = (str(Path(vision_path).resolve()), model.adapter.dtype)
+    source = Path(vision_path or model.components.path).resolve()
+    key, dtype = (str(source), model.adapter.dtype), model.adapter.dtype
     cached = ctx.state.get("start_image_vision")
     if cached is None or cached[0] != key:
         ctx.state.pop("start_image_vision", None)
-        cached = (key, load_siglip_file(vision_path, ctx.device, model.adapter.dtype))
+        load = load_siglip_file if vision_path else load_folder_encoder
+        cached = (key, load(str(source), ctx.device, dtype))
         ctx.state["start_image_vision"] = cached
     vision, processor = cached[1]
     return encode(model.components.vae, vision, processor, image, width, height)

@@ -6,7 +6,8 @@ pooling head (the pipeline reads ``last_hidden_state``, the head is not used).
 The config is read from the tensors' shapes: width, depth, MLP width, patch and image size; the heads are 72 wide
 as so400m's (16 heads of 1152), 64 wide for a width that 72 does not divide (SigLIP base / large), else 8 wide
 (the tiny test files). The image goes through transformers' ``SiglipImageProcessor`` at the tower's image size
-(bicubic, mean = std = 0.5), as the pipeline's ``feature_extractor``.
+(bicubic, mean = std = 0.5), as the pipeline's ``feature_extractor``. A HunyuanVideo15ImageToVideoPipeline folder's
+own ``image_encoder`` / ``feature_extractor`` are read instead when no file is chosen (``load_folder_encoder``).
 """
 
 from __future__ import annotations
@@ -75,3 +76,25 @@ def load_siglip_file(path: str, device: torch.device | str = "cpu", dtype: torch
     model.load_state_dict({k: weights[k] for k in own})
     size = {"height": config["image_size"], "width": config["image_size"]}
     return model.eval(), SiglipImageProcessor(size=size)
+
+
+def check_folder_encoder(folder: str | Path) -> None:
+    """On the host: the diffusers folder ``folder`` has an image encoder (an image-to-video pipeline's)."""
+    folder = Path(folder)
+    if not ((folder / "image_encoder" / "config.json").is_file() and (folder / "feature_extractor").is_dir()):
+        raise ConfigError(
+            f"{folder.name} has no image_encoder / feature_extractor",
+            f"with no vision-encoder file chosen, the start image goes through the model folder's own {WHAT} "
+            "(a HunyuanVideo15ImageToVideoPipeline folder has one)",
+            FIX + ", or load a HunyuanVideo-1.5 i2v diffusers folder",
+        )
+
+
+def load_folder_encoder(folder: str | Path, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32):
+    """(SiglipVisionModel, SiglipImageProcessor) of a HunyuanVideo15ImageToVideoPipeline folder."""
+    from transformers import SiglipImageProcessor, SiglipVisionModel
+
+    check_folder_encoder(folder)
+    model = SiglipVisionModel.from_pretrained(Path(folder) / "image_encoder", dtype=dtype, local_files_only=True)
+    processor = SiglipImageProcessor.from_pretrained(Path(folder) / "feature_extractor", local_files_only=True)
+    return model.to(device).eval(), processor
