@@ -55,7 +55,7 @@ def trace_extra_roles(model_cls: type, config: dict[str, Any]) -> ExtraRoles:
         skeleton = model_cls.from_config(config)
     adapter = adapter_class_for(model_cls)(skeleton)
     names = {id(t): n for n, t in _named_tensors(skeleton).items()}
-    prefixes = block_prefixes(skeleton, adapter)
+    prefixes = [p for held in held_prefixes(skeleton, adapter) for p in held]
     extras = {n for n in names.values() if not n.startswith(tuple(prefixes))}
     try:
         p = adapter.plan.patch_size
@@ -86,3 +86,10 @@ def trace_extra_roles(model_cls: type, config: dict[str, Any]) -> ExtraRoles:
 def block_prefixes(model: nn.Module, adapter: ModelAdapter) -> list[str]:
     """State-dict prefix of every block, in execution order (index = block number)."""
     return [f"{name}.{j}." for name in adapter.plan.block_lists for j in range(len(getattr(model, name)))]
+
+
+def held_prefixes(model: nn.Module, adapter: ModelAdapter) -> list[tuple[str, ...]]:
+    """Per block (execution order): its own prefix and those of the modules that run in its call
+    (``ModelAdapter.companion_prefixes``, e.g. Wan VACE's hint blocks): what the stage holding it loads."""
+    companions = adapter.companion_prefixes()
+    return [(prefix, *companions.get(i, ())) for i, prefix in enumerate(block_prefixes(model, adapter))]

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from .extra_roles import block_prefixes, trace_extra_roles
+from .extra_roles import held_prefixes, trace_extra_roles
 from .registry import adapter_class_for, idle_weights
 from .weights import WEIGHT_STORAGE, gguf_held_bytes, linear_weights
 
@@ -49,7 +49,8 @@ def weight_budget(
     with torch.device("meta"):
         model = model_cls.from_config(config)
     adapter = adapter_class_for(model_cls)(model)
-    prefixes = block_prefixes(model, adapter)
+    held_by_block = held_prefixes(model, adapter)  # each block with the modules that run in its call
+    prefixes = [p for block in held_by_block for p in block]
     params = {n: p for n, p in model.named_parameters() if not idle_weights(model_cls)(n)}  # what is held
     linear = set(linear_weights(model, list(params)))
     fp8 = set(fp8_names)
@@ -63,7 +64,7 @@ def weight_budget(
         return params[name].numel() * (1 if kept else run_bytes)
 
     roles = trace_extra_roles(model_cls, config)
-    blocks = tuple(sum(held(n) for n in params if n.startswith(prefix)) for prefix in prefixes)
+    blocks = tuple(sum(held(n) for n in params if n.startswith(block)) for block in held_by_block)
     embed = sum(held(n) for n in params if n in roles.embed)
     final = sum(held(n) for n in params if n in roles.final and n not in roles.embed)
     return WeightBudget(blocks, embed, final)

@@ -14,7 +14,10 @@ or after a full warmup the result equals one device's; with stale K/V only the m
 ComfyUI's semantics stay: a chain's links apply in order, each with its strength, and only while the item's sigma
 lies in its start/end window (``denoise.control.ActiveLinks``); under CFG parallel each pipeline adds its own
 branch's controls. Kinds without ``band_updates`` (ControlNets with attention of their own over the whole image:
-Flux InstantX / Union, XLabs, Qwen-Image InstantX; Wan VACE) are refused on the host before a job starts.
+Flux InstantX / Union, XLabs, Qwen-Image InstantX) are refused on the host before a job starts. Wan VACE is not
+a ControlNet here: its hint blocks are part of the model and run inside the calls of the main blocks they follow,
+so each stage runs those of its own blocks on the patch's control tokens, with stale K/V of their own, and the
+control streams travel with the patch (``models/families/wan/vace.py``).
 """
 
 from __future__ import annotations

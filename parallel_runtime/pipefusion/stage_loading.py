@@ -1,7 +1,8 @@
 """Per-stage loading for PipeFusion: each rank reads only the tensors its stage runs.
 
 A stage builds the transformer with every parameter on "meta" and reads from the files only its
-own blocks, plus the embedding modules on the first stage and the output layers on the last
+own blocks (with the modules that run inside their calls: Wan VACE's hint blocks go with the main block they
+follow), plus the embedding modules on the first stage and the output layers on the last
 (:mod:`parallel_runtime.models.weights`). No rank ever holds the whole transformer, in host memory
 or on the device; the other stages' parameters stay on "meta". Works from a diffusers folder's
 safetensors files and from one single-file transformer.
@@ -20,7 +21,7 @@ import torch
 from torch import nn
 
 from ..errors import ConfigError
-from ..models.extra_roles import block_prefixes, trace_extra_roles
+from ..models.extra_roles import held_prefixes, trace_extra_roles
 from ..models.loading import PipelineComponents, component_class, load_pipeline_components, read_model_index
 from ..models.registry import adapter_class_for, idle_weights, transformer_skeleton
 from ..models.single_file import single_file_tensor_source, transformer_only
@@ -92,9 +93,10 @@ def build_stage_transformer(
     model = transformer_skeleton(model_cls, config)
     adapter = adapter_class_for(model_cls)(model)
     idle = idle_weights(model_cls)
-    prefixes = block_prefixes(model, adapter)
-    stages = plan_stages(len(prefixes), pp, stage_weights)
-    mine = tuple(prefixes[b] for b in stages.blocks(stage))
+    per_block = held_prefixes(model, adapter)  # a block's own prefix and its companions' (Wan VACE hint blocks)
+    prefixes = [p for block in per_block for p in block]
+    stages = plan_stages(len(per_block), pp, stage_weights)
+    mine = tuple(p for b in stages.blocks(stage) for p in per_block[b])
     first, last = stage == 0, stage == stages.num_stages - 1
 
     def role(name: str) -> str | None:

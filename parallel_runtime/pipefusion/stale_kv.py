@@ -195,10 +195,13 @@ def _split_tokens(
 
 
 class LayerAttention:
-    """The scaled_dot_product_attention of one attention module, served from its stale-KV buffer."""
+    """The scaled_dot_product_attention of one attention module in one block call, served from its stale-KV
+    buffer. A module called again in the same block call (Wan VACE's hint block, once per control entry) gets a
+    buffer per call: each call attends over tokens of its own."""
 
     def __init__(self, cache: StaleKVCache, key: tuple, order: Literal["first", "last"]):
         self.cache, self.key, self.order = cache, key, order
+        self.calls = 0
 
     def __call__(
         self,
@@ -217,7 +220,9 @@ class LayerAttention:
                 "stale-KV attention runs unmasked bidirectional self/joint attention over the whole image",
                 "use the model's default processors in eval mode (DiT self/joint attention has no mask)",
             )
-        return self.cache.attend(self.key, self.order, query, key, value, scale)
+        buffer = self.key if not self.calls else (*self.key, self.calls)
+        self.calls += 1
+        return self.cache.attend(buffer, self.order, query, key, value, scale)
 
     @contextlib.contextmanager
     def intercept(self) -> Iterator[LayerAttention]:

@@ -8,6 +8,8 @@ only on positions or on the prompt (rotary tables, the text mask, cross-attentio
 the dynamic fields, so every receive can be posted ahead with a buffer of the right size. The
 dynamic fields of an item go as one flat tensor per dtype (normally one), plus, with a block cache, one
 float32 flag the first stage sets for the stages after it (reuse the cached blocks for this item or not).
+A tuple field (Wan VACE's ``control`` streams: the patch's control tokens, aligned with its image tokens)
+travels as one field per element.
 """
 
 from __future__ import annotations
@@ -20,12 +22,13 @@ import torch
 
 from ..models.base import Activations
 
-_META = ("grid", "txt_tokens", "ref_tokens")
+_META = ("grid", "txt_tokens", "ref_tokens", "control_scale")
 
 
 def dynamic_fields(text_attention: str) -> tuple[str, ...]:
     """Activations fields sent with every item."""
-    return ("img", "txt", "temb", "temb_out") if text_attention == "joint" else ("img", "temb", "temb_out")
+    common = ("img", "temb", "temb_out", "control")
+    return ("txt", *common) if text_attention == "joint" else common
 
 
 def static_fields(text_attention: str) -> tuple[str, ...]:
@@ -66,9 +69,11 @@ class ActivationFormat:
         fields, static = [], []
         for b, a in enumerate(acts):
             for name in dynamic_fields(text_attention):
-                t = getattr(a, name)
-                if t is not None:
-                    fields.append(FieldSpec(b, name, tuple(t.shape), str(t.dtype).removeprefix("torch.")))
+                value = getattr(a, name)
+                parts = value if isinstance(value, tuple) else () if value is None else (value,)
+                names = [f"{name}.{n}" for n in range(len(parts))] if isinstance(value, tuple) else [name]
+                for part_name, t in zip(names, parts):
+                    fields.append(FieldSpec(b, part_name, tuple(t.shape), str(t.dtype).removeprefix("torch.")))
             entry: dict[str, Any] = {n: getattr(a, n) for n in _META}
             for name in static_fields(text_attention):
                 value = getattr(a, name)
@@ -112,7 +117,7 @@ class ActivationFormat:
             raise RuntimeError(f"PipeFusion item packed with {len(flags)} flags; the stage layout says {self.flags}")
         parts: dict[str, list[torch.Tensor]] = {d: [] for d in self.dtypes}
         for f in self.fields:
-            t = getattr(acts[f.branch], f.name)
+            t = _field(acts[f.branch], f.name)
             if t is None or tuple(t.shape) != f.shape or str(t.dtype).removeprefix("torch.") != f.dtype:
                 got = None if t is None else (tuple(t.shape), str(t.dtype))
                 raise RuntimeError(
@@ -142,12 +147,24 @@ class ActivationFormat:
         out = []
         for v in values:
             v.setdefault("txt", None)
+            for name in {n.split(".")[0] for n in v if "." in n}:  # a tuple field's elements, in order
+                count = sum(1 for n in v if n.startswith(f"{name}."))
+                v[name] = tuple(v.pop(f"{name}.{i}") for i in range(count))
             out.append(Activations(**v))
         return out
 
     def static_on(self, device: torch.device) -> list[dict[str, Any]]:
         """The static fields moved to ``device`` (do once per band and keep)."""
         return [{k: _to_device(v, device) for k, v in s.items()} for s in self.static]
+
+
+def _field(acts: Activations, name: str) -> torch.Tensor | None:
+    """A dynamic field's tensor: ``name``, or ``name.i`` for element i of a tuple field."""
+    base, _, index = name.partition(".")
+    value = getattr(acts, base)
+    if not index:
+        return value
+    return value[int(index)] if value is not None and int(index) < len(value) else None
 
 
 def _to_cpu(value: Any) -> Any:

@@ -39,12 +39,6 @@ from .vace import context_tokens, hint_blocks, run_hints
 
 WAN_SHIFT = 8.0  # ComfyUI 0.3.64 WAN21_T2V sampling_settings, inherited by WAN21_I2V and WAN22_T2V (TI2V-5B)
 
-VACE_PIPEFUSION = (
-    "a Wan VACE model with PipeFusion",
-    "PipeFusion's stages hold the main blocks and stale K/V buffers of the video tokens only; VACE's hint blocks "
-    "would need their weights on every stage with a hinted block and stale buffers of their own control tokens",
-    "run Wan VACE with ulysses, ring or cfg parallelism (all exact)",
-)
 REFERENCE_VACE = (
     "a reference image (reference_latents) together with WanVaceToVideo's control video",
     "no published Wan file has both a reference-image embedding and VACE blocks",
@@ -72,7 +66,7 @@ class WanAdapter(ModelAdapter):
             )
         channels = config.out_channels or config.in_channels
         per_frame_time = channels == WAN22.channels  # TI2V-5B (ComfyUI's WAN22)
-        token_fields = ("img", "img_rope", "temb", "temb_out") if per_frame_time else ("img", "img_rope")
+        token_fields = ("img", "img_rope", "control", *(("temb", "temb_out") if per_frame_time else ()))
         splits = [Split("img", 1), Split("img_rope", 1), Split("control", 1)]  # control: VACE's streams
         if per_frame_time:
             splits += [Split("temb", 1), Split("temb_out", 1)]
@@ -194,9 +188,14 @@ class WanAdapter(ModelAdapter):
         # attn2 is cross-attention to the replicated text: never intercepted
         return [block.attn1] if hint is None else [block.attn1, hint.attn1]
 
+    def companion_prefixes(self) -> dict[int, tuple[str, ...]]:
+        """VACE: hint block ``n`` runs in the call of main block ``vace_layers[n]`` (a PipeFusion stage loads
+        it with that block)."""
+        if not self._hints:
+            return {}
+        return {i: (f"vace_blocks.{n}.",) for n, i in enumerate(self.transformer.config.vace_layers)}
+
     def embed_rows(self, x_band, rows, full_size, timestep, cond, mesh, guidance=None) -> Activations:
-        if self._hints:
-            raise ConfigError(*VACE_PIPEFUSION)
         if image_inputs(cond).reference is not None:
             raise ConfigError(*REFERENCE_PIPEFUSION)
         return super().embed_rows(x_band, rows, full_size, timestep, cond, mesh, guidance)

@@ -60,15 +60,6 @@ GGUF = GGUFFacts(  # ComfyUI-GGUF's files; Q4_K_M upgrades the value and feed-fo
 )
 
 
-def _pipefusion_refusal(config):
-    """A VACE file's hint blocks do not run in PipeFusion stages (adapter.VACE_PIPEFUSION says why)."""
-    if config.get("vace_layers") is None:
-        return None
-    from .adapter import VACE_PIPEFUSION
-
-    return VACE_PIPEFUSION
-
-
 def _extra_modules(config):
     """A Fun-Control file's reference-image patch embedding (``reference.extra_modules``)."""
     from .reference import extra_modules
@@ -105,6 +96,5 @@ FAMILY = FamilySpec(
     comfy_conditioning=COMFY_CONDITIONING,
     gguf=GGUF,
     expert_boundary=_expert_boundary,
-    pipefusion_refusal=_pipefusion_refusal,
     extra_modules=_extra_modules,
 )
