@@ -247,11 +247,6 @@ class ModelAdapter(abc.ABC):
     def self_attention_modules(self, list_name: str, block: nn.Module) -> list[nn.Module]:
         """The block's self/joint attention modules (the ones routed to sequence parallelism)."""
 
-    def companion_prefixes(self) -> dict[int, tuple[str, ...]]:
-        """Block index -> state-dict prefixes of modules outside the block lists that run inside that block's
-        call (Wan VACE's hint blocks): a PipeFusion stage loads them with the block."""
-        return {}
-
     @abc.abstractmethod
     def project_out(self, acts: Activations) -> torch.Tensor:
         """Output layer on local image tokens: [B, S_img_local, patch*patch*out_channels]."""

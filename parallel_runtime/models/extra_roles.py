@@ -89,7 +89,8 @@ def block_prefixes(model: nn.Module, adapter: ModelAdapter) -> list[str]:
 
 
 def held_prefixes(model: nn.Module, adapter: ModelAdapter) -> list[tuple[str, ...]]:
-    """Per block (execution order): its own prefix and those of the modules that run in its call
-    (``ModelAdapter.companion_prefixes``, e.g. Wan VACE's hint blocks): what the stage holding it loads."""
-    companions = adapter.companion_prefixes()
+    """Per block (execution order): its own prefix and those of the modules outside the block lists that run in
+    its call, what the stage holding it loads. An adapter with such modules (Wan VACE's hint blocks) names them
+    in ``companion_prefixes()``: block index -> prefixes."""
+    companions = adapter.companion_prefixes() if hasattr(adapter, "companion_prefixes") else {}
     return [(prefix, *companions.get(i, ())) for i, prefix in enumerate(block_prefixes(model, adapter))]
