@@ -76,9 +76,19 @@ class StaleKVCache:
         self._usable = ("sdpa",) if backend == "sdpa" else usable_backends(mesh.device)
         self._buffers: dict[tuple, _Buffer] = {}
         self.item: ItemTokens | None = None
+        self.calls: dict[tuple, int] = {}  # per module key: its calls since begin_item
 
     def begin_item(self, item: ItemTokens) -> None:
+        """The tokens of the next block call (called before each block: it also restarts the call counts)."""
         self.item = item
+        self.calls = {}
+
+    def call_key(self, key: tuple) -> tuple:
+        """The buffer of a module's next call in this block call: its own for the first, one more per repeat
+        (Wan VACE's hint block runs once per control entry, each attending over tokens of its own)."""
+        n = self.calls.get(key, 0)
+        self.calls[key] = n + 1
+        return key if not n else (*key, n)
 
     def layer(self, key: tuple, order: Literal["first", "last"]) -> LayerAttention:
         return LayerAttention(self, key, order)
@@ -195,13 +205,11 @@ def _split_tokens(
 
 
 class LayerAttention:
-    """The scaled_dot_product_attention of one attention module in one block call, served from its stale-KV
-    buffer. A module called again in the same block call (Wan VACE's hint block, once per control entry) gets a
-    buffer per call: each call attends over tokens of its own."""
+    """The scaled_dot_product_attention of one attention module, served from its stale-KV buffer (a buffer per
+    call when the module runs several times in one block call: ``StaleKVCache.call_key``)."""
 
     def __init__(self, cache: StaleKVCache, key: tuple, order: Literal["first", "last"]):
         self.cache, self.key, self.order = cache, key, order
-        self.calls = 0
 
     def __call__(
         self,
@@ -220,9 +228,7 @@ class LayerAttention:
                 "stale-KV attention runs unmasked bidirectional self/joint attention over the whole image",
                 "use the model's default processors in eval mode (DiT self/joint attention has no mask)",
             )
-        buffer = self.key if not self.calls else (*self.key, self.calls)
-        self.calls += 1
-        return self.cache.attend(buffer, self.order, query, key, value, scale)
+        return self.cache.attend(self.cache.call_key(self.key), self.order, query, key, value, scale)
 
     @contextlib.contextmanager
     def intercept(self) -> Iterator[LayerAttention]:
