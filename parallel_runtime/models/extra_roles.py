@@ -16,7 +16,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten
 
 from .base import Conditioning, ModelAdapter
-from .registry import adapter_class_for
+from .registry import adapter_class_for, transformer_skeleton
 
 log = logging.getLogger(__name__)
 
@@ -51,8 +51,8 @@ def _named_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
 
 def trace_extra_roles(model_cls: type, config: dict[str, Any]) -> ExtraRoles:
     """The tensors ``embed_full`` and ``project_out`` touch, found on a fully meta model."""
-    with torch.device("meta"):
-        skeleton = model_cls.from_config(config)
+    with torch.device("meta"):  # buffers too; with the family's extra modules (Wan Fun-Control's ref_conv)
+        skeleton = transformer_skeleton(model_cls, config)
     adapter = adapter_class_for(model_cls)(skeleton)
     names = {id(t): n for n, t in _named_tensors(skeleton).items()}
     prefixes = [p for held in held_prefixes(skeleton, adapter) for p in held]

@@ -149,8 +149,22 @@ def references_of(cond: Conditioning, label: str) -> ReferenceLatents | None:
 
 
 def reference_count(cond: Conditioning) -> int:
-    """How many reference tokens ``cond`` appends to the image's (0 for every other conditioning)."""
-    return cond.extras.tokens.shape[1] if isinstance(cond.extras, ReferenceLatents) else 0
+    """How many reference tokens ``cond`` appends to the image's (0 for every other conditioning). A family's
+    extras with reference tokens of their own (Wan Fun-Control's reference frame) say how many in
+    ``reference_token_count()`` and give themselves without them in ``without_references()``."""
+    extras = cond.extras
+    if isinstance(extras, ReferenceLatents):
+        return extras.tokens.shape[1]
+    return extras.reference_token_count() if hasattr(extras, "reference_token_count") else 0
+
+
+def without_references(cond: Conditioning) -> Conditioning:
+    """``cond`` for a model call that reads its reference tokens' kept K/V (PipeFusion) instead of running them."""
+    extras = cond.extras
+    if not reference_count(cond):
+        return cond
+    kept = None if isinstance(extras, ReferenceLatents) else extras.without_references()
+    return dataclasses.replace(cond, extras=kept)
 
 
 def in_model_space(

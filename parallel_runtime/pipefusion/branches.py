@@ -36,7 +36,7 @@ from ..denoise.entries import (
 from ..denoise.regions import Placement, pair_areas, place
 from ..errors import ConfigError
 from ..models.base import Conditioning
-from ..models.reference_latents import reference_count
+from ..models.reference_latents import reference_count, without_references
 from ..parallel.collectives import all_gather_cat
 from ..parallel.mesh import ParallelMesh
 from ..sampling import Guided, ModelSampling, cfg_combine, uses_uncond
@@ -103,7 +103,7 @@ class Stream:
 
     def cond_for(self, with_references: bool) -> Conditioning:
         """The stream's conditioning, without its reference images when the item reads their kept K/V."""
-        return self.cond if with_references or not self.references else dataclasses.replace(self.cond, extras=None)
+        return self.cond if with_references else without_references(self.cond)
 
     @property
     def tokens(self) -> int:

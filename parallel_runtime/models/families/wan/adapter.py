@@ -32,9 +32,9 @@ from ...base import Activations, Conditioning, LatentFormat, ModelAdapter, Model
 from ...sampling_spec import discrete_flow_sampling
 from . import ID
 from .concat import concat_channels, cuts_image
-from .conditioning import REFERENCE_PIPEFUSION, image_inputs
+from .conditioning import image_inputs
 from .latent import WAN21, WAN22
-from .reference import reference_tokens
+from .reference import reference_tokens, rope_after_reference
 from .vace import context_tokens, hint_blocks, run_hints
 
 WAN_SHIFT = 8.0  # ComfyUI 0.3.64 WAN21_T2V sampling_settings, inherited by WAN21_I2V and WAN22_T2V (TI2V-5B)
@@ -162,6 +162,8 @@ class WanAdapter(ModelAdapter):
             ref, ref_rope, img_rope = reference_tokens(t, reference, x, self.plan.latent_format, self.per_frame_time)
             img, refs = torch.cat([img, ref], dim=1), ref.shape[1]
             img_rope = tuple(torch.cat(pair, dim=1) for pair in zip(img_rope, ref_rope, strict=True))
+        elif image_inputs(cond).reference_kept:  # PipeFusion: the reference's K/V are kept; positions as with it
+            img_rope = rope_after_reference(t, x)[1]
         return Activations(
             img=img,
             control=control,
@@ -194,11 +196,6 @@ class WanAdapter(ModelAdapter):
         if not self._hints:
             return {}
         return {i: (f"vace_blocks.{n}.",) for n, i in enumerate(self.transformer.config.vace_layers)}
-
-    def embed_rows(self, x_band, rows, full_size, timestep, cond, mesh, guidance=None) -> Activations:
-        if image_inputs(cond).reference is not None:
-            raise ConfigError(*REFERENCE_PIPEFUSION)
-        return super().embed_rows(x_band, rows, full_size, timestep, cond, mesh, guidance)
 
     def project_out(self, acts: Activations) -> torch.Tensor:
         t = self.transformer

@@ -9,20 +9,13 @@ import torch
 from ....errors import ConfigError
 from ...base import Conditioning, ConditioningExtras
 
-REFERENCE_PIPEFUSION = (
-    "a Wan Fun-Control reference image (ref_image) with PipeFusion",
-    "PipeFusion's stages load only their own blocks' and ends' weights (not the reference-image embedding) and "
-    "keep stale K/V buffers of the video tokens only",
-    "run it with ulysses, ring or cfg parallelism (all exact), or leave ref_image unconnected",
-)
-
 
 @dataclasses.dataclass(frozen=True)
 class WanImageInputs(ConditioningExtras):
     """WanImageToVideo's start image, WanFunControlToVideo's control video and start image (and reference image)
     or WanVaceToVideo's control entries, as ComfyUI's conditioning carries them (each None when absent)."""
 
-    settings_fields = ("concat_mask_index", "vace_strength")
+    settings_fields = ("concat_mask_index", "vace_strength", "reference_kept")
     image_embeds: torch.Tensor | None = None  # [B, N, Di] CLIP-vision penultimate states (Wan 2.1 I2V)
     concat_image: torch.Tensor | None = None  # [B, C, T, H, W] raw image latents (ComfyUI concat_latent_image):
     # the start image (C 16), or the control video then the start image (Fun-Control, C 32)
@@ -34,9 +27,16 @@ class WanImageInputs(ConditioningExtras):
     vace_strength: tuple[float, ...] = ()  # each entry's strength
     # Wan22FunControlToVideo's ref_image (reference.py): the last reference_latents entry's first frame, raw
     reference: torch.Tensor | None = None  # [B, 16, H, W]
+    # PipeFusion: a patch that reads the reference frame's kept K/V; the video's positions start one frame on
+    reference_kept: bool = False
 
-    def pipefusion_refusal(self) -> tuple[str, str, str] | None:
-        return None if self.reference is None else REFERENCE_PIPEFUSION
+    def reference_token_count(self) -> int:
+        """The reference frame's tokens (one latent frame of 2x2 patches; 0 without one)."""
+        return 0 if self.reference is None else -(-self.reference.shape[-2] // 2) * -(-self.reference.shape[-1] // 2)
+
+    def without_references(self) -> WanImageInputs:
+        """These inputs for a model call whose reference tokens' K/V are kept from an earlier one (PipeFusion)."""
+        return dataclasses.replace(self, reference=None, reference_kept=True)
 
 
 NONE = WanImageInputs()

@@ -73,7 +73,16 @@ def reference_tokens(
         reference = reference.repeat(batch // reference.shape[0], 1, 1, 1)
     ref = fmt.to_model(reference.to(x.device, torch.float32))
     tokens = conv(ref.to(conv.weight.dtype)).flatten(2).transpose(1, 2).to(x.dtype)
+    reference_rope, video_rope = rope_after_reference(transformer, x)
+    return tokens, reference_rope, video_rope
+
+
+def rope_after_reference(
+    transformer: nn.Module, x: torch.Tensor
+) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
+    """(the reference frame's rotary rows, the video's) of a video one frame longer than ``x``: frame 0 is the
+    reference's. A PipeFusion patch that reads the reference's kept K/V takes the video's alone."""
     longer = torch.empty((1, 1, x.shape[2] + 1, *x.shape[3:]), device="meta")
-    rope = transformer.rope(longer)  # (cos, sin) [1, (T + 1) * per_frame, 1, d]: frame 0 is the reference's
-    first = tokens.shape[1]
-    return tokens, tuple(r[:, :first] for r in rope), tuple(r[:, first:] for r in rope)
+    rope = transformer.rope(longer)  # (cos, sin) [1, (T + 1) * per_frame, 1, d]
+    first = rope[0].shape[1] // (x.shape[2] + 1)
+    return tuple(r[:, :first] for r in rope), tuple(r[:, first:] for r in rope)
