@@ -213,6 +213,7 @@ def test_reference_image_under_pipefusion_rides_with_each_steps_first_patch(pool
     yardstick = float((run(case["steps"], case["seed"] + 1)[0] - expected).abs().mean())
     stale, stats = run(1, case["seed"])
     error = float((stale - expected).abs().mean()) / yardstick
+    print(f"fun22_ref_image, pp 2, warmup 1, 2 patches: {error:.4f} of the seed-to-seed difference")
     assert 0 < error < PP_STALE_BOUND, error
     frame = case["latent"]["shape"][-2] // 2 * (case["latent"]["shape"][-1] // 2)  # one frame of 2x2 tokens
     per_stage_blocks = REF["fun22_ref_conv_file"]["model"]["config"]["num_layers"] // 2
