@@ -1,0 +1,47 @@
+"""GGUF files of the families whose GGUF tests run on one device only (FLUX.2, SD3: ``test_gguf_loading``), on a
+parallel layout: the Parallel Sampler API on Ulysses 2 (real CPU workers) with the GGUF file equals it with the
+same tensors dequantised by ComfyUI-GGUF's own ``dequantize_tensor`` and saved as an original-layout .safetensors
+file (read through the safetensors path, which their other tests hold equal to ComfyUI / diffusers). ComfyUI 0.3.64
+has no FLUX.2, and ComfyUI-GGUF's sd3 files are checked this way rather than against a stored KSampler run. One
+pool, both families in one test."""
+
+from __future__ import annotations
+
+import torch
+from comfy_gguf import comfy_reference_file
+from gguf_files import write_gguf
+from test_gguf_loading import ARCH, original_state
+
+from parallel_runtime.models import Conditioning
+from parallel_runtime.models.single_file import inspect_single_file
+from parallel_runtime.parallel.config import ParallelConfig
+from parallel_runtime.service.api import LoadRequest, load_parallel_model
+
+CASES = (("flux2", "Q8_0", "BF16"), ("sd3", "Q5_1", "F16"))
+
+
+def test_gguf_on_ulysses_2_equals_comfyui_gguf_s_dequantised_weights(pool_registry, tmp_path):
+    layout = ParallelConfig(ulysses=2)
+    for family, quant, fallback in CASES:
+        path = write_gguf(tmp_path / f"{family}-{quant}.gguf", original_state(family), ARCH[family], quant, fallback)
+        reference = comfy_reference_file(path, tmp_path / f"{family}-ref.safetensors", torch.float32)
+        config = inspect_single_file(path).config
+        g = torch.Generator().manual_seed(0)
+        pooled = config.get("pooled_projection_dim")
+        branches = [
+            Conditioning(
+                torch.randn(1, 6, int(config["joint_attention_dim"]), generator=g),
+                torch.randn(1, int(pooled), generator=g) if pooled else None,
+            )
+            for _ in range(2)
+        ]
+        latents = {}
+        for label, file in (("gguf", path), ("reference", reference)):
+            request = LoadRequest(model=str(file), devices="cpu:2", layout=layout, dtype="fp32")
+            model = load_parallel_model(request, pool_registry)
+            assert model.family == family
+            latents[label] = model.sample(branches[0], branches[1], None, 64, 64, seed=1, steps=2, cfg=2.0)
+        error = float((latents["gguf"] - latents["reference"]).abs().max())
+        print(f"{family} {quant} on Ulysses 2: max |err| {error:.2e} against ComfyUI-GGUF's dequantised weights")
+        assert error <= 1e-6, (family, error)
+        assert float(latents["gguf"].abs().max()) > 0.1  # a real latent, not zeros on both sides
