@@ -102,13 +102,28 @@ LAYOUTS = [
 ]
 
 
+@pytest.fixture(scope="module")
+def one_rank_stack(tiny_files, pool_registry):
+    """family -> the stacked LoRAs sampled on one rank, computed once per family (not once per layout,
+    which in turn evicted and reloaded the one-rank pools between the layouts)."""
+    found: dict[str, torch.Tensor] = {}
+
+    def get(family: str) -> torch.Tensor:
+        if family not in found:
+            found[family] = sample(load(tiny_files[family], pool_registry).with_loras(*specs(family, "stack")), family)
+        return found[family]
+
+    return get
+
+
 @pytest.mark.parametrize(
     ("family", "devices", "layout", "extra"), LAYOUTS, ids=[f"{f}-{c.describe()}" for f, _, c, _ in LAYOUTS]
 )
-def test_stacked_loras_on_every_layout_equal_one_rank(tiny_files, pool_registry, family, devices, layout, extra):
-    one = load(tiny_files[family], pool_registry).with_loras(*specs(family, "stack"))
+def test_stacked_loras_on_every_layout_equal_one_rank(
+    tiny_files, pool_registry, one_rank_stack, family, devices, layout, extra
+):
+    single = one_rank_stack(family)
     many = load(tiny_files[family], pool_registry, devices, layout, **extra).with_loras(*specs(family, "stack"))
-    single = sample(one, family)
     parallel = sample(many, family)
     assert relative(parallel, single) <= 1e-5
     assert relative(parallel, reference(family, "stack")) <= TOLERANCE
