@@ -225,12 +225,12 @@ def test_a_damaged_single_file_is_refused_on_the_host(tmp_path):
 
 
 def test_cancel_during_a_model_load_stops_it_at_the_next_component():
-    """Each component takes 3 s more to load (5 of them on each rank: >= 15 s a load). A load
+    """Each component takes 1.5 s more to load (5 of them on each rank: >= 7.5 s a load). A load
     cancelled 1 s in stops at the next component: well under half the time of a whole load,
     measured in the same test."""
     path = str(ensure_tiny_model("tiny-flux"))
     with WorkerPool(
-        "cpu:2", ParallelConfig(ulysses=2), threads_per_worker=1, worker_setup=(slow_component_loads, (3.0,))
+        "cpu:2", ParallelConfig(ulysses=2), threads_per_worker=1, worker_setup=(slow_component_loads, (1.5,))
     ) as pool:
         fut = pool.submit(load_model, path)
         time.sleep(1.0)
