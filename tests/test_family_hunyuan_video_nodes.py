@@ -1,7 +1,7 @@
 """HunyuanVideo 1.0 through the nodes: the tiny CPU workflow file (Parallel Text Encode with Llama + CLIP-L on the
 workers, a 9-frame latent, Ulysses 2, the parallel causal 3-D VAE decode) equals the same graph on one worker;
-ComfyUI's HunyuanImageToVideo CONDITIONING ("v1 (concat)", "v2 (replace)") becomes the start-image inputs, its
-"custom" guidance type is refused instead of ignored."""
+ComfyUI's HunyuanImageToVideo CONDITIONING ("v1 (concat)", "v2 (replace)", "custom") becomes the start-image
+inputs; malformed ones are refused instead of ignored."""
 
 from __future__ import annotations
 
@@ -46,7 +46,12 @@ def test_hunyuan_image_to_video_conditioning():
         [[embeds, {"pooled_output": pooled, "guiding_frame_index": 0}]], EXPECTED, "hunyuan-video"
     )  # "v2 (replace)": the start image is on the LATENT
     assert torch.equal(entry.cond.extras.guiding_timestep, torch.zeros(1)) and entry.cond.extras.concat_image is None
-    for key, value in (("ref_latent", image), ("guiding_frame_index", "0")):
+    (entry,) = conditioning.to_branch(
+        [[embeds, {"pooled_output": pooled, "ref_latent": image}]], EXPECTED, "hunyuan-video"
+    )
+    assert torch.equal(entry.cond.extras.ref_latent, image)  # "custom"
+    assert entry.cond.extras.pipefusion_refusal() is not None and entry.cond.extras.reference_token_count() == 4
+    for key, value in (("ref_latent", image[0]), ("guiding_frame_index", "0")):
         with pytest.raises(ConfigError, match=key):
             conditioning.to_branch([[embeds, {"pooled_output": pooled, key: value}]], EXPECTED, "hunyuan-video")
     with pytest.raises(ConfigError, match="pooled_output"):  # CLIP-L's pooled output is part of the conditioning

@@ -4,7 +4,8 @@ vector): our engine equals ComfyUI 0.3.64's KSampler (tests/data/comfy_hunyuan_v
 one device, through the nodes (ComfyUI's CONDITIONING and LATENT into Parallel Sampler on 1 rank and Ulysses 2: the
 first frame's tokens on rank 0) and on the other layouts (across ranks 0 and 1 under Ulysses x Ring; PipeFusion
 bands; CFG parallel with a negative that has no guiding frame), and diffusers' HunyuanVideoImageToVideoPipeline on
-a token-replace transformer where the two agree (no guidance input)."""
+a token-replace transformer where the two agree (no guidance input). And "custom" (the start image's latent as
+reference tokens) against ComfyUI on one device and Ulysses x Ring."""
 
 from __future__ import annotations
 
@@ -146,3 +147,45 @@ def test_v2_replace_equals_diffusers_image_to_video_pipeline():
     ours = HUNYUAN_VIDEO.to_model(raw)
     err = ((ours - ref).norm() / ref.norm()).item()
     assert err <= 1e-4, f"relative L2 error {err:.2e} against diffusers"
+
+
+CUSTOM = REF["custom"]
+
+
+def custom_inputs():
+    run_ref = CUSTOM["runs"][0]
+    settings = SamplingSettings(
+        seed=run_ref["seed"],
+        steps=run_ref["steps"],
+        cfg=run_ref["cfg"],
+        sampler=run_ref["sampler"],
+        scheduler=run_ref["scheduler"],
+    )
+    extras = HunyuanImageInputs(ref_latent=tensor(CUSTOM["ref_latent"]))
+    positive = (CondEntry(conditioning(CUSTOM["positive"], extras), guidance=run_ref["guidance"]),)
+    return positive, conditioning(CUSTOM["negative"]), tensor(CUSTOM["latent"]), settings
+
+
+def test_custom_reference_latent_equals_comfyui_on_one_device(files):  # noqa: F811
+    """HunyuanImageToVideo "custom": the start image's tokens join the video's (frame -1, beside it) on the
+    positive only; CFG 2 over a negative without them."""
+    adapter = load_single_file_components(files["t2v"], "cpu", torch.float32).adapter()
+    positive, negative, latent, settings = custom_inputs()
+    out = denoise_latent(
+        adapter, ParallelMesh.single(), model_sampling_for(adapter), positive, negative, latent, settings
+    )
+    expected = tensor(CUSTOM["runs"][0]["output"])
+    close(out, expected)
+    plain = (CondEntry(conditioning(CUSTOM["positive"]), guidance=CUSTOM["runs"][0]["guidance"]),)
+    other = denoise_latent(
+        adapter, ParallelMesh.single(), model_sampling_for(adapter), plain, negative, latent, settings
+    )
+    assert ((other - expected).norm() / expected.norm()).item() > 1e-3  # the reference tokens matter
+
+
+def test_custom_reference_latent_on_ulysses_x_ring_equals_comfyui(cpu_pool, files):  # noqa: F811
+    """The reference's tokens split over four ranks with the video's; the negative's shorter sequence is a layout
+    of its own."""
+    positive, negative, latent, settings = custom_inputs()
+    out = run(cpu_pool(LAYOUTS["ulysses2xring2"]), files["t2v"], positive, negative, latent, settings)
+    close(out, tensor(CUSTOM["runs"][0]["output"]))

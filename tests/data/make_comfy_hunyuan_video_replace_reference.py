@@ -13,7 +13,8 @@ What runs is ComfyUI's: the tiny Tencent-layout file of make_comfy_hunyuan_video
 and a noise mask keeping it); ``FluxGuidance``; ``KSampler``. CONDITIONING tensors are given directly (the Llama
 tokenizer file is missing: shared/COMFYUI.md) and the VAE is a stand-in whose ``encode`` returns a fixed latent.
 Two runs: the positive alone (cfg 1, embedded guidance 4.5) and true CFG 2.5 over a negative without
-``guiding_frame_index`` (ComfyUI runs that branch with one modulation for every token).
+``guiding_frame_index`` (ComfyUI runs that branch with one modulation for every token). And "custom": the start
+image's latent as ``ref_latent`` on the positive (its tokens join the video's, at frame -1 beside the frame), CFG 2.
 """
 
 from __future__ import annotations
@@ -79,6 +80,35 @@ def case_replace(c, folder: Path) -> dict:
     }
 
 
+def case_custom(c, folder: Path) -> dict:
+    """HunyuanImageToVideo "custom": the start image's latent as ``ref_latent`` (its tokens join the sequence)."""
+    cfg = TinyHunyuanVideo()
+    model, info = load_model(c, folder, cfg, "t2v")
+    pos, pos_recipe = conditioning("custom/positive", 8, cfg.text_dim)
+    neg, neg_recipe = conditioning("custom/negative", 5, cfg.text_dim)
+    vae = StubVAE("custom/vae", 16, 8)
+    image, image_recipe = start_image("custom/image", HEIGHT, WIDTH)
+    pos2, latent = c.hunyuan.HunyuanImageToVideo().encode(
+        pos, vae, WIDTH, HEIGHT, LENGTH, 1, "custom", start_image=image
+    )
+    seed, steps, scale, sampler, scheduler, guidance = 11, 3, 2.0, "euler", "simple", 5.0
+    positive = c.flux.FluxGuidance().append(pos2, guidance)[0]
+    out = ksampler(c, model, seed, steps, scale, sampler, scheduler, positive, neg, latent)
+    return {
+        "model": info,
+        "positive": pos_recipe,
+        "negative": neg_recipe,
+        "start_image": image_recipe,
+        "guidance_type": "custom",
+        "ref_latent": tensor_json(pos2[0][1]["ref_latent"]),
+        "latent": tensor_json(latent["samples"]),
+        "runs": [
+            {"seed": seed, "steps": steps, "cfg": scale, "sampler": sampler, "scheduler": scheduler,
+             "guidance": guidance, "output": tensor_json(out["samples"])}
+        ],
+    }  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("comfy_dir", type=Path)
@@ -98,6 +128,7 @@ def main() -> None:
                 "weights": "tests/data/hunyuan_video_tiny_weights.py (hashed_uniform; digests below)",
             },
             "replace": case_replace(c, folder),
+            "custom": case_custom(c, folder),
         }
     args.out.write_text(dump_json(ref) + "\n", encoding="utf-8")
     print(f"wrote {args.out} ({args.out.stat().st_size} bytes)")

@@ -32,6 +32,7 @@ from ...sampling_spec import discrete_flow_sampling
 from . import ID
 from .conditioning import image_inputs, start_image_channels
 from .latent import HUNYUAN_VIDEO
+from .reference import reference_tokens
 from .token_replace import TOKEN_REPLACE_BLOCKS, double_block, first_frame_flags, output_norm, single_block
 
 ATTN_PROCESSOR = "HunyuanVideoAttnProcessor2_0"  # calls dispatch_attention_fn: SDPA on diffusers' native backend
@@ -117,9 +118,20 @@ class HunyuanVideoAdapter(ModelAdapter):
             guiding, _ = t.time_text_embed(inputs.guiding_timestep.to(timestep.dtype), cond.pooled, embedded)
             temb = torch.stack([temb, guiding], dim=1)
             rope = (*rope, first_frame_flags(frames, rows, cols, x.device))
+        img, refs = t.x_embedder(x), 0
+        if inputs.ref_latent is not None:  # "custom": the start image's tokens ride after the video's
+            if inputs.guiding_timestep is not None:
+                raise ConfigError(
+                    "a HunyuanVideo conditioning with both a guiding frame ('v2 (replace)') and a reference latent",
+                    "HunyuanImageToVideo sets one of them (its guidance_type)",
+                    "use one HunyuanImageToVideo guidance type per conditioning",
+                )
+            ref, ref_rope = reference_tokens(t, inputs.ref_latent, x, self.plan.latent_format)
+            img, refs = torch.cat([img, ref], dim=1), ref.shape[1]
+            rope = tuple(torch.cat([a, b]) for a, b in zip(rope, ref_rope))
         txt = t.context_embedder(text, timestep, keep)
         return Activations(
-            img=t.x_embedder(x),
+            img=img,
             txt=txt,
             temb=temb,
             temb_out=temb,
@@ -127,6 +139,7 @@ class HunyuanVideoAdapter(ModelAdapter):
             txt_tokens=txt.shape[1],
             img_rope=rope,
             txt_mask=keep,
+            ref_tokens=refs,
         )
 
     # -- phases ------------------------------------------------------------------------------------

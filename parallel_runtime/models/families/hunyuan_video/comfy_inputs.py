@@ -1,9 +1,8 @@
 """What HunyuanVideo takes from a ComfyUI CONDITIONING beyond text: ``HunyuanImageToVideo``'s start image.
 
 "v1 (concat)" puts ``concat_latent_image`` / ``concat_mask`` on the positive conditioning, "v2 (replace)"
-``guiding_frame_index`` (the start image itself goes on the LATENT, kept by its noise mask); they become the
-Conditioning's ``HunyuanImageInputs``. "custom" (``ref_latent``) is refused: reference latents are not supported
-yet, and the node layer would otherwise not know the key. Light to import: torch is imported on call.
+``guiding_frame_index`` (the start image itself goes on the LATENT, kept by its noise mask), "custom" ``ref_latent``;
+they become the Conditioning's ``HunyuanImageInputs``. Light to import: torch is imported on call.
 """
 
 from __future__ import annotations
@@ -15,7 +14,6 @@ from ....errors import ConfigError
 from ..spec import ComfyConditioning
 
 KEYS = ("concat_latent_image", "concat_mask", "guiding_frame_index", "ref_latent")
-_REFUSED = {"ref_latent": "HunyuanImageToVideo's 'custom' reference latent"}
 
 
 def image_inputs(options: Mapping[str, Any], expected: Mapping[str, int | None], role: str):
@@ -24,17 +22,12 @@ def image_inputs(options: Mapping[str, Any], expected: Mapping[str, int | None],
 
     from .conditioning import HunyuanImageInputs
 
-    for key, what in _REFUSED.items():
-        if options.get(key) is not None:
-            raise ConfigError(
-                f"the {role} conditioning carries {what} ({key!r})",
-                "the parallel sampler runs HunyuanVideo text-to-video and image-to-video 'v1 (concat)' and "
-                "'v2 (replace)'; this input would be ignored",
-                "set HunyuanImageToVideo's guidance_type to 'v1 (concat)' (33-channel I2V model) or 'v2 (replace)' "
-                "(16-channel I2V model)",
-            )
     out: dict[str, Any] = {}
-    for key, field in (("concat_latent_image", "concat_image"), ("concat_mask", "concat_mask")):
+    for key, field in (
+        ("concat_latent_image", "concat_image"),
+        ("concat_mask", "concat_mask"),
+        ("ref_latent", "ref_latent"),
+    ):
         value = options.get(key)
         if value is not None:
             if not isinstance(value, torch.Tensor) or value.ndim != 5:

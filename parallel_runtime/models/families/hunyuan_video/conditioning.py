@@ -1,5 +1,6 @@
 """What HunyuanVideo adds to the shared Conditioning: HunyuanVideo-I2V's start image (``Conditioning.extras``):
-"v1 (concat)"'s latent and mask, or "v2 (replace)"'s guiding frame (the start image itself is on the LATENT)."""
+"v1 (concat)"'s latent and mask, "v2 (replace)"'s guiding frame (the start image itself is on the LATENT), or
+"custom"'s reference latent."""
 
 from __future__ import annotations
 
@@ -19,6 +20,26 @@ class HunyuanImageInputs(ConditioningExtras):
     concat_image: torch.Tensor | None = None  # [B, 16, T', H, W] raw start-image latent (concat_latent_image)
     concat_mask: torch.Tensor | None = None  # [B, 1, T, H, W], 0 on the frames the start image covers
     guiding_timestep: torch.Tensor | None = None  # [B] "v2 (replace)": the first frame's timestep (guiding_frame_index)
+    ref_latent: torch.Tensor | None = None  # [B, 16, T', H, W] "custom": the raw start-image latent, as tokens
+
+    def reference_token_count(self) -> int:
+        """The "custom" reference's tokens (``reference_latents.reference_count``: they lengthen the sequence)."""
+        if self.ref_latent is None:
+            return 0
+        frames, rows, cols = self.ref_latent.shape[2:]
+        return frames * (rows // 2) * (cols // 2)  # HunyuanVideo's 2x2 patches
+
+    def without_references(self) -> HunyuanImageInputs | None:
+        return dataclasses.replace(self, ref_latent=None)
+
+    def pipefusion_refusal(self) -> tuple[str, str, str] | None:
+        if self.ref_latent is None:
+            return None
+        return (
+            "HunyuanImageToVideo 'custom' (a reference latent) under PipeFusion",
+            "its reference tokens are not cut into PipeFusion's row bands with the video's",
+            "run it on Ulysses / Ring / CFG parallel, or use 'v2 (replace)' / 'v1 (concat)'",
+        )
 
 
 NONE = HunyuanImageInputs()
