@@ -261,13 +261,13 @@ def test_worker_dying_at_startup_fails_start_and_leaves_nothing(tmp_path):
         assert processes_mentioning(info["prefix"]) == []
 
 
-def test_two_pools_side_by_side():
-    with WorkerPool("cpu:2", TWO, threads_per_worker=1) as a, WorkerPool("cpu:1", ParallelConfig()) as b:
-        fa = [a.submit(echo, ("a", i)) for i in range(20)]
-        fb = [b.submit(echo, ("b", i)) for i in range(20)]
-        assert [f.result(30) for f in fa] == [("a", i) for i in range(20)]
-        assert [f.result(30) for f in fb] == [("b", i) for i in range(20)]
-        assert a.shm_prefix != b.shm_prefix and set(a.pids).isdisjoint(b.pids)
+def test_two_pools_side_by_side(cpu_pool):
+    a, b = cpu_pool(TWO), cpu_pool(ParallelConfig())  # the session's warm pools (closing is tested above)
+    fa = [a.submit(echo, ("a", i)) for i in range(20)]
+    fb = [b.submit(echo, ("b", i)) for i in range(20)]
+    assert [f.result(30) for f in fa] == [("a", i) for i in range(20)]
+    assert [f.result(30) for f in fb] == [("b", i) for i in range(20)]
+    assert a.shm_prefix != b.shm_prefix and set(a.pids).isdisjoint(b.pids)
 
 
 def test_registry_reuses_warm_pool(pool_registry):
