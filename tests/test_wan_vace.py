@@ -192,9 +192,9 @@ def test_vace_under_pipefusion_equals_comfy_after_full_warmup_and_stays_close_wi
 
 
 def test_vace_under_pipefusion_sends_each_patch_with_its_own_control_tokens(pp_model):
-    """Stage 0 sends stage 1 each item's video tokens with its control streams (the patch-embedded latent and
-    one per entry, band tokens only) and the time vectors: over a run, steps x all tokens x (2 + entries) rows of
-    the model width, plus items x 7 vectors. Gathering the control tokens of the whole video per patch would add
+    """Stage 0 sends stage 1 each item's video tokens with its control streams (one per entry, band tokens only;
+    the patch-embedded latent stays behind: only the first hint block, on stage 0, reads it) and the time
+    vectors: over a run, steps x all tokens x (1 + entries) rows of the model width, plus items x 7 vectors. Gathering the control tokens of the whole video per patch would add
     (patches - 1) x more of them; no VACE bytes travel any other way (stage 1 sends only latents back). Each stage
     keeps stale K/V of the whole video for its 2 main blocks and for its hint block once per entry (the entries'
     control tokens differ: a buffer shared by them would mix their K/V)."""
@@ -206,7 +206,7 @@ def test_vace_under_pipefusion_sends_each_patch_with_its_own_control_tokens(pp_m
         first = next(s for s in stats if s.stage == 0)
         items = 1 + (steps - 1) * patches
         assert first.items == items
-        expected = FLOAT * rows * dim * (steps * tokens * (2 + entries) + items * 7)
+        expected = FLOAT * rows * dim * (steps * tokens * (1 + entries) + items * 7)
         assert first.sent_bytes["pp_act"] == expected, (name, patches, first.sent_bytes)
         last = next(s for s in stats if s.stage == 1)
         assert set(last.sent_bytes) == {"pp_latent", "pp_final"}, last.sent_bytes

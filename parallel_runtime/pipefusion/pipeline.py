@@ -193,6 +193,7 @@ class Pipeline:
         self.sends: list[PendingP2P] = []
         self.inbox: dict[tuple[str, int], list[PendingP2P]] = {}
         self.final_latent: torch.Tensor | None = None
+        self.sent_formats: dict[str, ActivationFormat] = {}  # per band: what this stage sends the next one
         self.last_item_of_step: dict[int, int] = {}
         self.seconds = dict.fromkeys(("compute", "receive", "agree", "total"), 0.0)
         self.agreements = 0
@@ -349,8 +350,10 @@ class Pipeline:
         else:
             wire = recv_object(self.stage - 1, self.group, self.device, "pp_setup", self.tags["setup"], self.timeout)
             formats = {k: ActivationFormat.from_wire(v) for k, v in wire.items()}  # type: ignore[union-attr]
-        if not self.last:
-            wire = {k: v.to_wire() for k, v in formats.items()}
+        if not self.last:  # what this stage sends: less the fields its blocks were the last to read
+            spent = getattr(self.adapter, "spent_fields", lambda stop: ())(self.stages.bounds[self.stage + 1])
+            self.sent_formats = {k: v.without(spent) for k, v in formats.items()}
+            wire = {k: v.to_wire() for k, v in self.sent_formats.items()}
             to = (self.stage + 1, self.group, self.mesh.stats, self.device, "pp_setup", self.tags["setup"])
             send_object(wire, *to, self.timeout)
         for band in self._bands_used():
@@ -390,6 +393,7 @@ class Pipeline:
             reuse = bool(fmt.unpack_flags(flats)[0]) if fmt.flags else None
         acts, reuse = self._run_blocks(item, acts, reuse)
         if not self.last:
+            fmt = self.sent_formats[item.band.key]
             for flat in fmt.pack(acts, [float(reuse)] if fmt.flags else ()):
                 self._send(flat, self.stage + 1, "act")
             return

@@ -9,7 +9,8 @@ the dynamic fields, so every receive can be posted ahead with a buffer of the ri
 dynamic fields of an item go as one flat tensor per dtype (normally one), plus, with a block cache, one
 float32 flag the first stage sets for the stages after it (reuse the cached blocks for this item or not).
 A tuple field (Wan VACE's ``control`` streams: the patch's control tokens, aligned with its image tokens)
-travels as one field per element.
+travels as one field per element. A stage leaves out the fields no later block reads (an adapter's
+``spent_fields(stop)``: Wan VACE's patch-embedded latent once the first hint block has run); they arrive as None.
 """
 
 from __future__ import annotations
@@ -81,6 +82,10 @@ class ActivationFormat:
             static.append(entry)
         return cls(tuple(fields), tuple(static), flags)
 
+    def without(self, names: Sequence[str]) -> ActivationFormat:
+        """This format less the dynamic fields ``names`` (e.g. "control.0")."""
+        return dataclasses.replace(self, fields=tuple(f for f in self.fields if f.name not in names))
+
     # -- wire form (plain containers, for send_object) ---------------------------------------------
     def to_wire(self) -> dict[str, Any]:
         wire = {"fields": [dataclasses.astuple(f) for f in self.fields], "static": list(self.static)}
@@ -147,9 +152,9 @@ class ActivationFormat:
         out = []
         for v in values:
             v.setdefault("txt", None)
-            for name in {n.split(".")[0] for n in v if "." in n}:  # a tuple field's elements, in order
-                count = sum(1 for n in v if n.startswith(f"{name}."))
-                v[name] = tuple(v.pop(f"{name}.{i}") for i in range(count))
+            for name in {n.split(".")[0] for n in v if "." in n}:  # a tuple field's elements, None if not sent
+                count = 1 + max(int(n.split(".")[1]) for n in v if n.startswith(f"{name}."))
+                v[name] = tuple(v.pop(f"{name}.{i}", None) for i in range(count))
             out.append(Activations(**v))
         return out
 

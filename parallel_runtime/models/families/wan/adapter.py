@@ -185,6 +185,12 @@ class WanAdapter(ModelAdapter):
         img, control = run_hints(hint, img, acts)
         return acts.replace(img=img, control=control)
 
+    def spent_fields(self, stop: int) -> tuple[str, ...]:
+        """PipeFusion: the Activations fields no block from ``stop`` on reads. VACE's first control stream (the
+        patch-embedded latent) is read only by the first hint block (the one with ``proj_in``)."""
+        layers = self.transformer.config.vace_layers if self._hints else None
+        return ("control.0",) if layers and layers[0] < stop else ()
+
     def self_attention_modules(self, list_name: str, block: nn.Module) -> list[nn.Module]:
         hint = self._hints.get(id(block))  # a VACE hint block's self-attention runs with its main block's
         # attn2 is cross-attention to the replicated text: never intercepted

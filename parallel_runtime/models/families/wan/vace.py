@@ -16,9 +16,10 @@ video with a mask of ones at strength 1, as ComfyUI does.
 Under PipeFusion the control streams are cut into the patch's row band with the video tokens (``embed_rows``)
 and travel with the patch from stage to stage; each stage loads and runs the hint blocks of its own main blocks
 (``WanAdapter.companion_prefixes``), their self-attention over stale K/V of the whole video like the main
-blocks' (a buffer per hint block and entry: ``stale_kv.LayerAttention``). Cost per hop and item: 1 + entries
-more [rows, band tokens, width] tensors beside the video tokens (the first stream is the patch-embedded latent
-the first hint block reads); no stage ever holds the control tokens of other patches than in its K/V buffers.
+blocks' (a buffer per hint block and entry: ``stale_kv.StaleKVCache.call_key``). Cost per hop and item: one
+more [rows, band tokens, width] tensor per entry beside the video tokens (the patch-embedded latent, read only by
+the first hint block, stays on the stage that runs it: ``WanAdapter.spent_fields``); no stage ever holds the
+control tokens of other patches than in its K/V buffers.
 """
 
 from __future__ import annotations
