@@ -169,6 +169,16 @@ def test_killed_worker_is_an_error_naming_its_rank_and_the_next_prompt_runs(comf
     assert len(fresh) == 2 and not set(fresh.values()) & set(old.values())
 
 
+def test_the_pack_finds_every_piece_of_comfyui_it_uses(comfy, comfy_server, object_info):
+    """On the ComfyUI it is tested with, no feature is lost (tests/comfyui/test_comfyui_without_hooks.py: a
+    ComfyUI without them); the progress bar moves once a step and the previews arrive (classic bar). Runs on the
+    warm pool after the Cancel and killed-worker paths; the free/unload paths check ``lost`` at their end."""
+    run = comfy.run(smoke_prompt(object_info, steps=2), timeout=600)
+    assert run.outcome == "execution_success", run.messages[-5:]
+    assert comfy.get("/dit_parallel/status")["lost"] == {}
+    assert "which this ComfyUI lacks" not in comfy_server.log_text()
+
+
 def test_workers_stay_warm_across_prompts_and_leave_when_the_user_frees_memory(comfy, comfy_server, object_info):
     """The server runs with --disable-smart-memory, so ComfyUI unloads its models after every
     prompt: the workers stay. "Unload models" (POST /free) frees them; the next prompt starts a
@@ -195,15 +205,7 @@ def test_workers_stay_warm_across_prompts_and_leave_when_the_user_frees_memory(c
     assert len(fresh) == 2 and not set(fresh.values()) & set(warm.values())
     assert comfy.post("/dit_parallel/unload")["pools"] == []  # the panel's "Unload workers" button
     assert not any(pid_alive(p) for p in fresh.values())
-
-
-def test_the_pack_finds_every_piece_of_comfyui_it_uses(comfy, comfy_server, object_info):
-    """On the ComfyUI it is tested with, no feature is lost (tests/comfyui/test_comfyui_without_hooks.py: a
-    ComfyUI without them); the progress bar moves once a step and the previews arrive (classic bar)."""
-    run = comfy.run(smoke_prompt(object_info, steps=2), timeout=600)
-    assert run.outcome == "execution_success", run.messages[-5:]
-    assert comfy.get("/dit_parallel/status")["lost"] == {}
-    assert "which this ComfyUI lacks" not in comfy_server.log_text()
+    assert comfy.get("/dit_parallel/status")["lost"] == {}  # nor on these paths (test_the_pack_finds_every_piece...)
 
 
 def test_a_device_problem_is_reported_once(comfy_server, object_info):
