@@ -136,6 +136,11 @@ class ComfyServer:
         ]
 
     def start(self, timeout_s: float = START_TIMEOUT_S) -> None:
+        self.launch()
+        self.wait_ready(timeout_s)
+
+    def launch(self) -> None:
+        """Start the process and return (``wait_ready`` waits for it to answer)."""
         self.port = free_port()
         self.log_path = self.base / f"comfyui-{self.port}.log"
         with open(self.log_path, "wb") as log_file:
@@ -148,7 +153,6 @@ class ComfyServer:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
-        self.wait_ready(timeout_s)
 
     def wait_ready(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from comfy_client import ComfyClient
 from comfy_env import REPO, ensure_venv, snapshot_dir, snapshot_problem
-from comfy_server import PACK_FOLDER, ComfyServer, clone_pack, pip_install_requirements
+from comfy_server import PACK_FOLDER, START_TIMEOUT_S, ComfyServer, clone_pack, pip_install_requirements
 
 HERE = Path(__file__).resolve().parent
 WORKFLOWS = sorted((REPO / "workflows").glob("*.json"))
@@ -247,10 +247,20 @@ def written_since(root: Path, since: float) -> list[str]:
 
 
 @pytest.fixture(scope="session")
-def comfy_server(comfy_python, comfy_snapshot, comfy_base, comfy_env):
-    # --disable-smart-memory: ComfyUI then unloads its models after every prompt; the workers must stay warm
+def comfy_server(early_servers, comfy_python, comfy_snapshot, comfy_base, comfy_env):
+    """The session's server, shared by the modules that run graphs on the pack as installed (server, browser,
+    ControlNet). --disable-smart-memory: ComfyUI then unloads its models after every prompt; the workers must stay
+    warm. Started through tiny_widths.py: ComfyUI's own Flux detection reads a tiny file's widths (the ControlNet
+    graph's KSampler path loads tiny files through ComfyUI's loaders; the pack's nodes never use that detection)."""
     started = time.time()
-    server = ComfyServer(comfy_python, comfy_snapshot, comfy_base, comfy_env, extra_args=("--disable-smart-memory",))
+    server = ComfyServer(
+        comfy_python,
+        comfy_snapshot,
+        comfy_base,
+        comfy_env,
+        extra_args=("--disable-smart-memory",),
+        launcher=HERE / "tiny_widths.py",
+    )
     try:
         server.start()
         yield server
@@ -282,8 +292,14 @@ def object_info(comfy_server) -> dict[str, Any]:
 SMOKE_PROBE = {"workflow": "tiny_flux_cpu_smoke.json", "class_type": "DiTParallelModelLoader", "input": "family"}
 
 
-def run_oracle(comfy_python, comfy_snapshot, comfy_base, env: dict[str, str], work: Path) -> dict[str, Any]:
-    """ComfyUI's own answers, computed in its venv with the pack loaded (see comfy_oracle.py)."""
+ORACLE_FORMS = {  # oracle fixture -> the environment it adds: the pack's nodes in the form it chooses, or public forced
+    "comfy_oracle": {},
+    "comfy_public_oracle": {NODE_FORM_ENV: "public"},
+}
+
+
+def start_oracle(comfy_python, comfy_snapshot, comfy_base, env: dict[str, str], work: Path) -> subprocess.Popen:
+    """ComfyUI's own answers, computed in its venv with the pack loaded (see comfy_oracle.py): started."""
     request = {
         "snapshot": str(comfy_snapshot),
         "base": str(comfy_base),
@@ -293,58 +309,122 @@ def run_oracle(comfy_python, comfy_snapshot, comfy_base, env: dict[str, str], wo
         "choice_probe": SMOKE_PROBE,
     }
     (work / "request.json").write_text(json.dumps(request))
-    proc = subprocess.run(
-        [str(comfy_python), str(HERE / "comfy_oracle.py"), str(work / "request.json"), str(work / "out.json")],
-        cwd=work,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
+    with open(work / "stdout.txt", "wb") as out, open(work / "stderr.txt", "wb") as err:
+        return subprocess.Popen(
+            [str(comfy_python), str(HERE / "comfy_oracle.py"), str(work / "request.json"), str(work / "out.json")],
+            cwd=work,
+            env=env,
+            stdout=out,
+            stderr=err,
+        )
+
+
+def oracle_answers(proc: subprocess.Popen, work: Path, timeout_s: float = 600) -> dict[str, Any]:
+    """The answers of a started comfy_oracle.py run (fails the test when it failed)."""
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    stdout, stderr = ((work / name).read_text(errors="replace") for name in ("stdout.txt", "stderr.txt"))
     if proc.returncode != 0:
-        pytest.fail(f"comfy_oracle.py failed (exit {proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
+        pytest.fail(f"comfy_oracle.py failed (exit {proc.returncode}):\n{stdout[-4000:]}\n{stderr[-4000:]}")
     out = json.loads((work / "out.json").read_text())
-    out["log"] = proc.stdout + proc.stderr
+    out["log"] = stdout + stderr
     return out
 
 
 @pytest.fixture(scope="session")
-def comfy_oracle(comfy_python, comfy_snapshot, comfy_base, comfy_env, tmp_path_factory) -> dict[str, Any]:
-    """ComfyUI's own answers with the pack in the form it chooses itself."""
-    work = tmp_path_factory.mktemp("comfyui-oracle")
-    return run_oracle(comfy_python, comfy_snapshot, comfy_base, comfy_env, work)
+def oracle_runs(request, comfy_python, comfy_snapshot, comfy_base, comfy_env, tmp_path_factory):
+    """``oracle_runs(fixture name)`` -> (the started comfy_oracle.py run, its folder). At the first call every form
+    the session's tests use is started, side by side (each run is one process on one core, mostly importing)."""
+    runs: dict[str, tuple[subprocess.Popen, Path]] = {}
+
+    def start(name: str) -> None:
+        work = tmp_path_factory.mktemp(name.replace("_", "-"))
+        runs[name] = (
+            start_oracle(comfy_python, comfy_snapshot, comfy_base, {**comfy_env, **ORACLE_FORMS[name]}, work),
+            work,
+        )
+
+    def get(name: str) -> tuple[subprocess.Popen, Path]:
+        if not runs:
+            used = {f for item in request.session.items for f in getattr(item, "fixturenames", ())}
+            for other in ORACLE_FORMS:
+                if other != name and other in used:
+                    start(other)
+        if name not in runs:
+            start(name)
+        return runs[name]
+
+    yield get
+    for proc, _ in runs.values():
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 @pytest.fixture(scope="session")
-def comfy_public_oracle(comfy_python, comfy_snapshot, comfy_base, comfy_env, tmp_path_factory) -> dict[str, Any]:
+def comfy_oracle(oracle_runs) -> dict[str, Any]:
+    """ComfyUI's own answers with the pack in the form it chooses itself."""
+    return oracle_answers(*oracle_runs("comfy_oracle"))
+
+
+@pytest.fixture(scope="session")
+def comfy_public_oracle(oracle_runs) -> dict[str, Any]:
     """ComfyUI's own answers with the pack's nodes in ComfyUI's public API form (io.ComfyNode), forced."""
-    work = tmp_path_factory.mktemp("comfyui-public-oracle")
-    env = {**comfy_env, NODE_FORM_ENV: "public"}
-    return run_oracle(comfy_python, comfy_snapshot, comfy_base, env, work)
+    return oracle_answers(*oracle_runs("comfy_public_oracle"))
 
 
 def pytest_report_header(config) -> list[str]:
     return [f"ComfyUI snapshot: {snapshot_dir()} (python {sys.version.split()[0]} runs the tests)"]
 
 
-@pytest.fixture(scope="module")
-def comfy_server_without_hooks(comfy_python, comfy_snapshot, comfy_base, comfy_env, tmp_path_factory):
-    """A second server, run by without_hooks.py (the internals the pack reaches renamed away, as a later ComfyUI
-    might have them) with the pack's nodes in the public API form; the same pack clone and models as
+def without_hooks_server(comfy_python, comfy_snapshot, comfy_base, comfy_env, base: Path) -> ComfyServer:
+    """A second server (not started), run by without_hooks.py (the internals the pack reaches renamed away, as a later
+    ComfyUI might have them) with the pack's nodes in the public API form; the same pack clone and models as
     ``comfy_base``, in a base directory of its own (database, user, output)."""
-    base = tmp_path_factory.mktemp("comfyui-base-without-hooks")
     for shared in ("custom_nodes", "models", "input"):
         (base / shared).symlink_to(comfy_base / shared, target_is_directory=True)
     settings = base / "user" / "default" / "comfy.settings.json"
     settings.parent.mkdir(parents=True)
     settings.write_text(json.dumps({"Comfy.TutorialCompleted": True}))
     env = {**comfy_env, NODE_FORM_ENV: "public"}
-    server = ComfyServer(  # (ComfyUI's API nodes import the renamed ProgressBar: they are not part of this test)
+    return ComfyServer(  # (ComfyUI's API nodes import the renamed ProgressBar: they are not part of this test)
         comfy_python, comfy_snapshot, base, env, extra_args=("--disable-api-nodes",), launcher=HERE / "without_hooks.py"
     )
+
+
+@pytest.fixture(scope="session")
+def early_servers(request, comfy_python, comfy_snapshot, comfy_base, comfy_env, tmp_path_factory):
+    """The other servers the session's tests use (fixture name -> server), launched at once, before the session's
+    server: a start is mostly one process importing on one core, so they overlap. A module fixture takes its server
+    out (``pop``), waits for it and stops it at its end; any left are stopped here."""
+    used = {f for item in request.session.items for f in getattr(item, "fixturenames", ())}
+    servers: dict[str, ComfyServer] = {}
+    if "comfy_server_without_hooks" in used:
+        base = tmp_path_factory.mktemp("comfyui-base-without-hooks")
+        servers["comfy_server_without_hooks"] = without_hooks_server(
+            comfy_python, comfy_snapshot, comfy_base, comfy_env, base
+        )
+    for server in servers.values():
+        server.launch()
+    yield servers
+    for server in servers.values():
+        server.stop()
+        server.kill_leftovers()
+
+
+@pytest.fixture(scope="module")
+def comfy_server_without_hooks(early_servers, comfy_python, comfy_snapshot, comfy_base, comfy_env, tmp_path_factory):
+    """The without_hooks.py server (see ``without_hooks_server``), launched early by ``early_servers``."""
+    server = early_servers.pop("comfy_server_without_hooks", None)
+    if server is None:  # (asked for by name at run time: launched now)
+        base = tmp_path_factory.mktemp("comfyui-base-without-hooks")
+        server = without_hooks_server(comfy_python, comfy_snapshot, comfy_base, comfy_env, base)
+        server.launch()
     try:
-        server.start()
+        server.wait_ready(START_TIMEOUT_S)
         yield server
     finally:
         server.stop()

@@ -6,10 +6,11 @@ Both latents are saved by ComfyUI's SaveLatent and must agree to 1e-4 (relative 
 two-rank Ulysses pool. The ControlNet changes the picture (a run without it is far off), and ComfyUI's own loaded
 ControlNet on the Parallel Sampler is an error naming the node to use.
 
-The server (its own base directory, the pack and input images of the session's) starts through tiny_widths.py, so
-ComfyUI's Flux detection reads the tiny transformer's widths (tiny-flux's, in Black Forest Labs' layout) and the
-tiny Union ControlNet built here at the same widths; its VAE is a random TAEF1 from ComfyUI's own class
-(tiny_taef1.py). One server, three prompts.
+The session's server (conftest.py) starts through tiny_widths.py, so ComfyUI's Flux detection reads the tiny
+transformer's widths (tiny-flux's, in Black Forest Labs' layout) and the tiny Union ControlNet built here at the same
+widths; its VAE is a random TAEF1 from ComfyUI's own class (tiny_taef1.py). This module adds those files and the hint
+to the server's base directory (ComfyUI lists its folders when asked), and at its end removes them and unloads its
+pools. One server, three prompts.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import functools
 import itertools
 import json
+import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -25,7 +27,6 @@ import pytest
 import torch
 from comfy_client import ComfyClient
 from comfy_server import ComfyServer
-from conftest import artifacts_dir
 
 pytestmark = pytest.mark.timeout(2400)  # the session fixtures may build ComfyUI's venv first (minutes)
 
@@ -74,45 +75,39 @@ def hint_png(path: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def controlnet_server(comfy_python, comfy_snapshot, comfy_base, comfy_env, tmp_path_factory):
-    base = tmp_path_factory.mktemp("comfyui-base-controlnet")
-    (base / "custom_nodes").symlink_to(comfy_base / "custom_nodes", target_is_directory=True)
-    models = base / "models"
+def controlnet_server(comfy_server, comfy_python, comfy_snapshot, comfy_env, tmp_path_factory):
+    """The session's server with this module's model files and hint picture in its base directory."""
+    work = tmp_path_factory.mktemp("comfyui-controlnet-files")
+    models = work / "models"
     (models / "diffusion_models").mkdir(parents=True)
     tiny_flux_bfl(models / "diffusion_models" / MODEL)
     (models / "controlnet").mkdir()
     tiny_flux_union(models / "controlnet" / CONTROLNET)
     subprocess.run(
         [str(comfy_python), str(HERE / "tiny_taef1.py"), str(comfy_snapshot), str(models / "vae_approx")],
-        cwd=base,
+        cwd=work,
         env=comfy_env,
         capture_output=True,
         timeout=300,
         check=True,
     )
-    (base / "input").mkdir()
-    hint_png(base / "input" / HINT)
-    settings = base / "user" / "default" / "comfy.settings.json"
-    settings.parent.mkdir(parents=True)
-    settings.write_text(json.dumps({"Comfy.TutorialCompleted": True}))
-    server = ComfyServer(
-        comfy_python,
-        comfy_snapshot,
-        base,
-        comfy_env,
-        extra_args=("--disable-smart-memory",),
-        launcher=HERE / "tiny_widths.py",
-    )
+    (work / "input").mkdir()
+    hint_png(work / "input" / HINT)
+    added = [  # (made here, its place in the server's base directory)
+        (made, comfy_server.base / made.relative_to(work)) for made in sorted(work.rglob("*")) if made.is_file()
+    ]
+    for made, place in added:
+        assert not place.exists(), f"{place} is already in the session's base directory"
+        place.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(made, place)
     try:
-        server.start()
-        yield server
+        yield comfy_server
     finally:
-        server.stop()
-        (artifacts_dir() / "comfyui-server-controlnet.log").write_text(server.log_text())
-        alive, segments = server.leftovers()
-        server.kill_leftovers()
-    assert not alive, f"worker processes left after ComfyUI stopped: {alive}"
-    assert not segments, f"/dev/shm segments left after ComfyUI stopped: {segments}"
+        for _, place in added:
+            place.unlink(missing_ok=True)
+        if comfy_server.alive():  # the next modules count the workers of their own pools
+            with ComfyClient(comfy_server.url) as client:
+                assert client.post("/dit_parallel/unload")["pools"] == []
 
 
 def defaults(object_info: dict[str, Any], class_type: str, **inputs: Any) -> dict[str, Any]:
