@@ -4,9 +4,9 @@ Oracle: tests/data/comfy_controlnet_mistoline_reference.json, written by ``tests
 --kind mistoline`` (ControlNetLoader -> ControlNetApplyAdvanced -> KSampler on the tiny FLUX.1-dev file and
 tests/controlnet_files.py's tiny Mistoline file: two double and three single blocks, which ComfyUI loads with
 ``load_controlnet_flux_xlabs_mistoline(mistoline=True)``). Here the same file goes through Parallel ControlNet Loader's
-CONTROL_NET into the Parallel Sampler node on real CPU pools: one rank, Ulysses 2, CFG 2. The hint is the image
+CONTROL_NET into the Parallel Sampler node on real CPU pools: one rank, Ulysses 2, CFG 2, PipeFusion 2. The hint is the image
 itself (the apply node's VAE is never called). Also the spread of its residuals (cyclic over 19 double and 38 single
-blocks) against the formula, and PipeFusion's refusal.
+blocks) against the formula, and PipeFusion 2 (every step a warmup step) against the same graph.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ import torch
 from controlnet_files import FLUX_MISTOLINE, MISTOLINE_BLOCKS, flux_mistoline_state  # tests/ helper
 from test_controlnet_flux import MODEL, apply, load_node, node_ctx, relative_error, union_type  # noqa: F401
 
-from parallel_runtime.errors import ConfigError
 from parallel_runtime.models.controlnet_files import describe_controlnet
 from parallel_runtime.models.controlnet_kind import FLUX_MISTOLINE as MISTOLINE_KIND
 from parallel_runtime.models.families.flux.controlnet_mistoline import MistolineFluxControlNet
@@ -102,13 +101,17 @@ def test_parallel_sampler_with_mistoline_controlnet_equals_comfy(node_ctx, layou
         assert relative_error(sample(node_ctx, handle, plain, plain_neg, case, latent), expected) > 100 * TOLERANCE
 
 
-def test_mistoline_under_pipefusion_is_refused(node_ctx):  # noqa: F811
-    from dit_parallel_pack.nodes.loader import ParallelModelLoader
+def test_mistoline_under_pipefusion_equals_comfy_after_full_warmup(node_ctx):  # noqa: F811
+    """PipeFusion 2, every step a warmup step: stage 0 runs the Mistoline ControlNet (its hint encoder on the whole
+    image, its blocks per item) and sends the single block's residual with each item; equal to ComfyUI to 1e-4."""
+    from comfy_ksampler_cases import load_manual
 
-    (handle,) = ParallelModelLoader(node_ctx).load(
-        model=str(MODEL), family="auto", devices="cpu:2", layout="manual", ulysses=1, ring=1, cfg_parallel=1,
-        pipefusion=2, pp_patches=2, pp_warmup=1, dtype="fp32", attention="auto",
-    )["result"]  # fmt: skip
-    case = REFERENCE["cases"][0]
-    with pytest.raises(ConfigError, match="PipeFusion"):
-        sample(node_ctx, handle, *graph(case)[:2], case, {"samples": torch.zeros(1, 16, 4, 6)})
+    from parallel_runtime.parallel.config import ParallelConfig
+
+    handle = load_manual(node_ctx, str(MODEL), "cpu:2", ParallelConfig(pp=2), warmup=5)
+    for case in REFERENCE["cases"]:
+        assert case["steps"] <= 5
+        latent = {"samples": torch.zeros(1, 16, case["latent"][1] // 8, case["latent"][0] // 8)}
+        got = sample(node_ctx, handle, *graph(case)[:2], case, latent)
+        error = relative_error(got, tensor(f"{case['name']}.expected"))
+        assert error <= TOLERANCE, f"{case['name']} under PipeFusion 2: {error}"

@@ -4,7 +4,7 @@ Oracle: tests/data/comfy_controlnet_xlabs_reference.json, written by ``tests/dat
 --kind xlabs`` (ControlNetLoader -> ControlNetApplyAdvanced -> KSampler on the tiny FLUX.1-dev file and
 tests/controlnet_files.py's tiny XLabs file, which ComfyUI loads with ``load_controlnet_flux_xlabs_mistoline``).
 Here the same file goes through Parallel ControlNet Loader's CONTROL_NET into the Parallel Sampler node on real CPU
-pools: one rank, Ulysses 2, CFG 2. The hint is the image itself (the apply node's VAE is never called). Also the
+pools: one rank, Ulysses 2, CFG 2, PipeFusion 2. The hint is the image itself (the apply node's VAE is never called). Also the
 spread of an XLabs file's residuals over the main model's blocks (cyclic over 19 double blocks) against the formula.
 """
 
@@ -16,12 +16,13 @@ from pathlib import Path
 import pytest
 import torch
 from controlnet_files import FLUX_XLABS, XLABS_DOUBLE_BLOCKS, flux_xlabs_state  # tests/ helper
-from test_controlnet_flux import LAYOUTS, apply, load_node, node_ctx, relative_error, union_type  # noqa: F401
+from test_controlnet_flux import LAYOUTS, MODEL, apply, load_node, node_ctx, relative_error, union_type  # noqa: F401
 
 from parallel_runtime.errors import ConfigError
 from parallel_runtime.models.controlnet_files import describe_controlnet
 from parallel_runtime.models.controlnet_kind import FLUX_XLABS as XLABS_KIND
 from parallel_runtime.models.families.flux.controlnet_xlabs import XLabsFluxControlNet
+from parallel_runtime.parallel.config import ParallelConfig
 from parallel_runtime.service.comfy_control import ParallelControlNet
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -99,3 +100,17 @@ def test_parallel_sampler_with_xlabs_controlnet_equals_comfy(node_ctx, layout, c
     odd = {"samples": torch.zeros(1, 16, 5, 6)}  # 2x2 patches of the image hint's map would not be whole
     with pytest.raises(ConfigError, match="multiple of 16 px"):
         sample(node_ctx, handle, *graph(case)[:2], case, odd)
+
+
+def test_xlabs_under_pipefusion_equals_comfy_after_full_warmup(node_ctx):  # noqa: F811
+    """PipeFusion 2, every step a warmup step: stage 0 runs the XLabs ControlNet per item; its residuals reach the
+    double blocks only, all on stage 0 here, so nothing of it travels; equal to ComfyUI to 1e-4."""
+    from comfy_ksampler_cases import load_manual
+
+    handle = load_manual(node_ctx, str(MODEL), "cpu:2", ParallelConfig(pp=2), warmup=5)
+    for case in REFERENCE["cases"]:
+        assert case["steps"] <= 5
+        latent = {"samples": torch.zeros(1, 16, case["latent"][1] // 8, case["latent"][0] // 8)}
+        got = sample(node_ctx, handle, *graph(case)[:2], case, latent)
+        error = relative_error(got, tensor(f"{case['name']}.expected"))
+        assert error <= TOLERANCE, f"{case['name']} under PipeFusion 2: {error}"

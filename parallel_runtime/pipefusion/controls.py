@@ -13,8 +13,10 @@ or after a full warmup the result equals one device's; with stale K/V only the m
 
 ComfyUI's semantics stay: a chain's links apply in order, each with its strength, and only while the item's sigma
 lies in its start/end window (``denoise.control.ActiveLinks``); under CFG parallel each pipeline adds its own
-branch's controls. Kinds without ``band_updates`` (ControlNets with attention of their own over the whole image:
-Flux InstantX / Union, XLabs, Qwen-Image InstantX) are refused on the host before a job starts. Wan VACE is not
+branch's controls. ControlNets with attention of their own over the whole image (Flux InstantX / Union, XLabs,
+Mistoline, Qwen-Image InstantX and its inpainting file: runners with ``band_residuals``) run on the first stage per
+patch, with stale K/V of their own, and the later stages' residuals travel with the patch: :mod:`.control_chain` says
+where they run and what it costs. Other kinds are refused on the host before a job starts. Wan VACE is not
 a ControlNet here: its hint blocks are part of the model and run inside the calls of the main blocks they follow,
 so each stage runs those of its own blocks on the patch's control tokens, with stale K/V of their own, and the
 control streams travel with the patch (``models/families/wan/vace.py``).
@@ -29,13 +31,13 @@ import torch
 
 from ..denoise.control import ActiveLinks, combine, hint_for_batch
 from ..errors import ConfigError
-from ..models.controlnet_kind import QWEN_DIFFSYNTH
+from ..models.controlnet_kind import FLUX_INSTANTX, FLUX_MISTOLINE, FLUX_XLABS, QWEN_DIFFSYNTH
 from ..parallel.mesh import ParallelMesh
 from ..sampling import ModelSampling
 from .branches import Stream
 from .schedule import Band
 
-KINDS = (QWEN_DIFFSYNTH,)  # ControlNet kinds that run per patch under PipeFusion
+KINDS = (QWEN_DIFFSYNTH, FLUX_INSTANTX, FLUX_XLABS, FLUX_MISTOLINE)  # ControlNet kinds that run under PipeFusion
 CONTROL_WITH_REFERENCES = (
     "a ControlNet together with reference images (ReferenceLatent) under PipeFusion",
     "the ControlNet's tokens line up with the image's alone; the reference tokens ride in the same sequence",
@@ -65,8 +67,9 @@ def refuse_kind(name: str, kind: str) -> None:
     if kind not in KINDS:
         raise ConfigError(
             f"the ControlNet {name} ({kind}) on a PipeFusion layout",
-            "this ControlNet attends over the whole image in layers of its own; PipeFusion runs it per patch only "
-            "for DiffSynth Qwen-Image model patches (token-wise, applied on each stage to the patch's tokens)",
+            "this ControlNet attends over the whole image in layers of its own; PipeFusion runs DiffSynth "
+            "Qwen-Image model patches and Flux ControlNets (InstantX / Union, XLabs, Mistoline) per patch, not yet "
+            "this kind",
             "use Ulysses / Ring / CFG parallelism for this ControlNet (a layout without PipeFusion)",
         )
 
@@ -110,7 +113,7 @@ class StageControls:
                         "the sampling job loads every ControlNet its conditioning names before denoising",
                         "report this as a bug (the job's ControlNet list missed this file)",
                     )
-                if not hasattr(runner, "band_updates"):
+                if not hasattr(runner, "band_updates") and not hasattr(runner, "band_residuals"):
                     refuse_kind(link.file, type(runner).__name__)
 
     def for_stream(self, stream: Stream, band: Band, sigma: float, rows: int) -> dict[int, Any]:
@@ -120,6 +123,7 @@ class StageControls:
         if chain is None or not self.blocks:
             return {}
         links = self.active(chain, torch.tensor(sigma, dtype=torch.float32))
+        links = [link for link in links if hasattr(self.runners[link.file], "band_updates")]  # else control_chain.py
         if not links:
             return {}
         batch, tokens = rows // entries, stream.token_range(band)

@@ -24,7 +24,8 @@ single-device denoise loop's (:func:`parallel_runtime.denoise.loop.denoise_laten
 
 Reference images (edit models) ride with the image, run once per step by each stage (:mod:`.references`).
 ControlNets that are model patches (DiffSynth) run on each stage after its own blocks, on the patch's tokens
-(:mod:`.controls`).
+(:mod:`.controls`); ControlNets with attention of their own run on stage 0 per patch, their later residuals sent with
+the patch (:mod:`.control_chain`).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from typing import Any
 import torch
 
 from ..denoise.caching.decisions import DecisionGroup
-from ..denoise.control import apply_update
+from ..denoise.control import apply_update, combine
 from ..denoise.entries import Branch
 from ..denoise.loop import latent_to_model, prepare_denoise_mask, schedule
 from ..denoise.settings import SamplingSettings, embedded_guidance
@@ -51,6 +52,7 @@ from ..parallel.stages import StagePlan
 from ..sampling import Guided, ModelSampling, final_sigma, sampler_spec
 from .block_cache_stage import STEP_CACHE_UNDER_PIPEFUSION, StageBlockCache
 from .branches import Branches
+from .control_chain import ChainControls
 from .controls import StageControls
 from .patch_samplers import PatchSamplers
 from .references import carries_references, check_references
@@ -128,31 +130,14 @@ class Pipeline:
         self.adapter, self.mesh, self.stages, self.ms = adapter, mesh, stages, ms
         self.settings, self.options = settings, options
         self.pp, self.stage = mesh.size("pp"), mesh.rank("pp")
-        if stages.num_stages != self.pp:
-            raise ConfigError(
-                f"a stage plan of {stages.num_stages} stages on a mesh with pp={self.pp}",
-                "each pp rank runs one stage",
-                "plan the stages with the mesh's pp degree",
-            )
-        if self.pp < 2:
-            raise ConfigError(
-                "PipeFusion with pp=1",
-                "a pipeline needs at least two stages; one stage is the ordinary engine",
-                "use denoise.loop.denoise_latent, or a mesh with pp >= 2",
-            )
+        options.check(stages.num_stages, self.pp)
         if settings.step_cache is not None:
             raise ConfigError(*STEP_CACHE_UNDER_PIPEFUSION)
-        if options.agree_cancel_every not in ("step", "slot"):
-            raise ConfigError(
-                f"PipeFusion agree_cancel_every={options.agree_cancel_every!r}",
-                "ranks agree on cancel once per step, or (to measure its cost) after every slot",
-                "use 'step' (the default) or 'slot'",
-            )
         self.first, self.last = self.stage == 0, self.stage == self.pp - 1
         self.group = mesh.group("pp")
         self.device = mesh.device
         self.timeout = options.timeout_s
-        self.tags = {kind: message_tag * 8 + i for i, kind in enumerate(("setup", "act", "latent", "final"))}
+        self.tags = {kind: message_tag * 8 + i for i, kind in enumerate(("setup", "act", "latent", "final", "control"))}
         self.fmt = adapter.plan.latent_format
         self.latent_raw = latent_raw
         self.batch = latent_raw.shape[0]
@@ -182,6 +167,9 @@ class Pipeline:
         self.reference_tokens = 0  # reference tokens this stage ran through its blocks (stats)
         self.controls = StageControls(controls or {}, ms, mesh, stages.blocks(self.stage), adapter.num_blocks)
         self.controls.check(self.branches.streams, settings.block_cache is not None)
+        chain = (stages, self.stage, [adapter.block(i)[0] for i in range(adapter.num_blocks)], self.rows * self.cols)
+        self.chain = ChainControls(controls or {}, ms, mesh, *chain, options.stale_kv)
+        self.chain.check(self.branches.streams)
         self.joint = adapter.plan.text_attention == "joint"
         self.text_tokens: dict[int, int] = {}  # per stream
         self.reporter = self.last and mesh.rank("cfg") == 0 and mesh.rank("sp") == 0
@@ -221,6 +209,7 @@ class Pipeline:
         check = check_cancel or (lambda: None)
         start = time.perf_counter()
         self.cache = StaleKVCache(self.mesh, self.rows * self.cols, backend, stale=self.options.stale_kv)
+        self.chain.backend = backend
         agree_at = set(range(sched.num_slots)) if self.options.agree_cancel_every == "slot" else sched.step_end_slots()
         what = (self.stage, self.pp, self.stages.describe(), self.patches, self.options.warmup)
         items = (len(sched.stage_items(self.stage)), sched.num_slots)
@@ -279,6 +268,7 @@ class Pipeline:
             kv_buffer_bytes=0 if self.cache is None else self.cache.buffer_bytes,
             reference_tokens=self.reference_tokens,
             control_tokens=self.controls.tokens,
+            chain_tokens=self.chain.tokens,
             seconds=dict(self.seconds),
             agreements=self.agreements,
             cache=[] if self.block_cache is None else [self.block_cache.summary()],
@@ -301,7 +291,8 @@ class Pipeline:
     # -- messages ----------------------------------------------------------------------------------
     def _post(self, k: int, formats: dict[str, ActivationFormat]) -> None:
         assert self.sched is not None
-        band = self.sched.items[k].band
+        item = self.sched.items[k]
+        band, sigma = item.band, self.sched.rounds[item.round].sigma
         if self.first:
             buf = torch.empty(self._band_shape(band), dtype=torch.float32, device=self.device)
             self.inbox[("latent", k)] = [recv_start(buf, self.pp - 1, self.group, "pp_latent", self.tags["latent"])]
@@ -310,6 +301,10 @@ class Pipeline:
             self.inbox[("act", k)] = [
                 recv_start(b, self.stage - 1, self.group, "pp_act", self.tags["act"]) for b in bufs
             ]
+            buf = self.chain.incoming(self.branches.streams_in(band), sigma, formats[band.key])
+            if buf is not None:  # the residuals of the ControlNets stage 0 ran (control_chain.py)
+                buf = recv_start(buf, self.stage - 1, self.group, "pp_control", self.tags["control"])
+                self.inbox[("control", k)] = [buf]
 
     def _take(self, kind: str, k: int) -> list[torch.Tensor]:
         t0 = time.perf_counter()
@@ -383,19 +378,24 @@ class Pipeline:
     ) -> None:
         assert self.sched is not None
         rnd = self.sched.rounds[item.round]
-        fmt, reuse = formats[item.band.key], None
+        fmt, reuse, streams = formats[item.band.key], None, self.branches.streams_in(item.band)
         if self.first:
             (x,) = self._take("latent", item.index)
-            acts = self._embed(item.band, x, torch.tensor(rnd.sigma))
+            acts = self._embed(item.band, x, torch.tensor(rnd.sigma), inputs := [])
+            own, onward = self.chain.first_stage(streams, item.band, rnd.sigma, inputs, acts)
         else:
             flats = self._take("act", item.index)
             acts = fmt.unpack(flats, statics[item.band.key])
             reuse = bool(fmt.unpack_flags(flats)[0]) if fmt.flags else None
-        acts, reuse = self._run_blocks(item, acts, reuse)
+            (received,) = self._take("control", item.index) if ("control", item.index) in self.inbox else (None,)
+            own, onward = self.chain.follow(streams, rnd.sigma, received, fmt)
+        acts, reuse = self._run_blocks(item, acts, reuse, own)
         if not self.last:
             fmt = self.sent_formats[item.band.key]
             for flat in fmt.pack(acts, [float(reuse)] if fmt.flags else ()):
                 self._send(flat, self.stage + 1, "act")
+            if onward is not None:
+                self._send(onward, self.stage + 1, "control")
             return
         assert samplers is not None
         denoised = self._denoise(item, acts, samplers.x_of(item))
@@ -412,8 +412,9 @@ class Pipeline:
         done = step + 1 if item.index == self.last_item_of_step[step] else step
         on_patch(done, len(self.sigmas) - 1, item.band.index, self.patches)
 
-    def _embed(self, band: Band, x: torch.Tensor, sigma: torch.Tensor) -> list[Activations]:
-        """The band's embeddings for each stream whose window it touches (the window's part of the band)."""
+    def _embed(self, band: Band, x: torch.Tensor, sigma: torch.Tensor, inputs: list | None = None) -> list[Activations]:
+        """The band's embeddings for each stream whose window it touches (the window's part of the band); each
+        stream's (model input, timestep, conditioning, guidance) appended to ``inputs`` (for its ControlNets)."""
         out = []
         x = x.to(self.device).float()
         with_refs = carries_references(band, self.options)
@@ -422,6 +423,8 @@ class Pipeline:
             sigma_b = torch.as_tensor(sigma, dtype=torch.float32, device=self.device).reshape(1).expand(xb.shape[0])
             x_in = self.ms.calculate_input(sigma_b.reshape(-1, 1, 1, 1), xb)
             timestep = self.ms.timestep(sigma_b)
+            if inputs is not None:
+                inputs.append((x_in, timestep, stream.cond_for(with_refs), stream.guidance))
             if self.mask is not None:  # the window's mask: a band is embedded within its window
                 mask = self.mask
                 if not stream.whole:
@@ -441,7 +444,7 @@ class Pipeline:
         return out
 
     def _run_blocks(
-        self, item: Item, acts: list[Activations], reuse: bool | None
+        self, item: Item, acts: list[Activations], reuse: bool | None, residuals: list[dict[int, torch.Tensor]]
     ) -> tuple[list[Activations], bool | None]:
         """This stage's blocks for each branch; with a block cache, its decision (taken or received) too."""
         cache = self.cache
@@ -466,6 +469,8 @@ class Pipeline:
         out, sigma = [], self.sched.rounds[item.round].sigma if self.sched is not None else 0.0
         for b, a in enumerate(acts):
             updates = self.controls.for_stream(streams[b], item.band, sigma, a.img.shape[0])
+            for i, r in residuals[b].items():  # the ControlNets stage 0 ran: their residuals for these blocks
+                updates[i] = combine(updates.get(i), r)
             for i in self.stages.blocks(self.stage):
                 a = run_block(a, i, b)
                 if i in updates:

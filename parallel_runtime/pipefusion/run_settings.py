@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
+from ..errors import ConfigError
+
 
 @dataclasses.dataclass(frozen=True)
 class PipeFusionSettings:
@@ -20,6 +22,27 @@ class PipeFusionSettings:
     # patches; "recomputed": with every patch; "kept": only in the whole-image (warmup) steps (see README)
     reference_kv: Literal["per_step", "kept", "recomputed"] = "per_step"
 
+    def check(self, num_stages: int, pp: int) -> None:
+        """The options against a stage plan of ``num_stages`` on a mesh of ``pp`` stages (what, why, fix)."""
+        if num_stages != pp:
+            raise ConfigError(
+                f"a stage plan of {num_stages} stages on a mesh with pp={pp}",
+                "each pp rank runs one stage",
+                "plan the stages with the mesh's pp degree",
+            )
+        if pp < 2:
+            raise ConfigError(
+                "PipeFusion with pp=1",
+                "a pipeline needs at least two stages; one stage is the ordinary engine",
+                "use denoise.loop.denoise_latent, or a mesh with pp >= 2",
+            )
+        if self.agree_cancel_every not in ("step", "slot"):
+            raise ConfigError(
+                f"PipeFusion agree_cancel_every={self.agree_cancel_every!r}",
+                "ranks agree on cancel once per step, or (to measure its cost) after every slot",
+                "use 'step' (the default) or 'slot'",
+            )
+
 
 @dataclasses.dataclass
 class PipeFusionStats:
@@ -34,6 +57,7 @@ class PipeFusionStats:
     kv_buffer_bytes: int
     reference_tokens: int = 0  # reference-image tokens run through this stage's blocks, summed over blocks
     control_tokens: int = 0  # image tokens x batch rows run through this stage's ControlNet blocks, over blocks/links
+    chain_tokens: int = 0  # image tokens x batch rows run through a whole ControlNet on stage 0, summed over links
     seconds: dict[str, float] = dataclasses.field(default_factory=dict)  # compute / receive / agree / total
     agreements: int = 0  # cancel agreements joined (once per step, plus one before the first slot)
     cache: list[dict] = dataclasses.field(default_factory=list)  # what the block cache did (its summary)

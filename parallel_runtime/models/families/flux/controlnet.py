@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -102,10 +102,18 @@ class FluxControlNet:
         guidance: torch.Tensor | None,
         hint: torch.Tensor,
         control_type: Sequence[int],
+        first_row: int = 0,
     ) -> Activations:
+        """``x`` is the padded model input, or a band of it starting at token row ``first_row`` (PipeFusion);
+        ``hint`` the whole (padded) hint: only the band's hint tokens are embedded (each token from its own
+        patch and position)."""
         m, blocks = self.model, self.blocks
         rows, cols = blocks.grid_of(x)
-        img = m.x_embedder(blocks.patchify(x)) + m.controlnet_x_embedder(blocks.patchify(self.hint_latent(hint)))
+        t0 = first_row * cols
+        hint_tokens = blocks.patchify(self.hint_latent(hint))[:, t0 : t0 + rows * cols]
+        img = m.x_embedder(blocks.patchify(x)) + m.controlnet_x_embedder(hint_tokens)
+        ids = image_ids(rows, cols, x.device)
+        ids[:, 1] += first_row
         ts = timestep.to(img.dtype) * 1000
         if blocks.plan.guidance_embed:  # ComfyUI's Flux default 3.5 when the main model takes no guidance
             g = torch.full_like(ts, 3500.0) if guidance is None else guidance.to(img.dtype) * 1000
@@ -124,7 +132,7 @@ class FluxControlNet:
             temb_out=temb,
             grid=(rows, cols),
             txt_tokens=txt.shape[1],
-            img_rope=m.pos_embed(image_ids(rows, cols, x.device)),
+            img_rope=m.pos_embed(ids),
             txt_rope=m.pos_embed(torch.zeros(txt.shape[1], 3, device=x.device)),
         )
 
@@ -142,33 +150,72 @@ class FluxControlNet:
     ) -> list[torch.Tensor | None]:
         """Residuals of this rank's image tokens after each of ``main_blocks`` (the main model's block lists,
         in execution order); ``x`` is the model input (ComfyUI's ``calculate_input``), ``timestep`` the sigma."""
+        x, hint = self._inputs(x, hint)
+        acts = self._embed(x, *self._on_device(timestep, cond, guidance), hint, control_type)
+        acts = shard_activations(acts, self.blocks.plan.splits, mesh)
+        return self._run(acts, lambda a, i: self.blocks.run_block(a, i, attention), main_blocks)
+
+    def band_residuals(
+        self,
+        x_band: torch.Tensor,
+        first_row: int,
+        timestep: torch.Tensor,
+        cond: Conditioning,
+        guidance: torch.Tensor | None,
+        hint: torch.Tensor,
+        control_type: Sequence[int],
+        mesh: Any,
+        run_block: Callable[[ModelAdapter, Activations, int], Activations],
+        main_blocks: Sequence[str],
+    ) -> list[torch.Tensor | None]:
+        """PipeFusion (``pipefusion.control_chain``): the residuals of this rank's share of a row band's image
+        tokens after each of ``main_blocks``. ``x_band`` holds the model input's latent rows from ``first_row``
+        on (a multiple of the patch size), ``hint`` the whole hint; ``run_block(blocks, acts, i)`` runs the
+        ControlNet's block ``i`` with its own attention over the band (stale K/V of the other bands)."""
+        p = self.blocks.plan.patch_size
+        x, hint = self._inputs(x_band, hint, rows=(first_row, first_row + x_band.shape[-2]))
+        acts = self._embed(x, *self._on_device(timestep, cond, guidance), hint, control_type, first_row // p)
+        acts = shard_activations(acts, self.blocks.plan.splits, mesh)
+        return self._run(acts, lambda a, i: run_block(self.blocks, a, i), main_blocks)
+
+    def residual_blocks(self, main_blocks: Sequence[str]) -> list[bool]:
+        """Which of ``main_blocks`` get a residual (whatever the inputs)."""
+        doubles, singles = len(self.model.controlnet_blocks), len(self.model.controlnet_single_blocks)
+        return [r is not None for r in self.spread([True] * doubles, [True] * singles, main_blocks)]
+
+    def _inputs(
+        self, x: torch.Tensor, hint: torch.Tensor, rows: tuple[int, int] | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The model input (or its latent rows ``rows``) and the whole hint, checked and padded to whole patches."""
         blocks = self.blocks
         dtype, device = blocks.dtype, blocks.device
         hint = hint.to(device, dtype)
         scale = self.HINT_SCALE
-        if tuple(hint.shape[-2:]) != (x.shape[-2] * scale, x.shape[-1] * scale):
+        height = x.shape[-2] if rows is None else hint.shape[-2] // scale
+        if tuple(hint.shape[-2:]) != (height * scale, x.shape[-1] * scale) or (rows and rows[1] > height):
             raise ConfigError(
-                f"a ControlNet hint of {hint.shape[-2]}x{hint.shape[-1]} for a {x.shape[-2]}x{x.shape[-1]} latent",
+                f"a ControlNet hint of {hint.shape[-2]}x{hint.shape[-1]} for a {height}x{x.shape[-1]} latent",
                 f"the hint image is scaled to {scale}x the latent's size (and encoded when the ControlNet reads "
                 "latents)",
                 "prepare the hint at the latent's size (the sampler node does this)",
             )
         x = blocks.pad_to_patch(x.to(device, dtype))
-        hint = blocks.pad_to_patch(hint) if scale == 1 else hint
-        acts = self._embed(
-            x,
-            timestep.to(device),
-            cond.to(device, dtype),
-            None if guidance is None else guidance.to(device),
-            hint,
-            control_type,
-        )
-        acts = shard_activations(acts, blocks.plan.splits, mesh)
+        return x, blocks.pad_to_patch(hint) if scale == 1 else hint
+
+    def _on_device(
+        self, timestep: torch.Tensor, cond: Conditioning, guidance: torch.Tensor | None
+    ) -> tuple[torch.Tensor, Conditioning, torch.Tensor | None]:
+        device, dtype = self.blocks.device, self.blocks.dtype
+        return timestep.to(device), cond.to(device, dtype), None if guidance is None else guidance.to(device)
+
+    def _run(self, acts: Activations, step: Callable[[Activations, int], Activations], main_blocks: Sequence[str]):
+        """Every ControlNet block in turn (``step``), its control block's output after each, spread over
+        ``main_blocks``."""
         doubles: list[torch.Tensor] = []
         singles: list[torch.Tensor] = []
-        for i in range(blocks.num_blocks):
-            name, _ = blocks.block(i)
-            acts = blocks.run_block(acts, i, attention)
+        for i in range(self.blocks.num_blocks):
+            name, _ = self.blocks.block(i)
+            acts = step(acts, i)
             if name == DOUBLE_LIST:
                 doubles.append(self.model.controlnet_blocks[len(doubles)](acts.img))
             else:
