@@ -5,7 +5,7 @@ tests/data/make_comfy_qwen_controlnet_inpaint_reference.py (ControlNetLoader -> 
 or ControlNetApplyAdvanced without a mask -> KSampler, on the tiny Qwen-Image and tests/controlnet_files.py's tiny
 68-value file). The apply node's own calls on the CONTROL_NET (the masked image and the kept-area mask it passed
 as ``extra_concat``) are stored; here Parallel ControlNet Loader's CONTROL_NET gets exactly those and goes into
-the Parallel Sampler node on real CPU pools: one rank, Ulysses 2, CFG 2.
+the Parallel Sampler node on real CPU pools: one rank, Ulysses 2, CFG 2, PipeFusion 2 (every step a warmup step).
 """
 
 from __future__ import annotations
@@ -127,3 +127,13 @@ def test_mask_on_a_plain_controlnet_is_refused():
 def load_node(ctx: NodeContext, layout: str):
     devices, config = LAYOUTS[layout]
     return load_manual(ctx, str(MODEL), devices, config, warmup=0)
+
+
+def test_qwen_inpaint_controlnet_under_pipefusion_equals_comfy_after_full_warmup(node_ctx):
+    """PipeFusion 2, every step a warmup step: stage 0 runs the inpainting ControlNet on each item (its hint's mask
+    channel cut with the item's tokens) and sends the later stage's residuals with it; each case equals ComfyUI."""
+    handle = load_manual(node_ctx, str(MODEL), "cpu:2", ParallelConfig(pp=2), warmup=5)
+    for name, case in CASES.items():
+        assert case["steps"] <= 5
+        error = relative_error(run_graph(node_ctx, handle, case)[0], tensor(f"{name}.expected"))
+        assert error <= TOLERANCE, f"{name} under PipeFusion 2: {error}"

@@ -1,7 +1,7 @@
 """ControlNets with attention of their own under PipeFusion: the whole chain on the first stage, per patch.
 
-Flux InstantX / Union, XLabs and Mistoline ControlNets are transformers of their own: their blocks attend over the
-whole image. Under PipeFusion they run like the main model, per patch, with stale K/V:
+Flux InstantX / Union, XLabs and Mistoline ControlNets and Qwen-Image InstantX ControlNets (the inpainting file too)
+are transformers of their own: their blocks attend over the whole image. Under PipeFusion they run like the main model, per patch, with stale K/V:
 
 - Where: stage 0 runs every active link's ControlNet on the patch it has just embedded: the patch's image tokens
   and the band's hint tokens (the hint is part of the conditioning every rank holds), joint attention over the
@@ -14,10 +14,10 @@ whole image. Under PipeFusion they run like the main model, per patch, with stal
   ``s`` that get a residual) x batch rows x this rank's image tokens of the item x hidden width x element size;
   over a step the whole image once. The ControlNet's own tokens (hidden states, text, K/V) never leave stage 0's
   ranks and are never gathered (under Ulysses each rank runs its share, as the main model's).
-- What it costs: stage 0 also computes the ControlNets (a FLUX.1 Union ControlNet of 5 double and 10 single
-  blocks beside FLUX.1's 19 + 38 makes the first of two stages about 1.5x the second's work; the pipeline runs at
-  the slowest stage's pace), and every rank loads the ControlNet (the later stages never run it). The alternative,
-  the ControlNet's blocks split over the stages with its hidden state travelling with the patch, is not built.
+- What it costs: stage 0 also computes the ControlNets: its work per patch grows by theirs (a FLUX.1 Union Pro
+  ControlNet, 5 double + 10 single blocks, is about a quarter of FLUX.1's 19 + 38) and the pipeline runs at the
+  slowest stage's pace; every rank loads the ControlNet (the later stages never run it). The alternative, the
+  ControlNet's blocks split over the stages with its hidden state travelling with the patch, is not built.
 
 ComfyUI's semantics stay: the links of a chain in order, each with its strength and only inside its start/end
 window (``denoise.control.ActiveLinks``); under CFG parallel each pipeline runs its own branch's links. A stream
@@ -42,7 +42,8 @@ from .schedule import Band
 from .stale_kv import ItemTokens, StaleKVCache, run_block_stale
 from .transport import ActivationFormat, FieldSpec
 
-StreamInput = tuple[torch.Tensor, torch.Tensor, Conditioning, "torch.Tensor | None"]  # x_in, timestep, cond, guidance
+# a stream's model input of the band, its latent rows in the stream's latent, that latent's size, timestep, cond, guidance
+StreamInput = tuple[torch.Tensor, tuple[int, int], tuple[int, ...], torch.Tensor, Conditioning, "torch.Tensor | None"]
 
 
 class ChainControls:
@@ -107,8 +108,8 @@ class ChainControls:
         later stages' residuals as one flat tensor, or None when there are none)."""
         own: list[dict[int, torch.Tensor]] = []
         out: list[torch.Tensor] = []
-        for stream, (x_in, timestep, cond, guidance), a in zip(streams, inputs, acts):
-            total = self._residuals(stream, band, sigma, x_in, timestep, cond, guidance)
+        for stream, stream_input, a in zip(streams, inputs, acts):
+            total = self._residuals(stream, band, sigma, stream_input)
             own.append({i: r for i, r in enumerate(total or []) if i in self.mine and r is not None})
             for i in self.carried(stream, sigma, self.stage + 1):
                 assert total is not None and total[i] is not None, f"ControlNet residual of block {i} missing"
@@ -120,16 +121,13 @@ class ChainControls:
         stream: Stream,
         band: Band,
         sigma: float,
-        x_in: torch.Tensor,
-        timestep: torch.Tensor,
-        cond: Conditioning,
-        guidance: torch.Tensor | None,
+        stream_input: StreamInput,
     ) -> list[Any] | None:
         links = self._links(stream, sigma)
         if not links:
             return None
+        x_in, rows, size, timestep, cond, guidance = stream_input
         entries = len(stream.members)
-        rows = stream.overlap(band) or (0, 0)
         tokens = stream.token_range(band)
         total: list[Any] | None = None
         for position, link in links:
@@ -143,7 +141,7 @@ class ChainControls:
             hint = hint_for_batch(link.hint, x_in.shape[0] // entries, entries)
             runner = self.runners[link.file]
             out = runner.band_residuals(
-                x_in, rows[0], timestep, cond, guidance, hint, link.control_type, self.mesh, run, self.main_blocks
+                x_in, rows, size, timestep, cond, guidance, hint, link.control_type, self.mesh, run, self.main_blocks
             )
             scaled = [None if r is None else r * link.strength for r in out]
             total = scaled if total is None else [combine(a, b) for a, b in zip(total, scaled)]

@@ -31,13 +31,13 @@ import torch
 
 from ..denoise.control import ActiveLinks, combine, hint_for_batch
 from ..errors import ConfigError
-from ..models.controlnet_kind import FLUX_INSTANTX, FLUX_MISTOLINE, FLUX_XLABS, QWEN_DIFFSYNTH
+from ..models.controlnet_kind import FLUX_INSTANTX, FLUX_MISTOLINE, FLUX_XLABS, QWEN_DIFFSYNTH, QWEN_INSTANTX
 from ..parallel.mesh import ParallelMesh
 from ..sampling import ModelSampling
 from .branches import Stream
 from .schedule import Band
 
-KINDS = (QWEN_DIFFSYNTH, FLUX_INSTANTX, FLUX_XLABS, FLUX_MISTOLINE)  # ControlNet kinds that run under PipeFusion
+KINDS = (QWEN_DIFFSYNTH, FLUX_INSTANTX, FLUX_XLABS, FLUX_MISTOLINE, QWEN_INSTANTX)  # kinds that run under PipeFusion
 CONTROL_WITH_REFERENCES = (
     "a ControlNet together with reference images (ReferenceLatent) under PipeFusion",
     "the ControlNet's tokens line up with the image's alone; the reference tokens ride in the same sequence",
@@ -67,9 +67,8 @@ def refuse_kind(name: str, kind: str) -> None:
     if kind not in KINDS:
         raise ConfigError(
             f"the ControlNet {name} ({kind}) on a PipeFusion layout",
-            "this ControlNet attends over the whole image in layers of its own; PipeFusion runs DiffSynth "
-            "Qwen-Image model patches and Flux ControlNets (InstantX / Union, XLabs, Mistoline) per patch, not yet "
-            "this kind",
+            "PipeFusion runs DiffSynth Qwen-Image model patches, Flux ControlNets (InstantX / Union, XLabs, "
+            "Mistoline) and InstantX Qwen-Image ControlNets per patch, not yet this kind",
             "use Ulysses / Ring / CFG parallelism for this ControlNet (a layout without PipeFusion)",
         )
 

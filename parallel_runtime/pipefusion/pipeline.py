@@ -414,7 +414,7 @@ class Pipeline:
 
     def _embed(self, band: Band, x: torch.Tensor, sigma: torch.Tensor, inputs: list | None = None) -> list[Activations]:
         """The band's embeddings for each stream whose window it touches (the window's part of the band); each
-        stream's (model input, timestep, conditioning, guidance) appended to ``inputs`` (for its ControlNets)."""
+        stream's (model input, rows, size, timestep, conditioning, guidance) appended to ``inputs`` (its ControlNets')."""
         out = []
         x = x.to(self.device).float()
         with_refs = carries_references(band, self.options)
@@ -422,9 +422,7 @@ class Pipeline:
             xb = stream.input(x, band)
             sigma_b = torch.as_tensor(sigma, dtype=torch.float32, device=self.device).reshape(1).expand(xb.shape[0])
             x_in = self.ms.calculate_input(sigma_b.reshape(-1, 1, 1, 1), xb)
-            timestep = self.ms.timestep(sigma_b)
-            if inputs is not None:
-                inputs.append((x_in, timestep, stream.cond_for(with_refs), stream.guidance))
+            timestep = plain = self.ms.timestep(sigma_b)
             if self.mask is not None:  # the window's mask: a band is embedded within its window
                 mask = self.mask
                 if not stream.whole:
@@ -441,6 +439,8 @@ class Pipeline:
                     x_in, rows, size, timestep, stream.cond_for(with_refs), self.mesh, guidance=stream.guidance
                 )
             )
+            if inputs is not None:
+                inputs.append((x_in, rows, size, plain, stream.cond_for(with_refs), stream.guidance))
         return out
 
     def _run_blocks(

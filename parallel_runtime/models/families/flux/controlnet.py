@@ -158,7 +158,8 @@ class FluxControlNet:
     def band_residuals(
         self,
         x_band: torch.Tensor,
-        first_row: int,
+        rows: tuple[int, int],
+        full_size: tuple[int, ...],
         timestep: torch.Tensor,
         cond: Conditioning,
         guidance: torch.Tensor | None,
@@ -169,12 +170,12 @@ class FluxControlNet:
         main_blocks: Sequence[str],
     ) -> list[torch.Tensor | None]:
         """PipeFusion (``pipefusion.control_chain``): the residuals of this rank's share of a row band's image
-        tokens after each of ``main_blocks``. ``x_band`` holds the model input's latent rows from ``first_row``
-        on (a multiple of the patch size), ``hint`` the whole hint; ``run_block(blocks, acts, i)`` runs the
+        tokens after each of ``main_blocks``. ``x_band`` holds the model input's latent ``rows`` (multiples of the
+        patch size) of a latent of ``full_size``, ``hint`` the whole hint; ``run_block(blocks, acts, i)`` runs the
         ControlNet's block ``i`` with its own attention over the band (stale K/V of the other bands)."""
         p = self.blocks.plan.patch_size
-        x, hint = self._inputs(x_band, hint, rows=(first_row, first_row + x_band.shape[-2]))
-        acts = self._embed(x, *self._on_device(timestep, cond, guidance), hint, control_type, first_row // p)
+        x, hint = self._inputs(x_band, hint, rows=rows)
+        acts = self._embed(x, *self._on_device(timestep, cond, guidance), hint, control_type, rows[0] // p)
         acts = shard_activations(acts, self.blocks.plan.splits, mesh)
         return self._run(acts, lambda a, i: run_block(self.blocks, a, i), main_blocks)
 

@@ -23,14 +23,15 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from ....errors import ConfigError
-from ...base import AttentionScope, Conditioning, ModelAdapter, shard_activations
+from ....parallel.sharding import shard
+from ...base import Activations, AttentionScope, Conditioning, ModelAdapter, shard_activations
 from ...controlnet_kind import QWEN_INSTANTX, ControlNetFile
 from ...reference_latents import references_of
 from ...weights import meta_model
@@ -114,35 +115,79 @@ class QwenImageControlNet:
         execution order); ``x`` is the model input, ``timestep`` the sigma, ``hint`` the hint in model space."""
         blocks = self.blocks
         dtype, device = blocks.dtype, blocks.device
+        if x.ndim == 5:
+            x = x[:, :, 0]
+        hint = self._hint(hint, cond, tuple(x.shape[-2:]))
+        x = blocks.pad_to_patch(x.to(device, dtype))
+        acts = blocks.embed_full(x, timestep.to(device), cond.to(device, dtype))
+        acts = acts.replace(img=acts.img + self.model.controlnet_x_embedder(blocks.patchify(hint)))
+        acts = shard_activations(acts, blocks.plan.splits, mesh)
+        return self._run(acts, mesh, lambda a, k: blocks.run_block(a, k, attention), len(main_blocks))
+
+    def band_residuals(
+        self,
+        x_band: torch.Tensor,
+        rows: tuple[int, int],
+        full_size: tuple[int, ...],
+        timestep: torch.Tensor,
+        cond: Conditioning,
+        guidance: torch.Tensor | None,
+        hint: torch.Tensor,
+        control_type: Sequence[int],
+        mesh: Any,
+        run_block: Callable[[ModelAdapter, Activations, int], Activations],
+        main_blocks: Sequence[str],
+    ) -> list[torch.Tensor | None]:
+        """PipeFusion (``pipefusion.control_chain``): the residuals of this rank's share of a row band's image
+        tokens after each of ``main_blocks``. ``x_band`` holds the model input's latent ``rows`` of a latent of
+        ``full_size``; ``hint`` the whole hint, of which only the band's tokens are embedded; ``run_block(blocks,
+        acts, k)`` runs ControlNet block ``k`` with its own attention over the band (stale K/V of the others)."""
+        blocks = self.blocks
+        dtype, device = blocks.dtype, blocks.device
+        hint = self._hint(hint, cond, tuple(full_size[-2:]))
+        acts = blocks.embed_rows(x_band, rows, full_size, timestep.to(device), cond.to(device, dtype), mesh)
+        p, cols = blocks.plan.patch_size, hint.shape[-1] // blocks.plan.patch_size
+        y = self.model.controlnet_x_embedder(blocks.patchify(hint)[:, rows[0] // p * cols : rows[1] // p * cols])
+        img = next(s for s in blocks.plan.splits if s.field == "img")
+        acts = acts.replace(img=acts.img + shard(y, img.dim, mesh, img.mesh_dim))
+        return self._run(acts, mesh, lambda a, k: run_block(blocks, a, k), len(main_blocks))
+
+    def residual_blocks(self, main_blocks: Sequence[str]) -> list[bool]:
+        """Which of ``main_blocks`` get a residual (whatever the inputs)."""
+        used = controlnet_blocks_used(self.blocks.num_blocks, len(main_blocks))
+        return [r is not None for r in spread([True] * used, self.blocks.num_blocks, len(main_blocks))]
+
+    def _hint(self, hint: torch.Tensor, cond: Conditioning, size: tuple[int, ...]) -> torch.Tensor:
+        """The hint on the ControlNet's device, checked against the latent's ``size`` and padded to whole patches."""
         if references_of(cond, "Qwen-Image") is not None:
             raise ConfigError(
                 "a Qwen-Image ControlNet together with reference images (Qwen-Image-Edit)",
                 "the ControlNet's tokens are split like the image's alone; reference tokens would not line up",
                 "sample reference images or a ControlNet, not both in one sampler",
             )
-        hint = hint.to(device, dtype)
+        hint = hint.to(self.blocks.device, self.blocks.dtype)
         if hint.ndim == 5:  # ComfyUI's [B, C, 1, H, W] image latent
             hint = hint[:, :, 0]
-        if x.ndim == 5:
-            x = x[:, :, 0]
-        if tuple(hint.shape[-2:]) != tuple(x.shape[-2:]):
+        if tuple(hint.shape[-2:]) != size:
             raise ConfigError(
-                f"a ControlNet hint of {hint.shape[-2]}x{hint.shape[-1]} for a {x.shape[-2]}x{x.shape[-1]} latent",
+                f"a ControlNet hint of {hint.shape[-2]}x{hint.shape[-1]} for a {size[0]}x{size[1]} latent",
                 "the hint image is scaled to the latent's size and encoded with the model's VAE",
                 "prepare the hint at the latent's size (the sampler node does this)",
             )
-        x = blocks.pad_to_patch(x.to(device, dtype))
-        hint = blocks.pad_to_patch(hint)
-        acts = blocks.embed_full(x, timestep.to(device), cond.to(device, dtype))
-        acts = acts.replace(img=acts.img + self.model.controlnet_x_embedder(blocks.patchify(hint)))
-        acts = shard_activations(acts, blocks.plan.splits, mesh)
+        return self.blocks.pad_to_patch(hint)
+
+    def _run(
+        self, acts: Activations, mesh: Any, step: Callable[[Activations, int], Activations], main_blocks: int
+    ) -> list[torch.Tensor | None]:
+        """The used ControlNet blocks in turn (``step``), each one's control block output, spread over the main
+        model's ``main_blocks`` blocks."""
         _check_mask_layout(acts, mesh)
-        used = controlnet_blocks_used(blocks.num_blocks, len(main_blocks))
+        used = controlnet_blocks_used(self.blocks.num_blocks, main_blocks)
         samples: list[torch.Tensor] = []
         for k in range(used):
-            acts = blocks.run_block(acts, k, attention)
+            acts = step(acts, k)
             samples.append(self.model.controlnet_blocks[k](acts.img))
-        return spread(samples, blocks.num_blocks, len(main_blocks))
+        return spread(samples, self.blocks.num_blocks, main_blocks)
 
 
 def build_model(state: dict[str, torch.Tensor], config: dict[str, Any], name: str, main: ModelAdapter) -> Any:
