@@ -56,18 +56,21 @@ class ChainControls:
         mesh: ParallelMesh,
         stages: StagePlan,
         stage: int,
-        main_blocks: Sequence[str],
-        image_tokens: int,
+        adapter: ModelAdapter,
         stale: bool,
     ):
         self.runners = {f: r for f, r in runners.items() if hasattr(r, "band_residuals")}
         self.active = ActiveLinks(model_sampling)
-        self.mesh, self.stages, self.stage, self.main_blocks = mesh, stages, stage, list(main_blocks)
+        self.mesh, self.stages, self.stage = mesh, stages, stage
+        self.main_blocks = [adapter.block(i)[0] for i in range(adapter.num_blocks)]
         self.mine = set(stages.blocks(stage))
-        self.image_tokens, self.stale = image_tokens, stale
-        self.backend = "auto"  # the attention backend of the ControlNets' stale-KV attention (set per run)
+        self.image_tokens, self.stale, self.backend = 0, stale, "auto"  # set per run (begin)
         self.caches: dict[tuple[int, int], StaleKVCache] = {}  # (chain token, link position): its stale K/V
         self.tokens = 0  # image tokens x batch rows run through a ControlNet (stage 0), summed over links
+
+    def begin(self, backend: str, image_tokens: int) -> None:
+        """A run's attention backend and image tokens (the ControlNets' stale-KV buffers)."""
+        self.backend, self.image_tokens = backend, image_tokens
 
     def check(self, streams: Sequence[Stream]) -> None:
         for stream in streams:

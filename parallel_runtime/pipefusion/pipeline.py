@@ -167,8 +167,7 @@ class Pipeline:
         self.reference_tokens = 0  # reference tokens this stage ran through its blocks (stats)
         self.controls = StageControls(controls or {}, ms, mesh, stages.blocks(self.stage), adapter.num_blocks)
         self.controls.check(self.branches.streams, settings.block_cache is not None)
-        chain = (stages, self.stage, [adapter.block(i)[0] for i in range(adapter.num_blocks)], self.rows * self.cols)
-        self.chain = ChainControls(controls or {}, ms, mesh, *chain, options.stale_kv)
+        self.chain = ChainControls(controls or {}, ms, mesh, stages, self.stage, adapter, options.stale_kv)
         self.chain.check(self.branches.streams)
         self.joint = adapter.plan.text_attention == "joint"
         self.text_tokens: dict[int, int] = {}  # per stream
@@ -209,7 +208,7 @@ class Pipeline:
         check = check_cancel or (lambda: None)
         start = time.perf_counter()
         self.cache = StaleKVCache(self.mesh, self.rows * self.cols, backend, stale=self.options.stale_kv)
-        self.chain.backend = backend
+        self.chain.begin(backend, self.rows * self.cols)
         agree_at = set(range(sched.num_slots)) if self.options.agree_cancel_every == "slot" else sched.step_end_slots()
         what = (self.stage, self.pp, self.stages.describe(), self.patches, self.options.warmup)
         items = (len(sched.stage_items(self.stage)), sched.num_slots)
@@ -291,8 +290,7 @@ class Pipeline:
     # -- messages ----------------------------------------------------------------------------------
     def _post(self, k: int, formats: dict[str, ActivationFormat]) -> None:
         assert self.sched is not None
-        item = self.sched.items[k]
-        band, sigma = item.band, self.sched.rounds[item.round].sigma
+        band, sigma = self.sched.items[k].band, self.sched.rounds[self.sched.items[k].round].sigma
         if self.first:
             buf = torch.empty(self._band_shape(band), dtype=torch.float32, device=self.device)
             self.inbox[("latent", k)] = [recv_start(buf, self.pp - 1, self.group, "pp_latent", self.tags["latent"])]
@@ -413,8 +411,7 @@ class Pipeline:
         on_patch(done, len(self.sigmas) - 1, item.band.index, self.patches)
 
     def _embed(self, band: Band, x: torch.Tensor, sigma: torch.Tensor, inputs: list | None = None) -> list[Activations]:
-        """The band's embeddings for each stream whose window it touches (the window's part of the band); each
-        stream's (model input, rows, size, timestep, conditioning, guidance) appended to ``inputs`` (its ControlNets')."""
+        """The band's embeddings for each stream whose window it touches (the window's part); ``inputs``: theirs."""
         out = []
         x = x.to(self.device).float()
         with_refs = carries_references(band, self.options)
