@@ -1,4 +1,5 @@
-"""``python -m parallel_runtime bench control``: a Flux Union ControlNet beside the model, 1 rank and Ulysses 2.
+"""``python -m parallel_runtime bench control``: a Flux Union ControlNet beside the model, 1 rank, Ulysses 2 and
+PipeFusion 2.
 
 Model and ControlNet: the named configs below (random fp32 weights): a wider tiny FLUX.1 dev (a real diffusers
 folder) and a Flux ControlNet in the InstantX / Union layout (diffusers' FluxControlNetModel file) of the same width,
@@ -13,6 +14,12 @@ block one Ulysses attention, rank r holding t_r of the T tokens sends its q, k a
 3 x t_r x width x (n - 1) / n values, and the attention output of the other ranks' tokens for its own heads,
 (T - t_r) x width / n values, at 4 bytes each. Gathering its tokens would add other operations and bytes;
 ``bytes_match`` says the measured bytes equal the formula on every rank and nothing else was sent.
+
+PipeFusion 2 (2 patches, warmup 1; the ControlNet runs on stage 0 per patch, ``pipefusion/control_chain.py``): the
+same timings, and the bytes stage 0 sends stage 1 per step for the ControlNet (``pp_control``) against the formula:
+the residual of each of stage 1's blocks for every image token once per step, (stage 1's blocks) x image tokens x
+width x 4 (cfg 1: one stream of one row). ``pipefusion_bytes_match`` says they are equal, stage 1 sent nothing of
+the ControlNet and every other message's bytes equal the run without it (its tokens never leave stage 0).
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ from ..denoise.settings import SamplingSettings
 from ..models.base import Conditioning
 from ..parallel.config import ParallelConfig
 from ..parallel.sharding import split_sizes
+from ..parallel.stages import plan_stages
 from ..runtime.jobs import JobContext
 from ..runtime.pool import WorkerPool
 from ..service.load_job import load_model
@@ -46,6 +54,7 @@ CONFIGS: dict[str, dict[str, int]] = {
     "flux-union-quick": dict(heads=4, double=1, single=2, cn_double=1, cn_single=1, pixels=128, steps=1, repeats=1),
 }
 UNION_TYPE = 3  # canny, one of the 10 control types of a Union file
+PP_PATCHES, PP_WARMUP = 2, 1
 
 
 def _controlnet_file(transformer_config: dict[str, Any], cfg: dict[str, int], path: Path) -> Path:
@@ -98,6 +107,32 @@ def _rounds(pool: WorkerPool, contenders: dict[str, Branch], latent: torch.Tenso
     return out
 
 
+def _pipefusion_rounds(pool: WorkerPool, contenders: dict[str, Branch], latent: torch.Tensor, steps: int, repeats: int):
+    """PipeFusion 2: seconds per step of each contender's jobs (interleaved, rotating) and each one's per-rank
+    PipeFusionStats (sent bytes) of its last run."""
+    from .bench_pipefusion import generate_with_stats
+
+    settings = SamplingSettings(seed=1, steps=steps, cfg=1.0, sampler="euler", guidance=2.5)
+    job = lambda positive: pool.submit(  # noqa: E731
+        generate_with_stats, positive, None, latent, settings, PP_PATCHES, PP_WARMUP, result_rank="all"
+    )
+    stats = {label: job(positive).result(600) for label, positive in contenders.items()}  # warm, and the bytes
+    out: dict[str, list[float]] = {label: [] for label in contenders}
+    labels = list(contenders)
+    for r in range(repeats):
+        for label in labels[r % len(labels) :] + labels[: r % len(labels)]:
+            t0 = time.perf_counter()
+            job(contenders[label]).result(3600)
+            out[label].append((time.perf_counter() - t0) / steps)
+    return out, {label: [rank["stats"] for rank in per_rank] for label, per_rank in stats.items()}
+
+
+def pipefusion_bytes_formula(later_blocks: int, image_tokens: int, width: int, streams: int = 1) -> int:
+    """Stage 0's bytes per step for the ControlNet under PipeFusion 2: the residual of each of the later stage's
+    ``later_blocks`` blocks (all getting one) for every image token of every stream once, fp32."""
+    return later_blocks * streams * image_tokens * width * FP32
+
+
 def bytes_formula(text_tokens: int, image_tokens: int, width: int, blocks: int, ranks: int) -> list[int]:
     """Each rank's bytes per model call for ``blocks`` Ulysses attentions over split text and image tokens."""
     total = text_tokens + image_tokens
@@ -144,6 +179,13 @@ def run(quick: bool = False, config: str | None = None) -> dict[str, Any]:
             for label, positive in (("control", controlled), ("plain", plain)):
                 job = pool.submit(generate_with_bytes, positive, latent, settings, result_rank="all")
                 sent[label] = job.result(600)
+        with WorkerPool("cpu:2", ParallelConfig(pp=2), threads_per_worker=1) as pool:
+            pool.submit(load_model, str(folder), "fp32", "sdpa").result(600)
+            pp_times, pp_stats = _pipefusion_rounds(
+                pool, {"control": controlled, "plain": plain}, latent, steps, repeats
+            )
+            for label, values in pp_times.items():
+                timings[f"{label}_pipefusion2"] = values
     width = cfg["heads"] * 64
     formula = bytes_formula(TEXT_TOKENS + 1, (side // 2) ** 2, width, cfg["cn_double"] + cfg["cn_single"], 2)
     measured = [(c.get("ulysses", 0) - p.get("ulysses", 0)) // steps for c, p in zip(sent["control"], sent["plain"])]
@@ -165,7 +207,7 @@ def run(quick: bool = False, config: str | None = None) -> dict[str, Any]:
     for label, values in timings.items():
         results[f"{label}_step_s"] = statistics.median(values)
         results[f"{label}_samples_s"] = values
-    for layout in ("1rank", "ulysses2"):
+    for layout in ("1rank", "ulysses2", "pipefusion2"):
         with_cn, without = results[f"control_{layout}_step_s"], results[f"plain_{layout}_step_s"]
         results[f"controlnet_share_{layout}"] = (with_cn - without) / with_cn
     results["speedup_with_controlnet"] = results["control_1rank_step_s"] / results["control_ulysses2_step_s"]
@@ -173,4 +215,18 @@ def run(quick: bool = False, config: str | None = None) -> dict[str, Any]:
     results["controlnet_bytes_per_step_formula"] = formula  # per rank; text + union token and image split
     results["controlnet_other_bytes_per_rank"] = others
     results["bytes_match"] = measured == formula and all(not any(o.values()) for o in others)
+    later = len(plan_stages(cfg["double"] + cfg["single"], 2).blocks(1))
+    pp_formula = pipefusion_bytes_formula(later, (side // 2) ** 2, width)
+    first, second = sorted(pp_stats["control"], key=lambda s: s.stage)
+    pp_measured = [s.sent_bytes.get("pp_control", 0) // steps for s in (first, second)]
+    pp_others = [
+        {op: c.sent_bytes.get(op, 0) - p.sent_bytes.get(op, 0) for op in set(c.sent_bytes) | set(p.sent_bytes)}
+        for c, p in zip(pp_stats["control"], pp_stats["plain"])
+    ]
+    results["pipefusion"] = f"PipeFusion 2: {PP_PATCHES} patches, warmup {PP_WARMUP}, stage 1 holds {later} blocks"
+    results["pipefusion_control_bytes_per_step_per_stage"] = pp_measured
+    results["pipefusion_control_bytes_per_step_formula"] = [pp_formula, 0]
+    results["pipefusion_bytes_match"] = pp_measured == [pp_formula, 0] and all(
+        not any(v for op, v in o.items() if op not in ("pp_control", "meta")) for o in pp_others
+    )
     return results
