@@ -8,7 +8,7 @@ from parallel_runtime.tools import bench_control
 from parallel_runtime.tools.cli import BENCHES
 
 
-def test_bench_control_quick_reports_both_layouts_and_the_bytes_formula():
+def test_bench_control_quick_reports_the_layouts_and_the_bytes_formulas():
     assert BENCHES["control"][0] == "bench_control"
     result = bench_control.run(quick=True)
     assert result["config"] == "flux-union-quick"

@@ -36,7 +36,7 @@ BENCHES: dict[str, tuple[str, str]] = {
     "gguf": ("bench_gguf", "GGUF files: weights per rank, a stage's load, per-layer dequantisation"),
     "lora": ("bench_lora", "LoRA apply/swap on a warm pool vs reloading the model"),
     "edit": ("bench_edit", "reference-image editing (Kontext structure): 1 rank vs Ulysses 2 vs PipeFusion 2"),
-    "control": ("bench_control", "a Flux Union ControlNet beside the model: 1 rank vs Ulysses 2, bytes per step"),
+    "control": ("bench_control", "a Flux Union ControlNet beside the model: 1 rank, Ulysses 2, PipeFusion 2, bytes"),
     "video": ("bench_video", "Wan video: sequence parallelism and the parallel video VAE"),
     "families": ("bench_families", "model families: weights per rank, tokens, Ulysses 2 on widened tiny models"),
     "soak": ("bench_soak", "soak: 1,000 small jobs on warm pools (resource slopes, latency), then the fault matrix"),
