@@ -11,7 +11,8 @@ version when one moved. diffusers is imported lazily (on call), so importing thi
 - the single-file converters of ``diffusers.loaders.single_file_utils`` (Flux, SD3, Wan and Z-Image
   transformers, LDM-layout VAEs, Wan 2.1 VAEs);
 - the XLabs Flux LoRA renamer of ``diffusers.loaders.lora_conversion_utils``;
-- the Wan and HunyuanVideo VAEs' layer classes (the parallel video decodes swap their forward for band versions).
+- the Wan and HunyuanVideo VAEs' layer classes (the parallel video decodes swap their forward for band versions);
+- components defined in a pipeline's own module (LTX-2's text connectors, read from single files).
 """
 
 from __future__ import annotations
@@ -179,6 +180,13 @@ def ltx2_video_vae_conv_class() -> type:
     from diffusers.models.autoencoders.autoencoder_kl_ltx2 import LTX2VideoCausalConv3d
 
     return LTX2VideoCausalConv3d
+
+
+def ltx2_text_connectors_class() -> type:
+    """LTX2TextConnectors, the text connectors of diffusers' LTX-2 pipeline (defined in the pipeline's module)."""
+    from diffusers.pipelines.ltx2.connectors import LTX2TextConnectors
+
+    return LTX2TextConnectors
 
 
 def hunyuan_video_vae_layer_classes() -> tuple[type, type]:

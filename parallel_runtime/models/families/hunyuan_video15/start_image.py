@@ -30,7 +30,7 @@ def encode_start_image(
     vae: Any, vision: Any, processor: Any, image: torch.Tensor, width: int, height: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(raw start latent [1, C, 1, height/16, width/16], SigLIP states [1, N, D]) of ``image`` (a ComfyUI IMAGE)."""
-    from diffusers.image_processor import VaeImageProcessor
+    from diffusers import VaeImageProcessor
 
     pixels = VaeImageProcessor(vae_scale_factor=16, do_resize=False, do_convert_rgb=True)
     picture = pixels.resize(_picture(image), height=height, width=width, resize_mode="crop")

@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from ....errors import ConfigError
+from ...compat import ltx2_text_connectors_class
 from ...tensor_files import SafetensorsFile
 from ...weights import parameters_on_meta
 
@@ -147,7 +148,7 @@ def load_ltx2_connectors_file(
     overrides: Mapping[str, Any] | None = None,
 ) -> nn.Module:
     """diffusers' ``LTX2TextConnectors`` (its video half) from the LTX-2 release checkpoint (see the module doc)."""
-    from diffusers.pipelines.ltx2.connectors import LTX2TextConnectors
+    LTX2TextConnectors = ltx2_text_connectors_class()
 
     shapes = _shapes(path)
     if PROJECTION + "weight" not in shapes or VIDEO_CONNECTOR + "learnable_registers" not in shapes:
