@@ -8,7 +8,25 @@ def explain(what: str, why: str, fix: str) -> str:
     return f"{what}\n  why: {why}\n  fix: {fix}"
 
 
-class ConfigError(ValueError):
+class _RebuiltFromArguments:
+    """An exception whose ``__init__`` takes parts and joins them into one message pickles as the parts: a process
+    pool sends exceptions back pickled, and rebuilding from the joined message would call ``__init__`` wrongly."""
+
+    def __new__(cls, *args: object, **kwargs: object):
+        made = super().__new__(cls, *args, **kwargs)  # type: ignore[call-arg]
+        made._made_with = (args, kwargs)
+        return made
+
+    def __reduce__(self) -> tuple[object, ...]:
+        args, kwargs = self._made_with
+        return _rebuild, (type(self), args, kwargs)
+
+
+def _rebuild(cls: type, args: tuple, kwargs: dict) -> BaseException:
+    return cls(*args, **kwargs)
+
+
+class ConfigError(_RebuiltFromArguments, ValueError):
     """A layout, device list or option that cannot work; raised before any process starts."""
 
     def __init__(self, what: str, why: str, fix: str):
@@ -19,7 +37,7 @@ class RuntimeTimeout(TimeoutError):
     """A wait that ran past its limit; the message names what was waited for."""
 
 
-class WorkerError(RuntimeError):
+class WorkerError(_RebuiltFromArguments, RuntimeError):
     """A job raised on a worker. Carries the rank, exception type and remote traceback."""
 
     def __init__(self, job: str, rank: int, exc_type: str, message: str, traceback: str):
@@ -36,7 +54,7 @@ class WorkerError(RuntimeError):
         )
 
 
-class WorkerDied(RuntimeError):
+class WorkerDied(_RebuiltFromArguments, RuntimeError):
     """A worker process exited while the pool was running."""
 
     def __init__(self, rank: int, exitcode: int | None, last_lines: list[str], context: str = ""):
@@ -74,7 +92,7 @@ class PoolAborted(RuntimeError):
     next job starts a fresh pool."""
 
 
-class WorkerHung(RuntimeError):
+class WorkerHung(_RebuiltFromArguments, RuntimeError):
     """A worker stopped making progress (stopped, frozen, or stalled while its peers wait for it).
     ``rank`` is None when no single rank is to blame (every rank waits on the others)."""
 
@@ -99,7 +117,7 @@ class SharedMemoryFull(ConfigError):
     """A shared-memory segment did not fit /dev/shm (nor the pool's fallback folder)."""
 
 
-class NonFiniteValues(RuntimeError):
+class NonFiniteValues(_RebuiltFromArguments, RuntimeError):
     """A computation produced NaN or infinite values; the message names where (which step, which
     output), why it matters and what usually causes it."""
 
@@ -123,7 +141,7 @@ class PeerFailed(RuntimeError):
     rank's error, not this one)."""
 
 
-class ProtocolError(RuntimeError):
+class ProtocolError(_RebuiltFromArguments, RuntimeError):
     """The host and a worker could not understand each other (a malformed spec or message)."""
 
     def __init__(self, what: str, why: str, fix: str):
@@ -152,7 +170,7 @@ class VersionSkew(ProtocolError):
         )
 
 
-class MonitorFailed(RuntimeError):
+class MonitorFailed(_RebuiltFromArguments, RuntimeError):
     """The host's monitor thread hit an unexpected error; the pool was torn down. Carries the
     traceback (``remote`` is not involved: this happened on the host)."""
 
