@@ -10,6 +10,7 @@ import torch
 
 from ....errors import ConfigError
 from ...base import Conditioning, ConditioningExtras
+from ...latent_batch import repeated_to_batch
 from ...latent_formats import LatentFormat
 
 
@@ -103,12 +104,10 @@ def _fit(t: torch.Tensor, x: torch.Tensor, what: str) -> torch.Tensor:
         )
     if t.shape[2] < x.shape[2]:
         t = torch.nn.functional.pad(t, (0, 0, 0, 0, 0, x.shape[2] - t.shape[2]))
-    if t.shape[0] == x.shape[0]:
-        return t
-    if x.shape[0] % t.shape[0] == 0:
-        return t.repeat(x.shape[0] // t.shape[0], *([1] * (t.ndim - 1)))
-    raise ConfigError(
-        f"the conditioning's {what} has batch {t.shape[0]} but the latent has batch {x.shape[0]}",
+    return repeated_to_batch(
+        t,
+        x.shape[0],
+        f"the conditioning's {what}",
         "each latent needs its start image (or one shared by all)",
         "use one start image, or as many as latents",
     )

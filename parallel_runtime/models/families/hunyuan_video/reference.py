@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from ....errors import ConfigError
+from ...latent_batch import repeated_to_batch
 from ...latent_formats import LatentFormat
 
 
@@ -27,15 +28,13 @@ def reference_tokens(
             "HunyuanImageToVideo 'custom' embeds the start image's latent like a video frame",
             "use HunyuanImageToVideo with the HunyuanVideo VAE and the 16-channel model",
         )
-    batch = x.shape[0]
-    if ref_raw.shape[0] != batch:
-        if batch % ref_raw.shape[0]:
-            raise ConfigError(
-                f"a reference latent of batch {ref_raw.shape[0]} for a latent of batch {batch}",
-                "each latent needs its reference (or one shared by all)",
-                "use one start image, or as many as latents",
-            )
-        ref_raw = ref_raw.repeat(batch // ref_raw.shape[0], 1, 1, 1, 1)
+    ref_raw = repeated_to_batch(
+        ref_raw,
+        x.shape[0],
+        "a reference latent",
+        "each latent needs its reference (or one shared by all)",
+        "use one start image, or as many as latents",
+    )
     ref = fmt.to_model(ref_raw.to(x.device, x.dtype))
     tokens = transformer.x_embedder(ref)
     frames, rows, cols = ref.shape[2], ref.shape[3] // p, ref.shape[4] // p

@@ -24,6 +24,7 @@ from torch import nn
 
 from ....errors import ConfigError
 from ...base import LatentFormat
+from ...latent_batch import repeated_to_batch
 from .conditioning import WanImageInputs
 
 MASK_CHANNELS = 4  # one per pixel frame of a latent frame (Wan's VAE packs 4 frames into one)
@@ -99,12 +100,10 @@ def fit_to_latent(t: torch.Tensor, x: torch.Tensor, what: str) -> torch.Tensor:
             "give WanImageToVideo / WanFunControlToVideo the same width, height and length as the latent you sample",
         )
     t = t.to(x.device)
-    if t.shape[0] == x.shape[0]:
-        return t
-    if x.shape[0] % t.shape[0] == 0:
-        return t.repeat(x.shape[0] // t.shape[0], *([1] * (t.ndim - 1)))
-    raise ConfigError(
-        f"the conditioning's {what} has batch {t.shape[0]} but the latent has batch {x.shape[0]}",
+    return repeated_to_batch(
+        t,
+        x.shape[0],
+        f"the conditioning's {what}",
         "each latent needs its start image or control video (or one shared by all)",
         "use one, or as many as latents",
     )

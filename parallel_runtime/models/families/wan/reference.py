@@ -21,6 +21,7 @@ from torch import nn
 
 from ....errors import ConfigError
 from ...base import LatentFormat
+from ...latent_batch import repeated_to_batch
 from .keys import REF_CONV_KEY
 
 MODULE = "ref_conv"
@@ -62,15 +63,13 @@ def reference_tokens(
             "the reference takes the positions of one video frame (Wan22FunControlToVideo resizes it to the video)",
             "give the reference image the video's width and height (the node does this), in whole 16-pixel tokens",
         )
-    batch = x.shape[0]
-    if reference.shape[0] != batch:
-        if batch % reference.shape[0]:
-            raise ConfigError(
-                f"a reference latent of batch {reference.shape[0]} for a latent of batch {batch}",
-                "each latent needs its reference image (or one shared by all)",
-                "use one reference image, or as many as latents",
-            )
-        reference = reference.repeat(batch // reference.shape[0], 1, 1, 1)
+    reference = repeated_to_batch(
+        reference,
+        x.shape[0],
+        "a reference latent",
+        "each latent needs its reference image (or one shared by all)",
+        "use one reference image, or as many as latents",
+    )
     ref = fmt.to_model(reference.to(x.device, torch.float32))
     tokens = conv(ref.to(conv.weight.dtype)).flatten(2).transpose(1, 2).to(x.dtype)
     reference_rope, video_rope = rope_after_reference(transformer, x)
