@@ -68,7 +68,22 @@ def assert_gone(pids: list[int], prefix: str, within: float = 10.0) -> None:
     deadline = time.monotonic() + within
     while time.monotonic() < deadline and any(leftovers(pids, prefix).values()):
         time.sleep(0.05)
-    assert leftovers(pids, prefix) == {"processes": [], "segments": [], "private_dirs": []}
+    left = leftovers(pids, prefix)
+    assert left == {"processes": [], "segments": [], "private_dirs": []}, f"left after {within} s: {describe(left)}"
+
+
+def describe(left: dict[str, list]) -> str:
+    """The leftovers with each process's command line and kernel state (what it was doing)."""
+    procs = []
+    for pid in left["processes"]:
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1][0]
+            wchan = Path(f"/proc/{pid}/wchan").read_text()
+        except OSError:
+            cmd, state, wchan = "?", "?", "?"
+        procs.append(f"{pid} [{state} {wchan}] {cmd}")
+    return f"processes {procs}, segments {left['segments']}, private_dirs {left['private_dirs']}"
 
 
 def _socket_inodes(pid: int) -> set[int]:

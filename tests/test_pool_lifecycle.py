@@ -57,7 +57,7 @@ HOST_SCRIPT = textwrap.dedent(
     from parallel_runtime.parallel.config import ParallelConfig
     from parallel_runtime.runtime.pool import WorkerPool
     print(os.getpid(), flush=True)
-    WorkerPool("cpu:2", ParallelConfig(ulysses=2), threads_per_worker=1).start()
+    pool = WorkerPool("cpu:2", ParallelConfig(ulysses=2), threads_per_worker=1).start()  # held: alive when killed
     print("ready", flush=True)
     sys.stdin.read()
     """
@@ -65,7 +65,7 @@ HOST_SCRIPT = textwrap.dedent(
 
 
 def test_host_killed_at_any_moment_of_start_leaves_nothing():
-    for delay in (0.2, 0.8, 1.6):  # before torch is imported, during rendezvous, around READY
+    for delay in (0.2, 0.8, 1.6, 3.0):  # before torch is imported, during rendezvous, around READY, idle
         host = subprocess.Popen(
             [sys.executable, "-c", HOST_SCRIPT], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
         )

@@ -457,6 +457,14 @@ class RunningPool:
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     proc.wait(timeout=max(deadline - time.monotonic(), 0.0))
         kill_and_reap(self.procs)
+        # Every creator is dead now: remove what a killed worker could not unlink, at once (the
+        # mappings stay valid; unlinking below tolerates missing names). Done before the joins below,
+        # which can take seconds: a host killed meanwhile would leave these until the next pool's
+        # sweep (stale_pools.py). The folders are this pool's own (0700, made exclusively): whatever
+        # another user put under a similar name elsewhere is neither looked at nor touched.
+        remove_segment_dir(self.shm_dir)
+        if self.private_dir is not None:
+            shutil.rmtree(self.private_dir, ignore_errors=True)
         for fd in (self.death_r, self.death_w):
             if fd is not None:
                 with contextlib.suppress(OSError):
@@ -475,10 +483,4 @@ class RunningPool:
             self.cmd.close(unlink=True)
         if self.control is not None:
             self.control.close(unlink=True)
-        # Every creator is dead now: remove what a killed worker could not unlink. The folders are
-        # this pool's own (0700, made exclusively): whatever another user put under a similar name
-        # elsewhere is neither looked at nor touched.
-        remove_segment_dir(self.shm_dir)
-        if self.private_dir is not None:
-            shutil.rmtree(self.private_dir, ignore_errors=True)
         self.table.fail_all(self.dead or PoolClosed("the pool was closed"))
