@@ -5,7 +5,9 @@ connectors saved under the LTX-2 release checkpoint's names (``text_embedding_pr
 ``model.diffusion_model.video_embeddings_connector.*`` with ``transformer_1d_blocks``/``q_norm``/``k_norm``, beside an
 audio connector that is not read) encode prompts exactly as the diffusers folder does (which equals LTX2Pipeline's
 encode_prompt + connectors, test_family_ltx2.py). The Gemma names follow DiffSynth-Studio's converter; the connectors'
-inner names follow public ports of the release (diffusers' conversion script was not at hand to confirm them)."""
+renames are those of diffusers' scripts/convert_ltx2_to_diffusers.py. Then Parallel Text Encode's path on the workers
+(1 rank, Ulysses 2): the Gemma file with the connectors of the LOADED model's own file (a tiny release checkpoint), of
+a connectors file given beside it, or of the loaded diffusers folder; the host's refusals."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
 from dit_devtools.tiny import ensure_tiny_model
 from parallel_runtime.errors import ConfigError
@@ -104,3 +106,110 @@ def test_wrong_files_are_refused_clearly(comps, tmp_path):
     with pytest.raises(ConfigError, match="no Gemma tokenizer"):
         gemma3_tokenizer(text_file)
     assert gemma3_tokenizer(text_file, tmp_path / "elsewhere") is not None
+
+
+# -- Parallel Text Encode on the workers: the Gemma file + the connectors of the LOADED model's own checkpoint ------
+PROMPTS = [POSITIVE, NEGATIVE]
+
+
+@pytest.fixture(scope="module")
+def release(comps, tmp_path_factory):
+    """The Gemma file (release names, its tokenizer beside it) and a tiny LTX-2 checkpoint the workers load: the
+    transformer in Lightricks' names under ``model.diffusion_model.`` (with its config in the metadata, as
+    test_family_ltx2_files writes it) and the text connectors where the release keeps them; the overrides that give
+    the loaders the tiny sizes the weights do not show."""
+    import json
+
+    from test_family_ltx2_files import PREFIX, original_name  # tests/ module: the release names of the transformer
+
+    folder = tmp_path_factory.mktemp("ltx2-text-node")
+    text_file, connectors_only = _write_files(comps, folder, "release")
+    transformer = load_pipeline_components(comps.path, "cpu", torch.float32, parts=("transformer",)).transformer
+    state = {PREFIX + original_name(k): v.contiguous() for k, v in transformer.state_dict().items()}
+    state |= {k: v for k, v in load_file(str(connectors_only)).items() if "connector" in k or "text_embedding" in k}
+    c = transformer.config
+    stated = {k: c[k] for k in ("num_attention_heads", "attention_head_dim", "audio_num_attention_heads",
+                                "audio_attention_head_dim")}  # fmt: skip
+    stated.update(rope_type="split", frequencies_precision="float64")
+    checkpoint = folder / "ltx-2-tiny.safetensors"
+    save_file(state, str(checkpoint), metadata={"config": json.dumps({"transformer": stated})})
+    bare = {k: v for k, v in state.items() if "connector" not in k and not k.startswith("text_embedding")}
+    transformer_only = folder / "ltx-2-tiny-transformer-only.safetensors"
+    save_file(bare, str(transformer_only), metadata={"config": json.dumps({"transformer": stated})})
+    separate = folder / "ltx-2-tiny-connectors.safetensors"  # a connectors file: bare names, as diffusers' converter
+    save_file({k.removeprefix(PREFIX): v for k, v in state.items() if k not in bare}, str(separate))  # reads them
+    conn = comps.text_encoders["connectors"].config
+    overrides = {
+        **comps.text_encoders["text_encoder"].config.text_config.to_dict(),
+        "connectors": {"video_connector_attention_head_dim": conn.video_connector_attention_head_dim, "rope_type": conn.rope_type},
+    }  # fmt: skip
+    paths = SimpleNamespace(
+        gemma=str(text_file), checkpoint=str(checkpoint), transformer_only=str(transformer_only),
+        connectors=str(separate), folder=str(comps.path),
+    )  # fmt: skip
+    return paths, overrides
+
+
+@pytest.fixture(scope="module")
+def oracle(comps):
+    """The diffusers-folder path's conditioning of PROMPTS (in process), checked against LTX2Pipeline's encode_prompt
+    + connectors."""
+    from diffusers import LTX2Pipeline
+
+    pipe = LTX2Pipeline.from_pretrained(comps.path, torch_dtype=torch.float32, audio_vae=None, vocoder=None)
+    out = [encode(comps, [p], LENGTH, torch.device("cpu")) for p in PROMPTS]
+    with torch.no_grad():
+        embeds, mask, _, _ = pipe.encode_prompt(PROMPTS, do_classifier_free_guidance=False, device="cpu")
+        video, _audio, video_mask = pipe.connectors(embeds, mask, padding_side="left")
+    for i, cond in enumerate(out):
+        torch.testing.assert_close(cond.prompt_embeds, video[i : i + 1], atol=1e-5, rtol=0)
+        assert torch.equal(cond.attention_mask, video_mask[i : i + 1])
+    return out
+
+
+def _encode_on_workers(pool, files, overrides):
+    from parallel_runtime.service.model_jobs import encode_text_file
+
+    (gemma, tokenizer), *more = files
+    return pool.submit(encode_text_file, gemma, tokenizer, PROMPTS, None, overrides, more=tuple(more)).result(300)
+
+
+@pytest.mark.parametrize("layout", ["one rank", "ulysses2"])
+def test_workers_encode_from_the_gemma_file_and_the_loaded_checkpoint(cpu_pool, release, oracle, layout):
+    """Parallel Text Encode's path with a Gemma file: the host finds the connectors in the loaded model's file
+    (the checkpoint), or takes a connectors file given beside the Gemma file, or the loaded diffusers folder's; the
+    workers encode exactly as the diffusers folder does (= LTX2Pipeline's encode_prompt + connectors)."""
+    from parallel_runtime.parallel.config import ParallelConfig
+    from parallel_runtime.service.host_checks import text_encoder_files
+    from parallel_runtime.service.load_job import load_model
+
+    paths, overrides = release
+    pool = cpu_pool(ParallelConfig(ulysses=2) if layout == "ulysses2" else ParallelConfig())
+    sources = [(paths.checkpoint, None, paths.checkpoint)]  # (loaded model, text_encoder_2, the part's source)
+    if layout == "ulysses2":
+        sources += [(paths.transformer_only, paths.connectors, paths.connectors), (paths.folder, None, paths.folder)]
+    for loaded, second, source in sources:
+        pool.submit(load_model, loaded, "fp32", "sdpa").result(300)
+        given = None if second is None else (second, None)
+        files = text_encoder_files("ltx2", (paths.gemma, None), given, model_file=loaded)
+        assert files == ((paths.gemma, None), (source, None))
+        got = _encode_on_workers(pool, files, overrides)
+        for cond, ref in zip(got, oracle):
+            torch.testing.assert_close(cond.prompt_embeds, ref.prompt_embeds, atol=1e-5, rtol=0)
+            assert torch.equal(cond.attention_mask, ref.attention_mask)
+
+
+def test_the_host_refuses_missing_or_wrong_files_clearly(release):
+    from parallel_runtime.service.host_checks import text_encoder_files
+
+    paths, _ = release
+    t5 = str(Path(__file__).parent / "data" / "tiny_clip_l.safetensors")
+    with pytest.raises(ConfigError, match="holds no LTX-2 text connectors, and no file of them") as info:
+        text_encoder_files("ltx2", (paths.gemma, None), None, model_file=paths.transformer_only)
+    assert "give a file holding the LTX-2 text connectors as text_encoder_2" in str(info.value)
+    with pytest.raises(ConfigError, match="does not hold a Gemma-3 text model"):
+        text_encoder_files("ltx2", (t5, None), None, model_file=paths.checkpoint)
+    with pytest.raises(ConfigError, match="files holding the LTX-2 text connectors"):  # the checkpoint as the Gemma
+        text_encoder_files("ltx2", (paths.checkpoint, None), None, model_file=paths.checkpoint)
+    with pytest.raises(ConfigError, match="not a safetensors file of Gemma-3"):
+        text_encoder_files("ltx2", (paths.gemma.replace(".safetensors", ".gguf"), None), None, model_file=paths.folder)

@@ -250,8 +250,8 @@ class ParallelModel:
     ) -> Conditioning:
         """Conditioning of ``prompt`` with the model's own text encoders, or with text-encoder files ``text_encoder``
         .. ``_4`` (any order), each (file, tokenizer folder or None); ``vision``: an image's tokens (files only)."""
-        prompts = input_checks.prompts(prompt)
-        files = text_encoder_files(self.family, text_encoder, text_encoder_2, (text_encoder_3, text_encoder_4), vision)
+        prompts, further = input_checks.prompts(prompt), (text_encoder_3, text_encoder_4)
+        files = text_encoder_files(self.family, text_encoder, text_encoder_2, further, vision, model_file=self.path)
         if files is not None:
             options = {"more": files[1:], "vision": vision, "should_cancel": should_cancel}
             return concat_conditioning(*self._run(encode_text_file, *files[0], prompts, **options))

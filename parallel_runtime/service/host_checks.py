@@ -4,6 +4,7 @@ fails here), and the geometry a latent size is checked against."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -272,10 +273,13 @@ def text_encoder_files(
     second: FileChoice | None,
     more: tuple[FileChoice | None, ...] = (),
     vision: object | None = None,
+    model_file: str | os.PathLike | None = None,
 ) -> tuple[FileChoice, ...] | None:
     """Parallel Text Encode's (file, tokenizer folder) choices for a ``family_id`` model (``more``: the third and
     fourth, None where not chosen), checked on the host and in the family's order (``check_text_encoder_files``);
-    None: the model's own encoders. ``vision`` (an image's tokens for the prompt) needs files that read it."""
+    None: the model's own encoders. ``vision`` (an image's tokens for the prompt) needs files that read it. A family
+    whose encoding has a part in the model's own file (``TextEncoderFile.model_part``) gets it last, as (file, None):
+    a given file that holds it, else ``model_file`` (the file or folder the Parallel Model Loader loaded)."""
     reader = family(family_id).text_encoder_file
     if vision is not None and (first is None or reader is None or not reader().takes_vision):
         raise ConfigError(
@@ -320,4 +324,40 @@ def text_encoder_files(
             f"Parallel Text Encode reads only {' and '.join(readers)} from models/text_encoders so far",
             "choose \"(the model's own)\" with a diffusers folder, or ComfyUI's own text-encode nodes",
         )
-    return check_text_encoder_files(reader(), first, second, family_id, more)
+    files = reader()
+    if files.model_part is not None:
+        return _with_model_part(files, [first, *((second,) if second is not None else ()), *more], spec, model_file)
+    return check_text_encoder_files(files, first, second, family_id, more)
+
+
+def _with_model_part(
+    reader: Any, given: list[FileChoice], spec: Any, model_file: str | os.PathLike | None
+) -> tuple[FileChoice, ...]:
+    """The text-encoder files checked (``check_text_encoder_files``), then the source of the reader's
+    ``model_part``: the one given file that holds it, else the loaded model's own file or folder."""
+    part = reader.model_part
+    own = [f for f in given if part.holds(f[0])]
+    rest = [f for f in given if f not in own]
+    if len(own) > 1 or not rest:
+        names = ", ".join(Path(f[0]).name for f in own)
+        raise ConfigError(
+            f"{len(own)} files holding the {part.what} ({names}) and {len(rest)} {reader.what} file(s)",
+            f"{spec.label} encodes prompts with one {reader.what} file and its {part.what} (read from the loaded "
+            "model's own file unless one file of them is given)",
+            f"choose the {reader.what} file as text_encoder (and at most one {part.what} file as text_encoder_2)",
+        )
+    if own:
+        source = own[0][0]
+    elif model_file is not None and part.holds(str(model_file)):
+        source = str(model_file)
+    else:
+        name = Path(model_file).name if model_file is not None else "(none)"
+        raise ConfigError(
+            f"the loaded model's file {name} holds no {part.what}, and no file of them was given",
+            f"{spec.label} encodes prompts with {reader.what} and its {part.what}, which its release keeps in the "
+            f"model's checkpoint ({part.release}); this file (a transformer-only or GGUF file) lacks them",
+            f"load {part.release} with the Parallel Model Loader, or give a file holding the {part.what} as "
+            "text_encoder_2",
+        )
+    checked = check_text_encoder_files(reader, rest[0], rest[1] if len(rest) > 1 else None, spec.id, tuple(rest[2:]))
+    return (*checked, (source, None))

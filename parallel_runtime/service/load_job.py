@@ -354,11 +354,14 @@ def text_encoder_placement(
     return placement
 
 
-def text_file_placement(model: LoadedModel, encoder_path: str, beside: Sequence[str] = ()) -> Any:
+def text_file_placement(
+    model: LoadedModel, encoder_path: str, beside: Sequence[str] = (), beside_bytes: int = 0
+) -> Any:
     """Where a text-encoder FILE goes on TEXT_RANK: one device, or ({gpu: bytes}) spread by layers over the
     pool's GPUs when it is larger than what any one has left (its file size counts, vision tower included;
-    the files read ``beside`` it go to its first device: they count with it, and leave that GPU's share smaller)."""
-    extra = sum(Path(p).stat().st_size for p in beside)
+    the files read ``beside`` it, and ``beside_bytes`` more (a part read from the model's own file), go to its
+    first device: they count with it, and leave that GPU's share smaller)."""
+    extra = sum(Path(p).stat().st_size for p in beside) + beside_bytes
     devices = list(model.devices)
     size = Path(encoder_path).stat().st_size + extra
     where = text_encoder_placement({"file": size}, devices, free_gpu_bytes(devices))["file"]

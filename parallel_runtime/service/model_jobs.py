@@ -95,7 +95,7 @@ def encode_text_file(
         )
     reader = spec.text_encoder_file()
     others = (*((second,) if second is not None else ()), *more)
-    if len(others) != len(reader.extra_files):
+    if len(others) != len(reader.extra_files) + (reader.model_part is not None):
         count = {0: "one text-encoder file", 1: "two text-encoder files"}.get(len(others), f"{len(others) + 1} files")
         kinds = " + ".join([reader.what, *(e.what for e in reader.extra_files)])
         raise ConfigError(
@@ -130,14 +130,22 @@ def text_file_encoder(
     others: tuple[tuple[str, str | None], ...] = (),
 ) -> tuple[Any, Any]:
     """The text-encoder file's model and tokenizer on this rank (see ``encode_text_file``), loaded once and kept
-    for the next prompts; with ``others`` (the further files, in the reader's order), tuples of every file's."""
+    for the next prompts; with ``others`` (the further files, in the reader's order, the reader's ``model_part``'s
+    source last), tuples of every file's encoder (the part's last) and of every file's tokenizer."""
     from transformers import AutoTokenizer
 
     key = (encoder_path, tokenizer_dir, str(overrides), model.adapter.dtype, others)
     cached = ctx.state.get("text_file")
     if cached is None or cached[0] != key:
         ctx.state.pop("text_file", None)
-        where = text_file_placement(model, encoder_path, [f for f, _ in others]) if model.devices else str(ctx.device)
+        part = reader.model_part
+        if part is not None:
+            others, (part_path, _) = others[:-1], others[-1]
+        if model.devices:
+            part_bytes = part.nbytes(part_path) if part is not None else 0
+            where = text_file_placement(model, encoder_path, [f for f, _ in others], part_bytes)
+        else:
+            where = str(ctx.device)
         if isinstance(where, Mapping):  # larger than any one GPU's room: its layers over the GPUs
             from ..models.layer_spread import spread_by_layers
 
@@ -154,6 +162,10 @@ def text_file_encoder(
             kinds = reader.extra_files
             encoder = (encoder, *(kind.load(path, device) for kind, (path, _) in zip(kinds, others)))
             tokenizer = (tokenizer, *(AutoTokenizer.from_pretrained(t, local_files_only=True) for _, t in others))
+        if part is not None:  # on the first encoder's device, after it
+            device = next(iter(where)) if isinstance(where, Mapping) else where
+            loaded = part.load(part_path, device, model.adapter.dtype, overrides=overrides)
+            encoder = (*encoder, loaded) if others else (encoder, loaded)
         cached = (key, encoder, tokenizer)
         ctx.state["text_file"] = cached
     return cached[1], cached[2]

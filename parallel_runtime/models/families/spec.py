@@ -97,6 +97,20 @@ class SecondEncoderFile:
 
 
 @dataclasses.dataclass(frozen=True)
+class ModelFilePart:
+    """A part of a family's prompt encoding that its release keeps inside the MODEL's checkpoint (LTX-2's text
+    connectors in ltx-2-19b-dev.safetensors, as later ComfyUI's LTX-2 text-encoder loader reads them from the
+    checkpoint): read from the file (or diffusers folder) the Parallel Model Loader loaded, unless a file of its own
+    is given beside the text encoder. It has no tokenizer; ``encode`` gets it last among the encoders."""
+
+    what: str  # the part, for messages, e.g. "LTX-2 text connectors"
+    load: Callable[..., nn.Module]  # (path, device, dtype, overrides=None) -> the part
+    holds: Callable[[str], bool]  # (a file or folder): whether it holds the part (read from its header only)
+    nbytes: Callable[[str], int]  # (a file or folder that holds it): the part's bytes in it (placement)
+    release: str  # the model file that holds it, for messages, e.g. "ltx-2-19b-dev.safetensors"
+
+
+@dataclasses.dataclass(frozen=True)
 class TextEncoderFile:
     """A text encoder read from a file (ComfyUI's ``models/text_encoders``) and how it encodes prompts. With a
     ``second`` file (and ``more``), ``encode`` gets (first, second, ...) encoders and tokenizers."""
@@ -118,6 +132,9 @@ class TextEncoderFile:
     # ``encode`` takes ``vision=`` {"states": [images, tokens, width] vision tokens in the text model's width (a
     # CLIP_VISION_OUTPUT's mm_projected), "interleave": int}: an image's tokens inside the prompt
     takes_vision: bool = False
+    # a part read from the loaded model's own file unless a file of it is given as the next text_encoder_N (None:
+    # the text-encoder files are the whole encoding); ``encode`` gets (encoder(s)..., part) as its encoders
+    model_part: ModelFilePart | None = None
 
     @property
     def extra_files(self) -> tuple[SecondEncoderFile, ...]:

@@ -27,6 +27,12 @@ def _text_encoding():
     return ENCODING
 
 
+def _text_encoder_file():
+    from .text_file import ENCODER_FILE
+
+    return ENCODER_FILE
+
+
 def _vae_file():
     from .vae_file import FORMAT
 
@@ -70,10 +76,12 @@ FAMILY = FamilySpec(
     original_layout=_original_layout,
     text=TextFacts(
         max_length=1024,
-        comfy_nodes="Parallel Text Encode on the diffusers folder (ComfyUI 0.3.64 has no LTX-2 text encoder)",
+        comfy_nodes="Parallel Text Encode with gemma_3_12B_it*.safetensors, or on the diffusers folder (ComfyUI "
+        "0.3.64 has no LTX-2 text encoder)",
         components=("connectors",),
     ),
     text_encoding=_text_encoding,
+    text_encoder_file=_text_encoder_file,
     layout=LayoutHints(default_cfg=3.0, text_tokens=0),  # cross-attention: the text is not in the sequence
     head_dim=128,
     geometry=geometry,

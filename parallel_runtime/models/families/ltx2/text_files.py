@@ -12,8 +12,9 @@ The connectors' names in the release checkpoint: ``text_embedding_projection.agg
 ``text_proj_in`` (the [width, width x (layers + 1)] Gemma feature projection) and
 ``model.diffusion_model.video_embeddings_connector.*`` its ``video_connector`` with ``transformer_1d_blocks`` ->
 ``transformer_blocks`` and ``q_norm``/``k_norm`` -> ``norm_q``/``norm_k`` (``learnable_registers``, ``to_*``,
-``to_out.0``, ``ff.net.*`` unchanged). These inner names are from public ports of the release (not from diffusers'
-own conversion script, which was not available here). The audio connector is never read (video-only)."""
+``to_out.0``, ``ff.net.*`` unchanged), as diffusers' scripts/convert_ltx2_to_diffusers.py renames them (its
+LTX_2_0_CONNECTORS_KEYS_RENAME_DICT; it also takes the projection under ``model.diffusion_model.`` and strips a
+``connectors.`` prefix: both are read here, see ``CONNECTOR_PREFIXES``). The audio connector is never read."""
 
 from __future__ import annotations
 
@@ -31,8 +32,12 @@ from ...tensor_files import SafetensorsFile
 from ...weights import parameters_on_meta
 
 GEMMA_PREFIXES = ("language_model.model.", "model.language_model.")  # the release's, today's transformers'
+# where the connectors' tensors sit: the release checkpoint keeps the projection at the top (some checkpoints under
+# the transformer's prefix, as diffusers' converter allows) and the connectors under the transformer's; a separate
+# connectors file may hold them bare or under ``connectors.`` (diffusers' converter strips that too)
+CONNECTOR_PREFIXES = ("model.diffusion_model.", "", "connectors.", "model.diffusion_model.connectors.")
 PROJECTION = "text_embedding_projection.aggregate_embed."
-VIDEO_CONNECTOR = "model.diffusion_model.video_embeddings_connector."
+VIDEO_CONNECTOR = "video_embeddings_connector."
 CONNECTOR_RENAMES = (
     ("transformer_1d_blocks.", "transformer_blocks."),
     (".q_norm.", ".norm_q."),
@@ -135,6 +140,15 @@ class _Unread(nn.Module):
         return states, mask
 
 
+def connector_prefixes(shapes: Mapping[str, tuple[int, ...]]) -> tuple[str, str] | None:
+    """The (projection, video connector) prefixes of the connectors' tensors in a file's shapes; None: it holds none."""
+    projection = next((p + PROJECTION for p in CONNECTOR_PREFIXES if p + PROJECTION + "weight" in shapes), None)
+    video = next(
+        (p + VIDEO_CONNECTOR for p in CONNECTOR_PREFIXES if p + VIDEO_CONNECTOR + "learnable_registers" in shapes), None
+    )
+    return None if projection is None or video is None else (projection, video)
+
+
 def _connector_name(name: str) -> str:
     for old, new in CONNECTOR_RENAMES:
         name = name.replace(old, new)
@@ -151,16 +165,18 @@ def load_ltx2_connectors_file(
     LTX2TextConnectors = ltx2_text_connectors_class()
 
     shapes = _shapes(path)
-    if PROJECTION + "weight" not in shapes or VIDEO_CONNECTOR + "learnable_registers" not in shapes:
+    found = connector_prefixes(shapes)
+    if found is None:
         raise ConfigError(
             f"{Path(path).name} holds no LTX-2 text connectors ({PROJECTION}weight, {VIDEO_CONNECTOR}*)",
             "LTX-2's text connectors come with its release checkpoint",
             "pick the LTX-2 checkpoint (e.g. ltx-2-19b-dev.safetensors) from models/checkpoints",
         )
+    projection, video = found
     base = {**CONNECTORS_RELEASE, **(overrides or {})}
-    width, packed = shapes[PROJECTION + "weight"]
-    inner = shapes[VIDEO_CONNECTOR + "learnable_registers"][1]
-    block = VIDEO_CONNECTOR + "transformer_1d_blocks."
+    width, packed = shapes[projection + "weight"]
+    inner = shapes[video + "learnable_registers"][1]
+    block = video + "transformer_1d_blocks."
     blocks = {k[len(block) :].split(".")[0] for k in shapes if k.startswith(block)}
     config = {
         **base,
@@ -168,17 +184,13 @@ def load_ltx2_connectors_file(
         "text_proj_in_factor": packed // width,
         "video_connector_num_attention_heads": inner // int(base["video_connector_attention_head_dim"]),
         "video_connector_num_layers": len(blocks),
-        "video_connector_num_learnable_registers": shapes[VIDEO_CONNECTOR + "learnable_registers"][0],
-        "video_gated_attn": any(k.startswith(VIDEO_CONNECTOR) and "to_gate_logits" in k for k in shapes),
+        "video_connector_num_learnable_registers": shapes[video + "learnable_registers"][0],
+        "video_gated_attn": any(k.startswith(video) and "to_gate_logits" in k for k in shapes),
         "audio_connector_num_layers": 0,
         "audio_connector_num_learnable_registers": None,
     }
-    tensors = {"text_proj_in." + k[len(PROJECTION) :]: k for k in shapes if k.startswith(PROJECTION)}
-    tensors |= {
-        "video_connector." + _connector_name(k[len(VIDEO_CONNECTOR) :]): k
-        for k in shapes
-        if k.startswith(VIDEO_CONNECTOR)
-    }
+    tensors = {"text_proj_in." + k[len(projection) :]: k for k in shapes if k.startswith(projection)}
+    tensors |= {"video_connector." + _connector_name(k[len(video) :]): k for k in shapes if k.startswith(video)}
 
     def build() -> nn.Module:
         connectors = LTX2TextConnectors(**config)
