@@ -1,5 +1,6 @@
 """HiDream-I1 on one device against its oracles: the adapter equals diffusers' HiDreamImageTransformer2DModel's
-own forward (negated: the flow convention here); a single file in the release's layout (the tiny transformer's
+own forward (negated: the flow convention here); our engine on one device equals HiDreamImagePipeline on the same
+prompt embeddings (CFG, its sigmas); a single file in the release's layout (the tiny transformer's
 tensors under ComfyUI's prefix) loads to the same transformer, its config read from the weights; conditioning
 without Llama states and prompt encoding on the workers are refused with a way out."""
 
@@ -10,6 +11,9 @@ import torch
 
 from dit_devtools.tiny import ensure_tiny_model
 from parallel_runtime.attention.usp import SequenceParallelAttention
+from parallel_runtime.denoise.loop import denoise_latent
+from parallel_runtime.denoise.model_sampling import model_sampling_for
+from parallel_runtime.denoise.settings import SamplingSettings
 from parallel_runtime.errors import ConfigError
 from parallel_runtime.models.base import Conditioning
 from parallel_runtime.models.families import registry
@@ -71,6 +75,55 @@ def test_adapter_equals_the_transformers_forward(comps, batch, size, t5, llama):
     other[:, 1] += 1.0
     changed = forward(adapter, x, 0.6, Conditioning(cond.prompt_embeds, cond.pooled, None, HiDreamText(other)))
     assert (changed - ours).abs().max() > 1e-3
+
+
+@torch.no_grad()
+def test_engine_equals_hidream_image_pipeline_with_cfg(comps):
+    """Same weights, embeddings, noise and sigmas, CFG 5 on a batch of two: our engine's latent is
+    HiDreamImagePipeline's (output_type latent). The pipeline gets the prompt embeddings, not prompts: by design
+    we encode HiDream prompts as ComfyUI's QuadrupleCLIPLoader + CLIPTextEncode do (proven against ComfyUI in
+    test_family_hidream_text_files) and refuse a folder's encoders, so the pipeline's encode_prompt is not ours;
+    both sides start from the same T5 / Llama / pooled tensors. Square latents (the pipeline pads others to max_resolution) at the pipeline's own size rule: its
+    default_sample_size is set to the tiny size, so it keeps 64 x 64."""
+    from diffusers import HiDreamImagePipeline
+
+    unused = {f"{kind}{n}": None for kind in ("text_encoder", "tokenizer") for n in ("", "_2", "_3", "_4")}
+    pipe = HiDreamImagePipeline.from_pretrained(ensure_tiny_model("tiny-hidream"), dtype=torch.float32, **unused)
+    pipe.set_progress_bar_config(disable=True)
+    pipe.default_sample_size = 8  # its area rule: (8 x 8)^2 pixels, i.e. 64 x 64 kept as asked
+    pos, neg = conditioning(2, 7, 5, seed=1), conditioning(2, 7, 5, seed=2)
+    noise = torch.randn(2, 16, 8, 8, generator=torch.Generator().manual_seed(3))
+    ref = pipe(
+        prompt_embeds_t5=pos.prompt_embeds,
+        prompt_embeds_llama3=pos.extras.llama3.movedim(1, 0),  # diffusers: layer first
+        pooled_prompt_embeds=pos.pooled,
+        negative_prompt_embeds_t5=neg.prompt_embeds,
+        negative_prompt_embeds_llama3=neg.extras.llama3.movedim(1, 0),
+        negative_pooled_prompt_embeds=neg.pooled,
+        height=64,
+        width=64,
+        num_inference_steps=3,
+        guidance_scale=5.0,
+        latents=noise.clone(),
+        output_type="latent",
+    ).images
+    adapter = comps.adapter()
+    settings = SamplingSettings(seed=0, cfg=5.0, sampler="euler", sigmas=pipe.scheduler.sigmas.float())
+    raw = denoise_latent(
+        adapter,
+        ParallelMesh.single(),
+        model_sampling_for(adapter),
+        pos,
+        neg,
+        torch.zeros_like(noise),
+        settings,
+        start_model_space=noise,
+    )
+    ours = adapter.plan.latent_format.to_model(raw)
+    error = (ours - ref).abs().max().item()
+    print(f"HiDream engine vs HiDreamImagePipeline: max |err| {error:.2e} (latent max {ref.abs().max():.2f})")
+    assert ref.shape == (2, 16, 8, 8) and (ref - noise).abs().max() > 0.1
+    assert error <= 1e-4
 
 
 def test_the_release_file_loads_to_the_same_transformer(comps, tmp_path):
