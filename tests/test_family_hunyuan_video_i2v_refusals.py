@@ -1,7 +1,7 @@
 """HunyuanVideo image-to-video: every shipped HunyuanVideo 1.0 config gets its plan (the 16-channel "token_replace"
 I2V runs: tests/test_family_hunyuan_video_replace.py), and a noise mask keeps the clean latent as ComfyUI's
-HunyuanVideo does; what does not run is refused with a message before any sampling (ComfyUI's "custom" conditioning
-key: tests/test_family_hunyuan_video_nodes.py). A HunyuanVideo 1.5 image-to-video folder loads and runs from the
+HunyuanVideo does; ComfyUI's "custom" conditioning key (tests/test_family_hunyuan_video_nodes.py) runs on every layout
+(tests/test_family_hunyuan_video_replace.py). A HunyuanVideo 1.5 image-to-video folder loads and runs from the
 nodes: tests/test_family_hunyuan_video15_i2v_nodes.py."""
 
 from __future__ import annotations

@@ -50,7 +50,8 @@ def test_hunyuan_image_to_video_conditioning():
         [[embeds, {"pooled_output": pooled, "ref_latent": image}]], EXPECTED, "hunyuan-video"
     )
     assert torch.equal(entry.cond.extras.ref_latent, image)  # "custom"
-    assert entry.cond.extras.pipefusion_refusal() is not None and entry.cond.extras.reference_token_count() == 4
+    assert entry.cond.extras.reference_token_count() == 4  # 1 frame of 2x2 patches, beside the video's
+    assert entry.cond.extras.without_references().ref_latent is None  # PipeFusion: a patch reading their kept K/V
     for key, value in (("ref_latent", image[0]), ("guiding_frame_index", "0")):
         with pytest.raises(ConfigError, match=key):
             conditioning.to_branch([[embeds, {"pooled_output": pooled, key: value}]], EXPECTED, "hunyuan-video")

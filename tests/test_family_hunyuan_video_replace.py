@@ -5,10 +5,12 @@ one device, through the nodes (ComfyUI's CONDITIONING and LATENT into Parallel S
 first frame's tokens on rank 0) and on the other layouts (across ranks 0 and 1 under Ulysses x Ring; PipeFusion
 bands; CFG parallel with a negative that has no guiding frame), and diffusers' HunyuanVideoImageToVideoPipeline on
 a token-replace transformer where the two agree (no guidance input). And "custom" (the start image's latent as
-reference tokens) against ComfyUI on one device and Ulysses x Ring."""
+reference tokens) against ComfyUI on one device, Ulysses x Ring, PipeFusion 2 and PipeFusion 2 x CFG 2 (the reference
+tokens with each step's first patch, the other patches reading their kept K/V)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -27,7 +29,10 @@ from parallel_runtime.models.families.hunyuan_video.adapter import HunyuanVideoA
 from parallel_runtime.models.families.hunyuan_video.conditioning import HunyuanImageInputs
 from parallel_runtime.models.families.hunyuan_video.latent import HUNYUAN_VIDEO
 from parallel_runtime.models.single_file import load_single_file_components
+from parallel_runtime.parallel.config import ParallelConfig
 from parallel_runtime.parallel.mesh import ParallelMesh
+from parallel_runtime.service.load_job import load_model
+from parallel_runtime.tools.bench_pipefusion import generate_with_stats
 
 REF = json.loads((Path(__file__).parent / "data" / "comfy_hunyuan_video_replace_reference.json").read_text())
 CASE = REF["replace"]
@@ -78,8 +83,6 @@ def test_v2_replace_graph_equals_comfyui(pool_registry, files, layout):  # noqa:
     load_pack()
     from dit_parallel_pack.nodes.context import NodeContext
     from dit_parallel_pack.nodes.sampler import ParallelSampler
-
-    from parallel_runtime.parallel.config import ParallelConfig
 
     bridge = RecordingBridge(folders={"diffusion_models": [str(files["t2v"].parent)]})
     ctx = NodeContext.create(registry=pool_registry, bridge=bridge)
@@ -189,3 +192,86 @@ def test_custom_reference_latent_on_ulysses_x_ring_equals_comfyui(cpu_pool, file
     positive, negative, latent, settings = custom_inputs()
     out = run(cpu_pool(LAYOUTS["ulysses2xring2"]), files["t2v"], positive, negative, latent, settings)
     close(out, tensor(CUSTOM["runs"][0]["output"]))
+
+
+# -- "custom" under PipeFusion: the reference's tokens ride with each step's first patch, the other patches read
+# their kept K/V (the video's positions do not move: the reference sits at frame -1, beside the frame) ----------
+# Stale K/V (warmup 1, 2 patches, per_step) as a share of the seed-to-seed difference: measured 0.0138 on pp 2
+# and on pp 2 x CFG 2 (patch-local attention, stale K/V off: 0.0560).
+CUSTOM_STALE_BOUND = 0.03
+
+
+def custom_pipefusion(pool, warmup: int, patches: int, seed: int | None = None, stale_kv: bool = True):
+    """(latent, per-rank stats) of the "custom" case under PipeFusion (reference_kv per_step)."""
+    positive, negative, latent, settings = custom_inputs()
+    settings = settings if seed is None else dataclasses.replace(settings, seed=seed)
+    job = (positive, negative, latent, settings, patches, warmup, stale_kv, "step", "per_step")
+    per_rank = pool.submit(generate_with_stats, *job, result_rank="all").result(300)
+    return per_rank[0]["latent"].reshape(latent.shape), [r["stats"] for r in per_rank]
+
+
+def custom_stale_shares(pool, expected: torch.Tensor, *latents: torch.Tensor) -> list[float]:
+    """Each latent's mean difference from ComfyUI's as a share of what a seed change makes (the yardstick of the
+    other PipeFusion stale-K/V tests; the full-warmup run of the next seed equals one device's)."""
+    run_ref = CUSTOM["runs"][0]
+    shifted = custom_pipefusion(pool, warmup=run_ref["steps"], patches=2, seed=run_ref["seed"] + 1)[0]
+    yardstick = float((shifted - expected).abs().mean())
+    return [float((x - expected).abs().mean()) / yardstick for x in latents]
+
+
+def stage0_activation_bytes(warmup: int, patches: int) -> int:
+    """What stage 0 sends over a run (fp32): per step and stream its video tokens and (the positive's) reference
+    tokens once, and per item the stream's text tokens and two time vectors (temb, temb_out). Width: ComfyUI's
+    128 x heads (tests/data/hunyuan_video_tiny_weights.py)."""
+    positive, negative, latent, settings = custom_inputs()
+    frames, rows, cols = latent.shape[2:]
+    video, width = frames * (rows // 2) * (cols // 2), 128 * CUSTOM["model"]["config"]["heads"]
+    refs = HunyuanImageInputs(ref_latent=tensor(CUSTOM["ref_latent"])).reference_token_count()
+    streams = ((refs, positive[0].cond.prompt_embeds.shape[1]), (0, negative.prompt_embeds.shape[1]))
+    tokens = sum(
+        video + ref + (1 if step < warmup else patches) * (text + 2)
+        for step in range(settings.steps)
+        for ref, text in streams
+    )
+    return 4 * width * tokens
+
+
+def test_custom_reference_latent_under_pipefusion(cpu_pool, files):  # noqa: F811
+    """PipeFusion 2, every step a warmup step: ComfyUI's result. Warmup 1, 2 patches: within CUSTOM_STALE_BOUND of
+    the seed-to-seed difference, closer than patch-local attention (stale K/V off: the second patch sees neither
+    the first's tokens nor the reference's). Each stage runs the reference's 12 tokens once per step (the positive's
+    stream; the negative has none), not once per patch, and stage 0 sends them once per step (bytes: the formula)."""
+    pool = cpu_pool(LAYOUTS["pp2"])
+    pool.submit(load_model, str(files["t2v"]), "fp32", "sdpa").result(300)
+    expected = tensor(CUSTOM["runs"][0]["output"])
+    steps = CUSTOM["runs"][0]["steps"]
+    exact, exact_stats = custom_pipefusion(pool, warmup=steps, patches=2)
+    close(exact, expected)
+    stale, stats = custom_pipefusion(pool, warmup=1, patches=2)
+    local, _ = custom_pipefusion(pool, warmup=1, patches=2, stale_kv=False)
+    error, local_error = custom_stale_shares(pool, expected, stale, local)
+    print(f"hunyuan-video custom, pp 2, warmup 1, 2 patches: {error:.4f} of the seed-to-seed difference "
+          f"(patch-local {local_error:.4f})")  # fmt: skip
+    assert 0 < error < CUSTOM_STALE_BOUND and error < local_error, (error, local_error)
+    frames, rows, cols = CUSTOM["ref_latent"]["shape"][2:]
+    blocks = CUSTOM["model"]["config"]["double_blocks"] + CUSTOM["model"]["config"]["single_blocks"]
+    per_step = frames * (rows // 2) * (cols // 2) * blocks // 2  # a stage's share of the blocks
+    assert [s.reference_tokens for s in stats] == [steps * per_step] * 2, stats
+    assert [s.reference_tokens for s in exact_stats] == [steps * per_step] * 2, exact_stats
+    for per_rank, warmup in ((stats, 1), (exact_stats, steps)):  # the reference's activations: once per step too
+        assert per_rank[0].sent_bytes["pp_act"] == stage0_activation_bytes(warmup, 2), per_rank[0].sent_bytes
+
+
+def test_custom_reference_latent_under_pipefusion_x_cfg_parallel(cpu_pool, files):  # noqa: F811
+    """PipeFusion 2 x CFG 2: the positive's pipeline (cfg rank 0) keeps the reference K/V, the negative's has
+    none (a shorter sequence); ComfyUI's result with every step a warmup step, within the bound with warmup 1."""
+    pool = cpu_pool(ParallelConfig(pp=2, cfg=2))
+    pool.submit(load_model, str(files["t2v"]), "fp32", "sdpa").result(300)
+    run_ref = CUSTOM["runs"][0]
+    expected = tensor(run_ref["output"])
+    close(custom_pipefusion(pool, warmup=run_ref["steps"], patches=2)[0], expected)
+    stale, stats = custom_pipefusion(pool, warmup=1, patches=2)
+    (error,) = custom_stale_shares(pool, expected, stale)
+    print(f"hunyuan-video custom, pp 2 x cfg 2, warmup 1, 2 patches: {error:.4f} of the seed-to-seed difference")
+    assert 0 < error < CUSTOM_STALE_BOUND, error
+    assert sorted(s.reference_tokens > 0 for s in stats) == [False, False, True, True], stats  # the positive's

@@ -133,7 +133,7 @@ def check_branches_for_layout(
     block_cache: BlockCacheSpec | None = None,
 ) -> None:
     """What PipeFusion cannot run (reference images with an area or a block cache; a family's extras that say
-    so, e.g. Wan Fun-Control's reference image; ControlNets by kind: ``service.controlnets.check_controls``);
+    so; ControlNets by kind: ``service.controlnets.check_controls``);
     several entries, timestep ranges, areas, masks and reference images it runs (``pipefusion.branches``; areas
     are checked against the latent by :func:`check_regions`)."""
     if config.pp > 1:

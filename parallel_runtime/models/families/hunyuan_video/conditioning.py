@@ -31,16 +31,9 @@ class HunyuanImageInputs(ConditioningExtras):
         return frames * (rows // 2) * (cols // 2)  # HunyuanVideo's 2x2 patches
 
     def without_references(self) -> HunyuanImageInputs | None:
+        """These inputs for a PipeFusion patch that reads the reference tokens' kept K/V: the video's positions do
+        not move (the reference sits at frame -1, beside the frame), so only the reference latent goes."""
         return dataclasses.replace(self, ref_latent=None)
-
-    def pipefusion_refusal(self) -> tuple[str, str, str] | None:
-        if self.ref_latent is None:
-            return None
-        return (
-            "HunyuanImageToVideo 'custom' (a reference latent) under PipeFusion",
-            "its reference tokens are not cut into PipeFusion's row bands with the video's",
-            "run it on Ulysses / Ring / CFG parallel, or use 'v2 (replace)' / 'v1 (concat)'",
-        )
 
 
 NONE = HunyuanImageInputs()
