@@ -42,6 +42,18 @@ def ltx2_vae():
     return vae.eval()
 
 
+def ltx2_audio_vae():
+    """Tiny AutoencoderKLLTX2Audio fitting the tiny transformer's audio stream (4 latent channels x 16 / 4 mel bins =
+    its 16 audio channels), for running LTX2Pipeline itself (it needs one for the audio latents' shape and
+    statistics); not part of the folder, which stays video-only."""
+    from diffusers import AutoencoderKLLTX2Audio
+
+    torch.manual_seed(SEED)
+    return AutoencoderKLLTX2Audio(
+        base_channels=16, ch_mult=(1, 2, 4), num_res_blocks=1, latent_channels=4, mel_bins=16
+    ).eval()
+
+
 def ltx2_transformer(seed: int = SEED, **overrides: Any):
     from diffusers import LTX2VideoTransformer3DModel
 
