@@ -213,3 +213,57 @@ def test_the_host_refuses_missing_or_wrong_files_clearly(release):
         text_encoder_files("ltx2", (paths.checkpoint, None), None, model_file=paths.checkpoint)
     with pytest.raises(ConfigError, match="not a safetensors file of Gemma-3"):
         text_encoder_files("ltx2", (paths.gemma.replace(".safetensors", ".gguf"), None), None, model_file=paths.folder)
+
+
+def _sentencepiece_model() -> bytes:
+    """A tiny SentencePiece model (Gemma's special ids: pad 0, eos 1, bos 2, unk 3), trained here."""
+    import io
+
+    import sentencepiece
+
+    text = [POSITIVE, NEGATIVE, "the quick brown fox jumps over the lazy dog"] * 20
+    out = io.BytesIO()
+    sentencepiece.SentencePieceTrainer.train(
+        sentence_iterator=iter(text), model_writer=out, vocab_size=60, model_type="bpe", pad_id=0, eos_id=1,
+        bos_id=2, unk_id=3, character_coverage=1.0, minloglevel=2,
+    )  # fmt: skip
+    return out.getvalue()
+
+
+def test_the_gemma_files_own_tokenizer_is_read_as_comfyui_reads_it(comps, cpu_pool, release, tmp_path):
+    """ComfyUI's Gemma-3 files carry their SentencePiece model as the uint8 tensor ``spiece_model``: it is the
+    tokenizer (before any folder beside the file), its ids equal SentencePiece's own with a beginning token and no end
+    token (ComfyUI's Gemma-3 tokenizer settings), left-padded with the pad id; the workers encode with it."""
+    import sentencepiece
+
+    from parallel_runtime.models.families.ltx2.gemma_tokenizer import SentencePieceGemmaTokenizer
+    from parallel_runtime.parallel.config import ParallelConfig
+    from parallel_runtime.service.load_job import load_model
+
+    paths, overrides = release
+    proto = _sentencepiece_model()
+    state = load_file(paths.gemma) | {"spiece_model": torch.frombuffer(bytearray(proto), dtype=torch.uint8)}
+    gemma = tmp_path / "gemma_3_12B_it_fp8.safetensors"
+    save_file(state, str(gemma))
+    shutil.copytree(comps.path / "tokenizer", tmp_path / "tokenizer")  # a folder beside it is not taken
+    tokenizer = gemma3_tokenizer(gemma, tmp_path / "tokenizer")
+    assert isinstance(tokenizer, SentencePieceGemmaTokenizer)
+    tokenizer.padding_side = "left"
+    got = tokenizer([POSITIVE, NEGATIVE, POSITIVE * 3], padding="max_length", max_length=24, truncation=True)
+    theirs = sentencepiece.SentencePieceProcessor(model_proto=proto, add_bos=True, add_eos=False)
+    for row, mask, prompt in zip(
+        got.input_ids.tolist(), got.attention_mask.tolist(), [POSITIVE, NEGATIVE, POSITIVE * 3]
+    ):
+        ids = theirs.encode(prompt)[:24]
+        assert row == [0] * (24 - len(ids)) + ids and mask == [0] * (24 - len(ids)) + [1] * len(ids)
+    assert len(theirs.encode(POSITIVE * 3)) > 24  # the third is truncated
+    pool = cpu_pool(ParallelConfig())
+    pool.submit(load_model, paths.checkpoint, "fp32", "sdpa").result(300)
+    files = ((str(gemma), None), (paths.checkpoint, None))
+    on_workers = _encode_on_workers(pool, files, overrides)
+    sp = SentencePieceGemmaTokenizer(proto, gemma.name)
+    in_process = SimpleNamespace(path=tmp_path, text_encoders=comps.text_encoders, tokenizers={"tokenizer": sp})
+    for cond, prompt in zip(on_workers, PROMPTS):
+        ref = encode(in_process, [prompt], LENGTH, torch.device("cpu"))
+        torch.testing.assert_close(cond.prompt_embeds, ref.prompt_embeds, atol=1e-5, rtol=0)
+        assert torch.equal(cond.attention_mask, ref.attention_mask)

@@ -201,11 +201,17 @@ def load_ltx2_connectors_file(
 
 
 def gemma3_tokenizer(path: str | os.PathLike, tokenizer_dir: str | os.PathLike | None = None):
-    """Gemma's tokenizer for the file ``path``: ``tokenizer_dir`` (a tokenizer folder, e.g. the diffusers folder's
-    ``tokenizer``), else the file's own folder when it holds tokenizer.json / tokenizer.model, else a ``tokenizer``
-    folder beside the file."""
+    """Gemma's tokenizer for the file ``path``: the SentencePiece model ComfyUI's Gemma-3 files carry
+    (``spiece_model``, read as ComfyUI reads it: ``gemma_tokenizer``), else ``tokenizer_dir`` (a tokenizer folder,
+    e.g. the diffusers folder's ``tokenizer``), else the file's own folder when it holds tokenizer.json /
+    tokenizer.model, else a ``tokenizer`` folder beside the file."""
     from transformers import AutoTokenizer
 
+    from .gemma_tokenizer import file_tokenizer
+
+    carried = file_tokenizer(path)
+    if carried is not None:
+        return carried
     here = Path(path).expanduser().resolve().parent
     tokens = ("tokenizer.json", "tokenizer.model")
     places = [Path(tokenizer_dir).expanduser()] if tokenizer_dir else []
@@ -215,6 +221,7 @@ def gemma3_tokenizer(path: str | os.PathLike, tokenizer_dir: str | os.PathLike |
             return AutoTokenizer.from_pretrained(str(place))
     raise ConfigError(
         f"no Gemma tokenizer for {Path(path).name} (looked in {', '.join(str(p) for p in places)})",
-        "a Gemma-3 text-encoder file carries no tokenizer",
-        "put Gemma-3's tokenizer.json (or tokenizer.model) beside the file, or give the tokenizer folder",
+        "this Gemma-3 file carries no tokenizer (ComfyUI's gemma_3_12B_it files carry it as 'spiece_model')",
+        "use ComfyUI's gemma_3_12B_it*.safetensors, or put Gemma-3's tokenizer.json (or tokenizer.model) beside the "
+        "file, or give the tokenizer folder",
     )
