@@ -38,7 +38,11 @@ TINY_STAND_INS: dict[str, tuple[str, str]] = {
     "diffusers/HunyuanVideo-1.5-Diffusers-480p_t2v": ("tiny-hunyuan-video-1.5", ""),
     # a real folder the t2v stand-in does not use (the loader lists each real folder once)
     "diffusers/HunyuanVideo-1.5-Diffusers-480p_i2v": ("tiny-hunyuan-video", ""),
-    "diffusers/LTX-2": ("tiny-ltx2", ""),
+    "diffusion_models/ltx-2-19b-dev.safetensors": (  # validation only reads the name
+        "tiny-ltx2",
+        "transformer/diffusion_pytorch_model.safetensors",
+    ),
+    "text_encoders/gemma_3_12B_it.safetensors": ("tiny-ltx2", "text_encoder/model.safetensors"),
     "diffusion_models/flux1-dev.safetensors": ("tiny-flux", "transformer/diffusion_pytorch_model.safetensors"),
     "vae/ae.safetensors": ("tiny-flux", "vae/diffusion_pytorch_model.safetensors"),
     "vae/sd3.5_vae.safetensors": ("tiny-sd3", "vae/diffusion_pytorch_model.safetensors"),
