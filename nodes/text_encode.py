@@ -24,7 +24,7 @@ class ParallelTextEncode(DeclaredNode):
         display_name="Parallel Text Encode",
         description=(
             "Encodes a prompt into ComfyUI conditioning with the model's own text encoders (CLIP / T5 / Qwen2.5-VL "
-            "/ Mistral of a diffusers folder), or with text-encoder files (Qwen-Image's Qwen2.5-VL, Z-Image's Qwen3, Wan's UMT5, Chroma's / SD3's / PixArt's / LTX-Video's T5-XXL, Flux.1's T5-XXL + CLIP-L, HunyuanVideo's LLaVA-Llama-3 + CLIP-L, HunyuanVideo 1.5's Qwen2.5-VL + ByT5, HiDream's Llama-3.1 + T5-XXL + CLIP-L + CLIP-G, LTX-2's Gemma-3 with the text connectors of the loaded LTX-2 checkpoint)."
+            "/ Mistral of a diffusers folder), or with text-encoder files (Qwen-Image's Qwen2.5-VL, Z-Image's Qwen3, Wan's UMT5, Chroma's / PixArt's / LTX-Video's T5-XXL, SD3's CLIP-L + CLIP-G + T5-XXL (or fewer), Flux.1's T5-XXL + CLIP-L, HunyuanVideo's LLaVA-Llama-3 + CLIP-L, HunyuanVideo 1.5's Qwen2.5-VL + ByT5, HiDream's Llama-3.1 + T5-XXL + CLIP-L + CLIP-G, LTX-2's Gemma-3 with the text connectors of the loaded LTX-2 checkpoint)."
         ),
         inputs=(
             Socket("parallel_model", PARALLEL_MODEL, "From Parallel Model Loader."),
@@ -37,8 +37,8 @@ class ParallelTextEncode(DeclaredNode):
                 "LTX-Video; mistral_3_small_flux2*.safetensors for FLUX.2; t5xxl* with clip_l as text_encoder_2 for "
                 "Flux.1; llava_llama3* with clip_l for HunyuanVideo; qwen_2.5_vl_7b* with byt5_small_glyphxl* for "
                 "HunyuanVideo 1.5; gemma_3_12B_it*.safetensors for LTX-2 (its text connectors come from the loaded LTX-2 "
-                "checkpoint, or a file of them as text_encoder_2); for HiDream its four files in text_encoder .. "
-                "text_encoder_4).",
+                "checkpoint, or a file of them as text_encoder_2); for SD3 / SD3.5 clip_l, clip_g and t5xxl* in "
+                "text_encoder .. text_encoder_3; for HiDream its four files in text_encoder .. text_encoder_4).",
                 lambda: text_encoder_choices(shared_bridge()),
                 default=TEXT_ENCODER_OWN,
                 optional=True,
@@ -47,16 +47,17 @@ class ParallelTextEncode(DeclaredNode):
                 "text_encoder_2",
                 "A second text-encoder file, for a family that reads two as ComfyUI's DualCLIPLoader: clip_l.safetensors "
                 "beside t5xxl* for Flux.1 or llava_llama3* for HunyuanVideo, byt5_small_glyphxl* beside qwen_2.5_vl_7b* for "
-                "HunyuanVideo 1.5 (either order); one of HiDream's four (see text_encoder_3); for LTX-2, a file of its text "
-                "connectors when the loaded model's file lacks them. (none) for every other family.",
+                "HunyuanVideo 1.5 (either order); one of SD3's three or HiDream's four (see text_encoder_3); for LTX-2, a "
+                "file of its text connectors when the loaded model's file lacks them. (none) for every other family.",
                 lambda: second_text_encoder_choices(shared_bridge()),
                 default=TEXT_ENCODER_NONE,
                 optional=True,
             ),
             Choice(
                 "text_encoder_3",
-                "A third text-encoder file, for HiDream (its four files as ComfyUI's QuadrupleCLIPLoader, any order: "
-                "llama_3.1_8b_instruct*, t5xxl*, clip_l_hidream, clip_g_hidream). (none) for every other family.",
+                "A third text-encoder file, for SD3 / SD3.5 (clip_l, clip_g, t5xxl* as ComfyUI's TripleCLIPLoader, any order; "
+                "any two as its DualCLIPLoader type sd3) and HiDream (its four files as ComfyUI's QuadrupleCLIPLoader, any "
+                "order: llama_3.1_8b_instruct*, t5xxl*, clip_l_hidream, clip_g_hidream). (none) for every other family.",
                 lambda: second_text_encoder_choices(shared_bridge()),
                 default=TEXT_ENCODER_NONE,
                 optional=True,

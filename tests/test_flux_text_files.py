@@ -102,8 +102,8 @@ def test_one_file_for_flux_two_for_others_and_wrong_files_are_refused_on_the_hos
     assert check_text_encoder_files(flux, clip, t5, "flux") == (t5, clip)  # either order, as DualCLIPLoader
     with pytest.raises(ConfigError, match=r"one text-encoder file \(tiny_t5_bf16.safetensors\) for a flux model"):
         check_text_encoder_files(flux, t5, None, "flux")
-    with pytest.raises(ConfigError, match=r"two text-encoder files .* for a sd3 model"):
-        check_text_encoder_files(family("sd3").text_encoder_file(), t5, clip, "sd3")
+    with pytest.raises(ConfigError, match=r"two text-encoder files .* for a pixart model"):
+        check_text_encoder_files(family("pixart").text_encoder_file(), t5, clip, "pixart")
     with pytest.raises(ConfigError, match="tiny_t5_bf16.safetensors is not a CLIP text encoder"):
         check_text_encoder_files(flux, t5, (t5[0], CLIP_TOKENIZER), "flux")
     with pytest.raises(ConfigError, match="no tokenizer found for tiny_clip_l"):

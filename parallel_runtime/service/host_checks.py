@@ -236,6 +236,7 @@ def check_text_encoder_files(
     DualCLIPLoader; HiDream's four, as its QuadrupleCLIPLoader) takes them in any order. A ConfigError for fewer
     or more files than the family reads."""
     given = [first, *((second,) if second is not None else ()), *more]
+    reader = reader.for_files([f[0] for f in given])
     extra = reader.extra_files
     names = ", ".join(Path(f[0]).name for f in given)
     if len(given) != 1 + len(extra):

@@ -93,8 +93,8 @@ def encode_text_file(
             f"Parallel Text Encode reads {' and '.join(readers)} from models/text_encoders",
             "encode with ComfyUI's CLIPLoader + CLIPTextEncode, or load the model's diffusers folder",
         )
-    reader = spec.text_encoder_file()
     others = (*((second,) if second is not None else ()), *more)
+    reader = spec.text_encoder_file().for_files([encoder_path, *(f for f, _ in others)])
     if len(others) != len(reader.extra_files) + (reader.model_part is not None):
         count = {0: "one text-encoder file", 1: "two text-encoder files"}.get(len(others), f"{len(others) + 1} files")
         kinds = " + ".join([reader.what, *(e.what for e in reader.extra_files)])

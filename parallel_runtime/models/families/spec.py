@@ -129,6 +129,10 @@ class TextEncoderFile:
     # (paths of every file given) -> their indices in the order (first, second, *more) (a ConfigError when they
     # are not the kinds needed); None: the second file is told by its kind's ``recognise``
     arrange: Callable[[Sequence[str]], tuple[int, ...] | None] | None = None
+    # (paths of the files given, fewer than it reads) -> the reader of just those files (SD3's T5-XXL, CLIP-L
+    # and CLIP-G: any of them may be left out, as ComfyUI's DualCLIPLoader / CLIPLoader read them; a
+    # ConfigError when those cannot go together); None: every file is needed
+    subset: Callable[[Sequence[str]], TextEncoderFile] | None = None
     # ``encode`` takes ``vision=`` {"states": [images, tokens, width] vision tokens in the text model's width (a
     # CLIP_VISION_OUTPUT's mm_projected), "interleave": int}: an image's tokens inside the prompt
     takes_vision: bool = False
@@ -140,6 +144,12 @@ class TextEncoderFile:
     def extra_files(self) -> tuple[SecondEncoderFile, ...]:
         """The files read beside the first, in order (second, *more)."""
         return (*((self.second,) if self.second is not None else ()), *self.more)
+
+    def for_files(self, paths: Sequence[str]) -> TextEncoderFile:
+        """The reader of the files ``paths``: this one, or the one of a subset of its files (``subset``)."""
+        if self.subset is None or not 0 < len(paths) < 1 + len(self.extra_files):
+            return self
+        return self.subset(paths)
 
 
 @dataclasses.dataclass(frozen=True)
