@@ -95,22 +95,6 @@ def run(registry, case: dict, layout: str) -> torch.Tensor:
     )
 
 
-# Every layout for the plain cases and one LoRA stack; the other arithmetic / LoRA cases where they differ.
-LAYOUTS_OF = {"flux_float32": ("1rank", "ulysses2"), "flux_lora_dora": ("1rank",), "flux_lora_float32": ("1rank",)}
-CASES = [
-    pytest.param(name, layout, id=f"{layout}-{name}")
-    for name in REFERENCE["cases"]
-    for layout in LAYOUTS_OF.get(name, tuple(LAYOUTS))
-]
-
-
-@pytest.mark.parametrize(("name", "layout"), CASES)
-def test_parallel_sampler_equals_comfyui_gguf(pool_registry, name, layout):
-    case = REFERENCE["cases"][name]
-    error = relative_error(run(pool_registry, case, layout), expected(case))
-    assert error <= TOLERANCE, f"{name} on {layout}: relative error {error:.2e} against ComfyUI-GGUF"
-
-
 def test_default_arithmetic_is_comfyui_gguf_s_not_exact_float32(pool_registry):
     """The default follows ComfyUI-GGUF's float16 products: nearer to its default picture than the float32
     dequantisation's picture is (one rank: the parallel layouts add no error of their own)."""
@@ -120,3 +104,30 @@ def test_default_arithmetic_is_comfyui_gguf_s_not_exact_float32(pool_registry):
     gap = relative_error(exact, expected(case))
     assert gap > 0
     assert relative_error(ours, expected(case)) < 0.1 * gap
+
+
+# Every layout for the plain cases and one LoRA stack; the other arithmetic / LoRA cases where they differ.
+LAYOUTS_OF = {"flux_float32": ("1rank", "ulysses2"), "flux_lora_dora": ("1rank",), "flux_lora_float32": ("1rank",)}
+
+
+def pool_of(name: str) -> tuple:
+    """What a case's pools are keyed by (besides the layout): the file and its dequantisation arithmetic."""
+    case = REFERENCE["cases"][name]
+    return case["model"], case["dequant_dtype"]
+
+
+# Cases that share a loaded model run together, layout by layout (the pools hold 3: one model's layouts stay
+# warm while its LoRA cases run, instead of every case restarting the pools the case before evicted).
+ORDER = {key: i for i, key in enumerate(dict.fromkeys(pool_of(name) for name in REFERENCE["cases"]))}
+CASES = [
+    pytest.param(name, layout, id=f"{layout}-{name}")
+    for name in sorted(REFERENCE["cases"], key=lambda n: ORDER[pool_of(n)])
+    for layout in LAYOUTS_OF.get(name, tuple(LAYOUTS))
+]
+
+
+@pytest.mark.parametrize(("name", "layout"), CASES)
+def test_parallel_sampler_equals_comfyui_gguf(pool_registry, name, layout):
+    case = REFERENCE["cases"][name]
+    error = relative_error(run(pool_registry, case, layout), expected(case))
+    assert error <= TOLERANCE, f"{name} on {layout}: relative error {error:.2e} against ComfyUI-GGUF"
