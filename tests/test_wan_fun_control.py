@@ -135,12 +135,16 @@ def relative_error(got: torch.Tensor, expected: torch.Tensor) -> float:
 
 
 def _params():
-    """Every ComfyUI case on one rank; each layout with one of the two files (CFG with both branches' control)."""
-    for name in ("fun21", "fun21_control_only", "fun21_no_control", "fun22", "fun22_ref_conv_file", "fun22_ref_image"):
-        yield pytest.param("1rank", name, id=f"1rank-{name}")
+    """Every ComfyUI case on one rank; each layout with one of the two files (CFG with both branches' control).
+    Ordered for the pools (3 kept, one per file and layout): the file's pools the tests after this one use
+    (one rank: fun21 and the ref_conv file; PipeFusion 2: the ref_conv file) are the last three, so they are
+    still warm, instead of being started a second time."""
     for layout, name in (("ulysses2", "fun21"), ("ulysses2", "fun22"), ("cfg2", "fun22"), ("pp2", "fun21"),
-                         ("ulysses2", "fun22_ref_image"), ("cfg2", "fun22_ref_image"), ("pp2", "fun22_ref_image")):  # fmt: skip
+                         ("ulysses2", "fun22_ref_image"), ("cfg2", "fun22_ref_image"), ("1rank", "fun22"),
+                         ("pp2", "fun22_ref_image")):  # fmt: skip
         yield pytest.param(layout, name, id=f"{layout}-{name}")
+    for name in ("fun21", "fun21_control_only", "fun21_no_control", "fun22_ref_conv_file", "fun22_ref_image"):
+        yield pytest.param("1rank", name, id=f"1rank-{name}")
 
 
 @pytest.mark.parametrize(("layout", "name"), list(_params()))
