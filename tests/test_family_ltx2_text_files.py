@@ -267,3 +267,32 @@ def test_the_gemma_files_own_tokenizer_is_read_as_comfyui_reads_it(comps, cpu_po
         ref = encode(in_process, [prompt], LENGTH, torch.device("cpu"))
         torch.testing.assert_close(cond.prompt_embeds, ref.prompt_embeds, atol=1e-5, rtol=0)
         assert torch.equal(cond.attention_mask, ref.attention_mask)
+
+
+@pytest.mark.parametrize("kind", ["scaled", "comfy_quant"])
+def test_fp8_gemma_file_keeps_fp8_layers_and_computes_as_its_upcast_weights(comps, tmp_path, kind):
+    """ComfyUI's fp8 Gemma files (gemma_3_12B_it_fp8_scaled: the scaled_fp8 marker, or per-layer comfy_quant): the
+    decoder layers' Linears stay fp8 with their scales and encode as the same file loaded upcast, not as the full
+    precision weights."""
+    from bigmodel_files import to_fp8  # tests/ helper
+
+    from parallel_runtime.models.fp8 import fp8_layers
+
+    text_file, _ = _write_files(comps, tmp_path, "release")
+    state = load_file(str(text_file))
+    layers = {k: v for k, v in state.items() if k.startswith("language_model.model.layers.")}
+    path = tmp_path / "gemma_3_12B_it_fp8_scaled.safetensors"
+    save_file(to_fp8(layers, kind) | {k: v for k, v in state.items() if k not in layers}, str(path))
+    overrides = comps.text_encoders["text_encoder"].config.text_config.to_dict()
+    kept = load_gemma3_file(path, dtype=torch.float32, overrides=overrides)
+    upcast = load_gemma3_file(path, dtype=torch.float32, overrides=overrides, storage="compute")
+    assert "layers.0.self_attn.q_proj" in fp8_layers(kept) and not fp8_layers(upcast)
+
+    def encoded(gemma):
+        parts = {"text_encoder": gemma, "connectors": comps.text_encoders["connectors"]}
+        files = SimpleNamespace(path=tmp_path, text_encoders=parts, tokenizers=comps.tokenizers)
+        return encode(files, [POSITIVE], LENGTH, torch.device("cpu")).prompt_embeds
+
+    got = encoded(kept)
+    torch.testing.assert_close(got, encoded(upcast), atol=1e-5, rtol=0)
+    assert (got - encode(comps, [POSITIVE], LENGTH, torch.device("cpu")).prompt_embeds).abs().max() > 1e-4

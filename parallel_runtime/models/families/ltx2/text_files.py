@@ -122,15 +122,22 @@ def load_gemma3_file(
     device: str | torch.device = "cpu",
     dtype: torch.dtype = torch.bfloat16,
     overrides: Mapping[str, Any] | None = None,
+    storage: str = "auto",
 ) -> nn.Module:
-    """Gemma-3's text model from ONE file (see the module doc), on ``device``."""
+    """Gemma-3's text model from ONE file (see the module doc), on ``device``; ComfyUI's fp8 files (scaled_fp8,
+    comfy_quant) keep their Linear layers in fp8 with their scales, as every text-encoder file does
+    (``models.prefixed_text_file``; ``storage="compute"``: upcast)."""
     from transformers import Gemma3TextModel
+
+    from ...prefixed_text_file import load_prefixed_model
 
     shapes = _shapes(path)
     prefix = gemma_prefix(shapes, path)
     config = gemma3_config(shapes, prefix, overrides)
-    tensors = {k[len(prefix) :]: k for k in shapes if k.startswith(prefix)}
-    return _load(lambda: Gemma3TextModel(config), tensors, SafetensorsFile(Path(path).expanduser()), device, dtype)
+    build = lambda _shapes: Gemma3TextModel(config)  # noqa: E731
+    return load_prefixed_model(
+        path, prefix, build, device, dtype, storage, what="of Gemma-3", only_model_parameters=True
+    )
 
 
 class _Unread(nn.Module):
