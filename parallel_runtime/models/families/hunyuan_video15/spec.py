@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from pathlib import Path
+from types import MappingProxyType
 
 from ....parallel.layout import LayoutHints
-from ..spec import FamilySpec, TextFacts
+from ..spec import FamilySpec, GGUFFacts, TextFacts
 from . import ID, T2V
 
 
@@ -44,6 +45,24 @@ def geometry(latent_channels: int | None) -> tuple[int, int]:
     return 16, 4
 
 
+# GGUF files of Comfy-Org's repackaged transformers: ComfyUI-GGUF's tools/convert.py tells them by the names it
+# shares with HunyuanVideo 1.0 (double_blocks.0.img_attn_proj, the refiner's self_attn_qkv), so they carry its
+# architecture "hyvid" (the tensor names tell the families apart); its quantiser keeps txt_in, img_in, time_in and
+# final_layer (byt5_in, vision_in and the blocks are quantised) and leaves the 5-D patch embedding out (added back by
+# fix_5d_tensors.py); Q4_K_M upgrades the fused img / txt q-k-v
+GGUF = GGUFFacts(
+    architecture="hyvid",
+    required=MappingProxyType(
+        {
+            "img_in.proj.weight": "run ComfyUI-GGUF's tools/fix_5d_tensors.py on the file (its converter leaves the "
+            "5-D patch embedding out; that tool adds it back), or use a published HunyuanVideo 1.5 GGUF"
+        }
+    ),
+    quantiser_keeps=("x_embedder.", "context_embedder.", "time_embed.", "norm_out.", "proj_out."),
+    q4_k_m=MappingProxyType({r"transformer_blocks\.\d+\.attn\.(to_[qkv]|add_[qkv]_proj)\.weight": "Q5_K"}),
+)
+
+
 FAMILY = FamilySpec(
     id=ID,
     label="HunyuanVideo 1.5",
@@ -62,4 +81,5 @@ FAMILY = FamilySpec(
     head_dim=128,
     geometry=geometry,
     video_vae=_video_vae,
+    gguf=GGUF,
 )
