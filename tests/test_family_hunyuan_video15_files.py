@@ -198,3 +198,54 @@ def test_file_samples_as_the_folder_on_one_rank_ulysses2_and_pipefusion2(cpu_poo
 def _close(got: torch.Tensor, expected: torch.Tensor, tol: float, where: str) -> None:
     err = ((got - expected).norm() / expected.norm()).item()
     assert got.shape == expected.shape and err <= tol, f"{where}: relative L2 error {err:.2e}"
+
+
+RANK = 2
+LORA_CASES = {  # module name in the file -> the diffusers tensors it patches (rows of a fused original: in order)
+    "lora_unet_double_blocks_0_img_attn_q": ["transformer_blocks.0.attn.to_q.weight"],  # kohya / musubi-tuner
+    "diffusion_model.double_blocks.1.txt_mlp.fc1": ["transformer_blocks.1.ff_context.net.0.proj.weight"],
+    "diffusion_model.txt_in.individual_token_refiner.blocks.0.self_attn_qkv": [
+        f"context_embedder.token_refiner.refiner_blocks.0.attn.to_{p}.weight" for p in "qkv"
+    ],
+    "transformer.transformer_blocks.1.attn.add_v_proj": ["transformer_blocks.1.attn.add_v_proj.weight"],  # PEFT
+}
+
+
+def test_lora_files_in_tencent_s_names_patch_by_the_formula(tmp_path):
+    """W + strength * alpha / rank * up @ down on the tensors each name means, routed through the skeleton in
+    Tencent's names (a fused refiner q/k/v patch lands on to_q, to_k and to_v rows) for the folder's model."""
+    from safetensors.torch import save_file
+
+    from parallel_runtime.models.lora.files import lora_file_id
+    from parallel_runtime.models.lora.keymap import TRANSFORMER
+    from parallel_runtime.models.lora.model_keys import model_keys
+    from parallel_runtime.models.lora.patcher import LoraPatcher, StackEntry
+
+    comps = load_pipeline_components(ensure_tiny_model(NAME), "cpu", torch.float32, parts=("transformer",))
+    model = comps.transformer
+    params = {k: v.detach().clone() for k, v in model.named_parameters()}
+    g = torch.Generator().manual_seed(9)
+    tensors, expected = {}, {}
+    for module, targets in LORA_CASES.items():
+        rows = sum(params[t].shape[0] for t in targets)
+        down, up = torch.randn(RANK, params[targets[0]].shape[1], generator=g), torch.randn(rows, RANK, generator=g)
+        kohya = module.startswith("lora_unet_")
+        tensors[f"{module}.{'lora_down' if kohya else 'lora_A'}.weight"] = down
+        tensors[f"{module}.{'lora_up' if kohya else 'lora_B'}.weight"] = up
+        alpha = 1.0 if kohya else RANK
+        if kohya:
+            tensors[f"{module}.alpha"] = torch.tensor(alpha)
+        delta = 0.7 * alpha / RANK * (up @ down)
+        for target, part in zip(targets, delta.split([params[t].shape[0] for t in targets])):
+            expected[target] = params[target] + part
+    path = tmp_path / "hunyuan_video15_lora.safetensors"
+    save_file(tensors, str(path))
+    patcher = LoraPatcher(model_keys(FAMILY, model, comps.transformer_config), {TRANSFORMER: model})
+    resolution = patcher.resolution(lora_file_id(path))
+    assert resolution.transformer_modules == len(LORA_CASES) and not resolution.unmatched, resolution.summary()
+    patcher.apply([StackEntry(lora_file_id(path), 0.7, 0.0)], [TRANSFORMER])
+    now = dict(model.named_parameters())
+    for name, value in params.items():
+        assert torch.allclose(now[name], expected.get(name, value), rtol=0, atol=1e-6), name
+    patcher.apply([], [TRANSFORMER])
+    assert all(torch.equal(now[k], v) for k, v in params.items())
