@@ -23,14 +23,18 @@ from parallel_runtime.service.api import LoadRequest, load_parallel_model
 from parallel_runtime.service.load_job import load_model
 from tests.dist_jobs.cache_jobs import skewed_decisions
 
-MODEL, PX, STEPS, CFG, SEED = "tiny-flux-shapes", 128, 20, 2.0, 1
+MODEL, PX, STEPS, CFG, SEED = "tiny-flux-shapes", 128, 10, 2.0, 1
 PROMPT = "a red circle on a blue background"
 CACHES = {
-    "easycache": StepCacheSpec("easycache"),
-    "lazycache": StepCacheSpec("lazycache"),
-    "block": BlockCacheSpec(threshold=0.2),
+    "easycache": StepCacheSpec("easycache"),  # reuses 4 of the 10 steps on one rank
+    "lazycache": StepCacheSpec("lazycache"),  # 5
+    "block": BlockCacheSpec(threshold=0.35),  # 4 (at 0.2, none: 10 steps change too much per step)
 }
-LAYOUTS = {"ulysses2": ParallelConfig(ulysses=2), "ring2": ParallelConfig(ring=2), "cfg2": ParallelConfig(cfg=2)}
+# PipeFusion's streaming block cache decides per patch: at the block threshold above it reuses so much that
+# the picture leaves the bound, and at 10 steps of 0.2 it reuses once: 20 steps of 0.2 reuse >= 3 within it.
+STREAM_STEPS, STREAM_BLOCK = 20, BlockCacheSpec(threshold=0.2)
+# CFG 2 first: the one-rank and CFG 2 pools of the two tests before it are still warm (3 pools are kept).
+LAYOUTS = {"cfg2": ParallelConfig(cfg=2), "ulysses2": ParallelConfig(ulysses=2), "ring2": ParallelConfig(ring=2)}
 
 
 @functools.cache
@@ -83,19 +87,6 @@ def one_rank(registry, cache: str) -> tuple[torch.Tensor, dict]:
     return run(registry, ParallelConfig(), CACHES[cache])
 
 
-@pytest.mark.parametrize("layout", list(LAYOUTS))
-def test_layout_with_cache_equals_one_rank_with_cache(pool_registry, layout):
-    """Each cache on ``layout`` against one rank with the same cache (one pool for the three caches)."""
-    for cache in CACHES:
-        expected, reference = one_rank(pool_registry, cache)
-        assert reuses(reference[0]) >= 3, "the cache must reuse for this test to mean anything"
-        out, reports = run(pool_registry, LAYOUTS[layout], CACHES[cache])
-        assert sorted(reports) == [0, 1]
-        for rank, summaries in reports.items():
-            assert trace(summaries) == trace(reference[0]), (cache, layout, rank)
-        assert relative(out, expected) <= 1e-5, (cache, layout)
-
-
 def test_cfg_parallel_block_cache_with_branches_in_separate_calls_equals_one_rank(pool_registry):
     """A negative of another text length runs in its own model call (as ComfyUI batches), so under CFG
     parallel each rank sits out the other branch's call: it still joins that call's cache decision, and the
@@ -123,6 +114,19 @@ def test_a_cache_that_never_reuses_changes_nothing(pool_registry):
         assert relative(out, plain) <= 1e-6, spec
 
 
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_layout_with_cache_equals_one_rank_with_cache(pool_registry, layout):
+    """Each cache on ``layout`` against one rank with the same cache (one pool for the three caches)."""
+    for cache in CACHES:
+        expected, reference = one_rank(pool_registry, cache)
+        assert reuses(reference[0]) >= 3, "the cache must reuse for this test to mean anything"
+        out, reports = run(pool_registry, LAYOUTS[layout], CACHES[cache])
+        assert sorted(reports) == [0, 1]
+        for rank, summaries in reports.items():
+            assert trace(summaries) == trace(reference[0]), (cache, layout, rank)
+        assert relative(out, expected) <= 1e-5, (cache, layout)
+
+
 def test_pipefusion_block_cache_every_step_synchronous_equals_one_rank(pool_registry):
     """With warmup = steps every PipeFusion item is a whole model call: the same decisions as one rank."""
     expected, reference = one_rank(pool_registry, "block")
@@ -134,8 +138,8 @@ def test_pipefusion_block_cache_every_step_synchronous_equals_one_rank(pool_regi
 
 
 def test_pipefusion_block_cache_streaming_decides_per_patch_on_every_rank(pool_registry):
-    plain, _ = run(pool_registry, ParallelConfig(pp=2))
-    out, reports = run(pool_registry, ParallelConfig(pp=2), CACHES["block"])
+    plain, _ = run(pool_registry, ParallelConfig(pp=2), steps=STREAM_STEPS)
+    out, reports = run(pool_registry, ParallelConfig(pp=2), STREAM_BLOCK, steps=STREAM_STEPS)
     assert sorted(reports) == [0, 1]
     assert trace(reports[0]) == trace(reports[1])  # the second stage followed the first one's decisions
     assert reports[0][0]["reused"] >= 3
