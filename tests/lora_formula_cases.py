@@ -48,7 +48,7 @@ def write_lora(path: Path, modules: list[LoraModule], params: dict[str, torch.Te
         if m.kohya:
             tensors[f"{m.name}.alpha"] = torch.tensor(alpha)
         for target, part in zip(m.targets, (STRENGTH * alpha / RANK * (up @ down)).split(sizes)):
-            deltas[target] = part
+            deltas[target] = deltas.get(target, 0) + part
     save_file(tensors, str(path))
     return deltas
 

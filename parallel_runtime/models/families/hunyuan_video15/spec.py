@@ -82,4 +82,9 @@ FAMILY = FamilySpec(
     geometry=geometry,
     video_vae=_video_vae,
     gguf=GGUF,
+    # LoRA files route as every family's do: diffusers' / PEFT's names (``transformer.``, ``base_model.model.``) and
+    # Tencent's (``diffusion_model.`` / kohya's ``lora_unet_`` + keys.py's original layout). Names only this family's
+    # files hold, either layout (ByT5 mapper, condition-type embedding), for the "looks like" hint of a LoRA loaded
+    # on another model:
+    lora_markers=("byt5_in", "context_embedder_2", "cond_type_embed"),
 )
