@@ -36,9 +36,10 @@ TINY_VIDEO_MODELS: tuple[str, ...] = (
     "tiny-hunyuan-video-i2v",
     "tiny-hunyuan-video-1.5",
     "tiny-ltx-video",
+    "tiny-ltx2",
 )
 # Models without text encoders (their conditioning comes from ComfyUI's encoders): for tests, not built-ins.
-TINY_CONDITIONED_MODELS: tuple[str, ...] = ("tiny-hidream", "tiny-ltx2")
+TINY_CONDITIONED_MODELS: tuple[str, ...] = ("tiny-hidream",)
 CACHE_ENV = "DIT_PARALLEL_TINY_ROOT"
 # Widened tiny models for speed measurements (``bench families``): 512 wide (8 heads x 64), a few blocks.
 WIDENED: dict[str, dict[str, Any]] = {

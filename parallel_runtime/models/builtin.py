@@ -30,6 +30,7 @@ RANDOM_MODELS: tuple[str, ...] = (
     "tiny-hunyuan-video-i2v",
     "tiny-hunyuan-video-1.5",
     "tiny-ltx-video",
+    "tiny-ltx2",
 )  # dit_devtools.tiny's TINY_MODELS + TINY_VIDEO_MODELS
 BUILTIN_MODELS: tuple[str, ...] = (*TRAINED_MODELS, *RANDOM_MODELS)
 TRAINED_ROOT = Path(__file__).resolve().parent / "trained"
