@@ -37,8 +37,9 @@ class ParallelModelLoader(DeclaredNode):
             Choice(
                 "model",
                 "A diffusers folder (models/diffusers), a single transformer .safetensors or GGUF (.gguf, "
-                "ComfyUI-GGUF's) file (models/diffusion_models, models/unet), or a tiny random model for trying "
-                "the pack without downloads.",
+                "ComfyUI-GGUF's) file (models/diffusion_models, models/unet), a full .safetensors checkpoint "
+                "(models/checkpoints, listed after them; one named like a diffusion_models file shows as "
+                "'[checkpoints] <name>'), or a tiny random model for trying the pack without downloads.",
                 lambda: model_choices(shared_bridge()),
             ),
             Choice("family", "Model family; 'auto' detects it from the files.", family_choices, default="auto"),

@@ -4,6 +4,12 @@
   relative to that folder, e.g. ``FLUX.1-dev``;
 - single ``.safetensors`` transformer files under ``models/diffusion_models`` (and ``unet``), and GGUF
   transformer files (``.gguf``, ComfyUI-GGUF's) there;
+- full checkpoints (``.safetensors`` / ``.sft``; never pickled ``.ckpt``) under ``models/checkpoints``, listed
+  after those: the transformer under ``model.diffusion_model.`` with the VAE and text parts beside it, as
+  ComfyUI's Load Checkpoint reads them (e.g. ``ltx-2-19b-dev.safetensors``). A name is resolved in
+  diffusion_models first, then in checkpoints, so saved workflows keep loading what they loaded; a checkpoint
+  whose name is also a diffusion_models file's is listed as ``[checkpoints] <name>`` (resolved in checkpoints
+  only), so neither file hides the other;
 - the embedded ``tiny-flux-shapes`` (trained: draws the coloured shapes its prompt names, e.g. "a red
   circle on a blue background") and random-weight ``tiny-*`` models of every family (built once locally
   by the pack's ``dit_devtools``) for trying the pack without downloads;
@@ -31,6 +37,7 @@ TINY_MODELS: tuple[str, ...] = BUILTIN_MODELS
 SINGLE_FILE_SUFFIXES: tuple[str, ...] = (".safetensors", ".sft")
 MODEL_FILE_SUFFIXES: tuple[str, ...] = (*SINGLE_FILE_SUFFIXES, ".gguf")  # transformers: also ComfyUI-GGUF's files
 VAE_FROM_MODEL = "(the model's own)"
+CHECKPOINT_TAG = "[checkpoints] "  # a models/checkpoints file listed under a name a diffusion_models file also has
 
 
 def _walk(root: str):
@@ -139,29 +146,50 @@ def resolve_vae(name: str, bridge: Bridge) -> str | None:
     )
 
 
+def checkpoint_choices(bridge: Bridge) -> list[str]:
+    """The full checkpoints in ComfyUI's models/checkpoints folders as the loader lists them: by their relative
+    name, or as ``[checkpoints] <name>`` where a diffusion_models file has that name (which the plain name loads)."""
+    transformers = set(single_files(bridge))
+    return [f"{CHECKPOINT_TAG}{n}" if n in transformers else n for n in _files_under(bridge, "checkpoints")]
+
+
 def model_choices(bridge: Bridge) -> list[str]:
-    """The loader's model list: diffusers folders, then single files, then the tiny models."""
-    return [*diffusers_folders(bridge), *single_files(bridge), *TINY_MODELS]
+    """The loader's model list: diffusers folders, single files, full checkpoints, then the tiny models."""
+    return [*diffusers_folders(bridge), *single_files(bridge), *checkpoint_choices(bridge), *TINY_MODELS]
+
+
+def _first_in(bridge: Bridge, kind: str, name: str, files_only: bool) -> str | None:
+    for root in bridge.folder_paths(kind):
+        candidate = Path(root) / name
+        if candidate.is_file() if files_only else candidate.exists():
+            return str(candidate)
+    return None
 
 
 def resolve_model(name: str, bridge: Bridge) -> str:
-    """What the runtime loads for ``name``: a tiny model name, or an absolute path."""
+    """What the runtime loads for ``name``: a tiny model name, or an absolute path. A file name is looked up in
+    models/diffusion_models, then models/checkpoints; ``[checkpoints] <name>`` in models/checkpoints only."""
     name = name.strip()
     if name in TINY_MODELS:
         return name
-    kinds = ("diffusion_models",) if name.lower().endswith(MODEL_FILE_SUFFIXES) else ("diffusers",)
-    for kind in kinds:
-        for root in bridge.folder_paths(kind):
-            candidate = Path(root) / name
-            if candidate.exists():
-                return str(candidate)
+    if name.startswith(CHECKPOINT_TAG):
+        found = _first_in(bridge, "checkpoints", name[len(CHECKPOINT_TAG) :].strip(), files_only=True)
+    elif name.lower().endswith(MODEL_FILE_SUFFIXES):
+        found = _first_in(bridge, "diffusion_models", name, files_only=False)
+        if found is None and name.lower().endswith(SINGLE_FILE_SUFFIXES):
+            found = _first_in(bridge, "checkpoints", name, files_only=True)
+    else:
+        found = _first_in(bridge, "diffusers", name, files_only=False)
+    if found is not None:
+        return found
     if os.path.isabs(name) and os.path.exists(name):
         return name
-    searched = [p for kind in ("diffusers", "diffusion_models") for p in bridge.folder_paths(kind)]
+    searched = [p for kind in ("diffusers", "diffusion_models", "checkpoints") for p in bridge.folder_paths(kind)]
     raise ConfigError(
         f"model {name!r} was not found",
-        "the loader looks for diffusers folders in models/diffusers and single .safetensors / .gguf transformer "
-        f"files in models/diffusion_models and models/unet (searched: {', '.join(searched) or 'no model folder is configured'})",
+        "the loader looks for diffusers folders in models/diffusers, single .safetensors / .gguf transformer "
+        "files in models/diffusion_models and models/unet, and full .safetensors checkpoints in models/checkpoints "
+        f"(searched: {', '.join(searched) or 'no model folder is configured'})",
         "put the model there and refresh the page (R), pick another model, or try one of " + ", ".join(TINY_MODELS),
     )
 

@@ -104,6 +104,59 @@ def test_model_choices_list_folders_and_files(tmp_path):
     assert resolve_model("flux1-dev.safetensors", bridge) == str(tmp_path / "unet" / "flux1-dev.safetensors")
 
 
+def test_checkpoints_are_listed_after_transformer_files_and_resolved_second(tmp_path):
+    """Full checkpoints in models/checkpoints (.safetensors / .sft, never pickles) follow the diffusion_models
+    files; a name both folders hold loads the diffusion_models file (as saved workflows did) and the checkpoint
+    is offered as "[checkpoints] <name>"; the not-found message names the checkpoints folders searched."""
+    from dit_parallel_pack.nodes.model_files import CHECKPOINT_TAG, model_choices, resolve_model
+
+    from parallel_runtime.models.builtin import BUILTIN_MODELS
+
+    unet, ckpts = tmp_path / "diffusion_models", tmp_path / "checkpoints"
+    (ckpts / "ltx").mkdir(parents=True)
+    unet.mkdir()
+    for name in ("flux1-dev.safetensors", "sd3.5_large.safetensors"):
+        (unet / name).write_bytes(b"")
+    for name in ("ltx/ltx-2-19b-dev.safetensors", "sd3.5_large.safetensors", "chroma.sft", "v1-5.ckpt", "a.gguf"):
+        (ckpts / name).write_bytes(b"")
+    bridge = RecordingBridge(folders={"diffusion_models": [str(unet)], "checkpoints": [str(ckpts)]})
+    assert CHECKPOINT_TAG == "[checkpoints] "
+    assert model_choices(bridge) == [
+        "flux1-dev.safetensors",
+        "sd3.5_large.safetensors",
+        "chroma.sft",
+        "ltx/ltx-2-19b-dev.safetensors",
+        "[checkpoints] sd3.5_large.safetensors",
+        *BUILTIN_MODELS,
+    ]
+    assert resolve_model("ltx/ltx-2-19b-dev.safetensors", bridge) == str(ckpts / "ltx" / "ltx-2-19b-dev.safetensors")
+    assert resolve_model("chroma.sft", bridge) == str(ckpts / "chroma.sft")
+    assert resolve_model("sd3.5_large.safetensors", bridge) == str(unet / "sd3.5_large.safetensors")
+    assert resolve_model("[checkpoints] sd3.5_large.safetensors", bridge) == str(ckpts / "sd3.5_large.safetensors")
+    (unet / "sd3.5_large.safetensors").unlink()  # the plain name falls through to the checkpoint
+    assert resolve_model("sd3.5_large.safetensors", bridge) == str(ckpts / "sd3.5_large.safetensors")
+    assert "sd3.5_large.safetensors" in model_choices(bridge)
+    for missing in ("v1-5.ckpt", "a.gguf", "[checkpoints] flux1-dev.safetensors"):  # pickles / GGUF: not here
+        with pytest.raises(ConfigError, match="models/checkpoints") as err:
+            resolve_model(missing, bridge)
+        assert str(ckpts) in str(err.value)
+
+
+def test_loader_reads_a_checkpoint_from_models_checkpoints(tmp_path):
+    """The node resolves a prefixed full checkpoint in models/checkpoints and reads it (its family is detected
+    from the model.diffusion_model. names) before any worker starts."""
+    (tmp_path / "checkpoints").mkdir()
+    _write_safetensors(
+        tmp_path / "checkpoints" / "sd3.5_large_fp8_scaled.safetensors",
+        ["model.diffusion_model.joint_blocks.0.x_block.attn.qkv.weight", "first_stage_model.decoder.conv_in.weight"],
+    )
+    bridge = RecordingBridge(folders={"checkpoints": [str(tmp_path / "checkpoints")]})
+    loader = ParallelModelLoader(NodeContext.create(registry=object(), bridge=bridge))
+    with pytest.raises(ConfigError, match="is a sd3 transformer but family 'flux' was chosen"):
+        loader.load(model="sd3.5_large_fp8_scaled.safetensors", family="flux", layout="auto", **LOAD)
+    assert bridge.freed == []
+
+
 def test_model_choices_survive_symlink_cycles(tmp_path):
     """Two links back up the tree used to make the listing walk for ever (2^depth paths)."""
     from dit_parallel_pack.nodes.model_files import model_choices

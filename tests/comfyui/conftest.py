@@ -38,7 +38,7 @@ TINY_STAND_INS: dict[str, tuple[str, str]] = {
     "diffusers/HunyuanVideo-1.5-Diffusers-480p_t2v": ("tiny-hunyuan-video-1.5", ""),
     # a real folder the t2v stand-in does not use (the loader lists each real folder once)
     "diffusers/HunyuanVideo-1.5-Diffusers-480p_i2v": ("tiny-hunyuan-video", ""),
-    "diffusion_models/ltx-2-19b-dev.safetensors": (  # validation only reads the name
+    "checkpoints/ltx-2-19b-dev.safetensors": (  # where ComfyUI's template keeps it; validation only reads the name
         "tiny-ltx2",
         "transformer/diffusion_pytorch_model.safetensors",
     ),
