@@ -77,3 +77,37 @@ def test_model_option_only_for_benches_that_take_it(capsys):
     names = [m for _, m in bench_pipefusion.ERROR_MODELS]
     assert "tiny-flux" in names  # the random-weight figure every run reports
     assert "tiny-flux-shapes" in names  # ... beside the trained model's
+
+
+def test_bench_families_gives_every_family_a_widened_model_and_the_same_token_count(tmp_path):
+    """``bench families`` measures Ulysses 2 on every family whose prompts the workers encode (issue 27): each has a
+    widened tiny config, and a video family's frame side and latent frames make the image's token count."""
+    from parallel_runtime.checkout import devtools_module
+    from parallel_runtime.models.families.registry import FAMILIES
+    from parallel_runtime.tools.bench_families import PX, bench_size
+
+    widened = devtools_module("tiny", "test").WIDENED
+    tokens = (PX // 16) ** 2
+    for spec in FAMILIES:
+        if not spec.text_encoding().on_workers:
+            continue
+        assert f"tiny-{spec.id}" in widened, spec.id
+        for channels in (16, 48, 128):
+            (tmp_path / "transformer").mkdir(exist_ok=True)
+            (tmp_path / "transformer" / "config.json").write_text(json.dumps({"out_channels": channels}))
+            side, frames = bench_size(spec, tmp_path, PX)
+            pixels, frames_per_latent = spec.geometry(channels)
+            got = (side // pixels) ** 2 * frames
+            assert abs(got - tokens) <= (side // pixels) ** 2 / 2, (spec.id, channels, side, frames)
+            if not frames_per_latent:  # an image: the PX square itself
+                assert (side, frames) == (PX, 1), (spec.id, side, frames)
+
+
+def test_bench_latent_has_the_models_latent_shape():
+    from parallel_runtime.tools.bench_scaling import bench_latent
+
+    image = {"latent_channels": 16, "spatial_factor": 8, "latent_dims": 2}
+    assert bench_latent(image, 512).shape == (1, 16, 64, 64)
+    assert bench_latent({**image, "latent_frame_axis": True}, 512).shape == (1, 16, 1, 64, 64)
+    video = {"latent_channels": 128, "spatial_factor": 32, "latent_dims": 3}
+    assert bench_latent(video, 512, 16).shape == (1, 128, 16, 16, 16)

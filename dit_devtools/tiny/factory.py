@@ -41,11 +41,23 @@ TINY_VIDEO_MODELS: tuple[str, ...] = (
 # Models without text encoders (their conditioning comes from ComfyUI's encoders): for tests, not built-ins.
 TINY_CONDITIONED_MODELS: tuple[str, ...] = ("tiny-hidream",)
 CACHE_ENV = "DIT_PARALLEL_TINY_ROOT"
-# Widened tiny models for speed measurements (``bench families``): 512 wide (8 heads x 64), a few blocks.
+# Widened tiny models for speed measurements (``bench families``): 512 wide (8 heads x 64), a few blocks; the text
+# widths stay tied to the tiny text encoders.
 WIDENED: dict[str, dict[str, Any]] = {
     "tiny-flux": dict(num_attention_heads=8, attention_head_dim=64, num_layers=2, num_single_layers=2),
+    "tiny-flux2": dict(num_attention_heads=8, attention_head_dim=64, axes_dims_rope=(16, 16, 16, 16)),
+    "tiny-qwen-image": dict(num_attention_heads=8, attention_head_dim=64, num_layers=4, axes_dims_rope=(16, 24, 24)),
+    "tiny-pixart": dict(num_attention_heads=8, attention_head_dim=72, num_layers=4),  # width divisible by 3
+    "tiny-wan": dict(num_attention_heads=8, attention_head_dim=64, num_layers=4, ffn_dim=2048),
     "tiny-z-image": dict(dim=512, n_heads=8, n_kv_heads=8, axes_dims=[16, 24, 24], n_layers=4, n_refiner_layers=2),
     "tiny-chroma": dict(num_attention_heads=8, attention_head_dim=64, axes_dims_rope=(16, 24, 24)),
+    "tiny-sd3": dict(num_attention_heads=8, attention_head_dim=64, num_layers=4, pos_embed_max_size=64),
+    "tiny-hunyuan-video": dict(num_attention_heads=8, attention_head_dim=64, rope_axes_dim=(16, 24, 24)),
+    "tiny-hunyuan-video-1.5": dict(
+        num_attention_heads=8, attention_head_dim=64, num_layers=4, rope_axes_dim=(16, 24, 24)
+    ),
+    "tiny-ltx-video": dict(num_attention_heads=8, attention_head_dim=64, cross_attention_dim=512, num_layers=4),
+    "tiny-ltx2": dict(num_attention_heads=8, attention_head_dim=64, cross_attention_dim=512, num_layers=4),
 }
 
 

@@ -5,13 +5,15 @@
   Linear weight one byte, the rest bf16): byte accounting on the "meta" device, no weights, no GPU.
 - ``tokens``: the image (or video) tokens at the family's usual size (``FamilySpec.default_size``) and the
   attention sequence with the text tokens the planner assumes (``LayoutHints.text_tokens``).
-- ``ulysses2_speedup``: one sampling step on 2 CPU ranks with Ulysses 2 against 1 rank x 1 thread, on the
-  family's widened tiny model (``dit_devtools.tiny.WIDENED``: 512 wide, random weights) at ``PX`` px; families
-  without a widened tiny model (video: ``bench video``) have none.
+- ``ulysses2``: one sampling step on 2 CPU ranks with Ulysses 2 against 1 rank x 1 thread, on the family's
+  widened tiny model (``dit_devtools.tiny.WIDENED``: 8 heads of 64, random weights) at ``TOKENS`` image tokens
+  (an image ``PX`` px square; a video ``VIDEO_PX`` px square with as many latent frames as make the count). A family
+  whose prompts come only from ComfyUI's encoders (nothing to encode on the workers) says so instead.
 """
 
 from __future__ import annotations
 
+import json
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -29,6 +31,7 @@ from .report import machine
 
 GB = 1e9
 PX = 1024  # the widened tiny models' size for the speedup (4096 image tokens at 16 px a token, as bench scaling)
+VIDEO_PX = 512  # a video's frame side; its latent frames bring the tokens to the image's count
 
 
 def weight_gb(spec: FamilySpec, variant: str, storage: str) -> dict[str, float]:
@@ -60,23 +63,36 @@ def default_tokens(spec: FamilySpec, variant: str) -> dict[str, Any]:
     }
 
 
+def bench_size(spec: FamilySpec, folder: Path, px: int) -> tuple[int, int]:
+    """(frame side px, latent frames) giving a widened tiny model of ``spec`` the image tokens of a ``px`` square."""
+    config = json.loads((folder / "transformer" / "config.json").read_text())
+    pixels, frames_per_latent = spec.geometry(config.get("out_channels") or config.get("in_channels"))
+    tokens = (px // 16) ** 2
+    if not frames_per_latent:
+        return px, 1
+    side = min(px, VIDEO_PX)
+    return side, max(1, round(tokens / (side // pixels) ** 2))
+
+
 def ulysses_speedup(name: str, overrides: dict[str, Any], root: Path, px: int, repeats: int) -> dict[str, Any]:
     """One step of the widened tiny ``name``: Ulysses 2 x 1 thread against 1 rank x 1 thread."""
+    spec = next(s for s in FAMILIES if f"tiny-{s.id}" == name)
     tiny = devtools_module("tiny", "bench families")
     path = tiny.build_tiny_pipeline(name, root / f"{name}-wide", **overrides)
-    spec = next(s for s in FAMILIES if f"tiny-{s.id}" == name)
+    side, frames = bench_size(spec, path, px)
     cfg = spec.generate_cfg
     contenders: dict[str, Contender] = {}
     try:
-        contenders["1 rank x 1 thread"] = Contender(path, ParallelConfig(), 1, px, 1, cfg)
-        contenders["ulysses 2 ranks x 1 thread"] = Contender(path, ParallelConfig(ulysses=2), 1, px, 1, cfg)
+        contenders["1 rank x 1 thread"] = Contender(path, ParallelConfig(), 1, side, 1, cfg, frames)
+        contenders["ulysses 2 ranks x 1 thread"] = Contender(path, ParallelConfig(ulysses=2), 1, side, 1, cfg, frames)
         times = interleave(contenders, repeats=repeats, warmup=1)
-        blocks = contenders["1 rank x 1 thread"].info["num_blocks"]
+        info = contenders["1 rank x 1 thread"].info
     finally:
         for c in contenders.values():
             c.close()
+    size = f"{side}x{side} px" + (f" x {frames} latent frames" if info["latent_dims"] == 3 else "")
     return {
-        "config": f"{name} widened: {overrides}, {blocks} blocks, {px}x{px} px, cfg {cfg}",
+        "config": f"{name} widened: {overrides}, {info['num_blocks']} blocks, {size}, cfg {cfg}",
         "seconds": {k: v.summary() for k, v in times.items()},
         "speedup": ratio(times, "1 rank x 1 thread", "ulysses 2 ranks x 1 thread"),
     }
@@ -104,7 +120,11 @@ def run(quick: bool = False) -> dict[str, Any]:
                     "tokens": default_tokens(spec, variant),
                 }
             name = f"tiny-{spec.id}"
-            if name in widened:
+            if not spec.text_encoding().on_workers:
+                row["ulysses2"] = {
+                    "skipped": "its prompts come only from ComfyUI's encoders: nothing to run a step with"
+                }
+            elif name in widened:
                 row["ulysses2"] = ulysses_speedup(name, widened[name], Path(tmp), px, repeats)
             res["families"][spec.id] = row
     return res

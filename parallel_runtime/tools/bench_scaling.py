@@ -64,15 +64,27 @@ def _build(name: str, root: Path, **overrides) -> Path:
     return dest
 
 
+def bench_latent(info: dict[str, Any], px: int, frames: int = 1) -> torch.Tensor:
+    """Zeros in the loaded model's LATENT shape for a ``px`` x ``px`` picture (a video model: ``frames`` latent
+    frames), from what ``load_model`` said about it."""
+    channels, side = info["latent_channels"], px // info["spatial_factor"]
+    if info["latent_dims"] == 3:
+        return torch.zeros(1, channels, frames, side, side)
+    latent = torch.zeros(1, channels, side, side)
+    return latent.unsqueeze(2) if info.get("latent_frame_axis") else latent
+
+
 class Contender:
     """A warm pool with the model loaded; each call runs one timed generation (seconds: slowest rank)."""
 
-    def __init__(self, path: Path, config: ParallelConfig, threads: int, px: int, steps: int, cfg: float):
+    def __init__(
+        self, path: Path, config: ParallelConfig, threads: int, px: int, steps: int, cfg: float, frames: int = 1
+    ):
         self.pool = WorkerPool(f"cpu:{config.world_size}", config, threads_per_worker=threads)
         self.info = self.pool.submit(load_model, str(path), "fp32", "sdpa").result(600)
         pos = self.pool.submit(encode, "a lighthouse on a cliff at dawn").result(600)[0]
         neg = self.pool.submit(encode, "").result(600)[0] if cfg != 1.0 else None
-        latent = torch.zeros(1, self.info["latent_channels"], px // 8, px // 8)
+        latent = bench_latent(self.info, px, frames)
         self.text_tokens = pos.prompt_embeds.shape[1]
         self.args = (pos, neg, latent, SamplingSettings(seed=0, steps=steps, cfg=cfg))
         self.sent: dict[str, int] = {}

@@ -98,6 +98,7 @@ FAMILY = FamilySpec(
     vae_file=_vae_file,
     text_encoder_file=_text_encoder_file,
     video_vae=_video_vae,
+    default_size=(1280, 720, 129),  # HunyuanVideoPipeline's defaults (720p, 129 frames)
     comfy_conditioning=COMFY_CONDITIONING,
     gguf=GGUF,
 )

@@ -87,4 +87,5 @@ FAMILY = FamilySpec(
     # files hold, either layout (ByT5 mapper, condition-type embedding), for the "looks like" hint of a LoRA loaded
     # on another model:
     lora_markers=("byt5_in", "context_embedder_2", "cond_type_embed"),
+    default_size=(848, 480, 121),  # the 480p release's usual size (121 frames)
 )
