@@ -108,6 +108,6 @@ def test_bench_latent_has_the_models_latent_shape():
 
     image = {"latent_channels": 16, "spatial_factor": 8, "latent_dims": 2}
     assert bench_latent(image, 512).shape == (1, 16, 64, 64)
-    assert bench_latent({**image, "latent_frame_axis": True}, 512).shape == (1, 16, 1, 64, 64)
+    assert bench_latent({**image, "latent_frame_axis": True}, 512).shape == (1, 16, 64, 64)  # ComfyUI's axis only
     video = {"latent_channels": 128, "spatial_factor": 32, "latent_dims": 3}
     assert bench_latent(video, 512, 16).shape == (1, 128, 16, 16, 16)

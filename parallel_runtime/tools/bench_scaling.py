@@ -65,13 +65,13 @@ def _build(name: str, root: Path, **overrides) -> Path:
 
 
 def bench_latent(info: dict[str, Any], px: int, frames: int = 1) -> torch.Tensor:
-    """Zeros in the loaded model's LATENT shape for a ``px`` x ``px`` picture (a video model: ``frames`` latent
-    frames), from what ``load_model`` said about it."""
+    """Zeros in the engine's latent shape of the loaded model for a ``px`` x ``px`` picture (a video model:
+    ``frames`` latent frames), from what ``load_model`` said about it (the LATENT's frame axis of some image
+    models is ComfyUI's, dropped before the engine)."""
     channels, side = info["latent_channels"], px // info["spatial_factor"]
     if info["latent_dims"] == 3:
         return torch.zeros(1, channels, frames, side, side)
-    latent = torch.zeros(1, channels, side, side)
-    return latent.unsqueeze(2) if info.get("latent_frame_axis") else latent
+    return torch.zeros(1, channels, side, side)
 
 
 class Contender:
