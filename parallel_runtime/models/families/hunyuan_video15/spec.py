@@ -34,6 +34,12 @@ def _text_encoding():
     return ENCODING
 
 
+def _vae_file():
+    from .vae_file import FORMAT
+
+    return FORMAT
+
+
 def _video_vae():
     from .vae_bands import VIDEO_VAE
 
@@ -80,6 +86,7 @@ FAMILY = FamilySpec(
     layout=LayoutHints(default_cfg=6.0, text_tokens=64),
     head_dim=128,
     geometry=geometry,
+    vae_file=_vae_file,
     video_vae=_video_vae,
     gguf=GGUF,
     # LoRA files route as every family's do: diffusers' / PEFT's names (``transformer.``, ``base_model.model.``) and
