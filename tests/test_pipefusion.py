@@ -174,11 +174,11 @@ def test_pipefusion_request_checks_fail_before_any_process():
 
 
 # -- the pipeline in worker processes ------------------------------------------------------------
-LAYOUTS = {
-    "pp2": (PP2, FAMILIES),
+LAYOUTS = {  # PipeFusion 2 last: the tests after these run on its pool, still warm (3 pools are kept)
     "pp2xulysses2": (ParallelConfig(pp=2, ulysses=2), FAMILIES),
     "cfg2xpp2": (ParallelConfig(cfg=2, pp=2), FAMILIES),
     "pp2xring2": (ParallelConfig(pp=2, ring=2), ["tiny-sd3", "tiny-flux"]),
+    "pp2": (PP2, FAMILIES),
 }
 # Families whose tiny model's attention reaches far enough across patches for the patch-local
 # baseline to differ (the tiny PixArt's attention is nearly local: both errors are ~0.004%).
