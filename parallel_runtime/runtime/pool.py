@@ -16,6 +16,7 @@ from ..parallel.config import ParallelConfig, parse_devices, validate_layout
 from .affinity import allowed_cpus
 from .futures import EventCallback, JobFuture
 from .jobs import Job, job_reference
+from .launcher import WorkerLauncher
 from .running import RunningPool
 from .settings import RuntimeSettings
 
@@ -51,6 +52,7 @@ class WorkerPool:
         settings: RuntimeSettings | None = None,
         visible_cuda: int | None = None,
         worker_setup: WorkerSetup | None = None,
+        launcher: WorkerLauncher | None = None,
         **overrides: Any,
     ):
         self.devices = parse_devices(devices)
@@ -60,6 +62,7 @@ class WorkerPool:
         self.threads = self.settings.threads_per_worker or _default_threads(self.devices)
         self._setup = None if worker_setup is None else (job_reference(worker_setup[0]), tuple(worker_setup[1]))
         self._runtime: RunningPool | None = None
+        self.launcher = launcher  # None: every worker is a fresh interpreter (spawn.py)
         self._lock = threading.Lock()
         self._closed = False
         self.starts = 0
@@ -88,7 +91,7 @@ class WorkerPool:
             if rt is not None:
                 self._last_failure = rt.dead or self._last_failure
                 rt.shutdown(graceful=False)
-            rt = RunningPool(self.devices, self.config, self.settings, self.threads, self._setup)
+            rt = RunningPool(self.devices, self.config, self.settings, self.threads, self._setup, self.launcher)
             self._finalizer.detach()
             self._finalizer = weakref.finalize(self, _finalize, [rt])
             rt.start()

@@ -38,6 +38,7 @@ from .affinity import allowed_cpus, plan_cpu_affinity
 from .control import ControlBlock
 from .futures import JobFuture
 from .job_table import JobTable
+from .launcher import WorkerLauncher
 from .lifeline import make_death_pipe
 from .pool_watch import PoolWatch
 from .protocol import (
@@ -81,8 +82,10 @@ class RunningPool:
         settings: RuntimeSettings,
         threads: int,
         worker_setup: tuple[str, tuple] | None = None,
+        launcher: WorkerLauncher | None = None,
     ):
         self.devices, self.config, self.settings = devices, config, settings
+        self.launcher = launcher  # forks pre-imported workers where it serves (launcher.py)
         self.threads, self.worker_setup = threads, worker_setup
         self.world = len(devices)
         self.prefix = f"dpar-{os.getpid()}-{uuid.uuid4().hex[:8]}-"
@@ -182,7 +185,11 @@ class RunningPool:
             setup=self.worker_setup,
             settings=self.settings,
         )
-        proc = start_worker(spec.to_json(), self.threads, fds, (f"--pool={self.prefix}", f"--rank={rank}"))
+        labels = (f"--pool={self.prefix}", f"--rank={rank}")
+        if self.launcher is not None and self.launcher.serves(device):
+            proc = self.launcher.launch(spec.to_json(), self.threads, fds, labels)
+        else:
+            proc = start_worker(spec.to_json(), self.threads, fds, labels)
         self.log_threads.append(start_log_pump(rank, proc, self.logs[rank], f"{self.prefix}log{rank}"))
         return proc
 

@@ -21,6 +21,18 @@ WORKER_MODULE = f"{__package__}.worker"  # run with python -m
 LOOPBACK = "lo"
 
 
+def worker_env(threads: int | None) -> dict[str, str]:
+    """A worker's environment: this process's, the package importable, the collectives' sockets on
+    loopback, and ``OMP_NUM_THREADS`` = ``threads`` unless set (None: 1, for a launcher, whose
+    workers set their own thread count)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([PACKAGE_ROOT, *filter(None, [env.get("PYTHONPATH")])])
+    env["GLOO_SOCKET_IFNAME"] = LOOPBACK
+    env["NCCL_SOCKET_IFNAME"] = LOOPBACK
+    env.setdefault("OMP_NUM_THREADS", str(threads or 1))
+    return env
+
+
 def start_worker(spec_json: str, threads: int, fds: list[int], labels: Sequence[str] = ()) -> subprocess.Popen:
     """Start ``python -m parallel_runtime.runtime.worker LABELS...`` in its own session and hand it
     its spec (protocol.WorkerSpec as JSON) on its stdin: a command line is readable by every user
@@ -30,14 +42,9 @@ def start_worker(spec_json: str, threads: int, fds: list[int], labels: Sequence[
     stderr come back through one pipe. Every pool runs on one machine, so the collectives' own
     sockets (gloo's, NCCL's bootstrap) are bound to the loopback interface, whatever the
     environment says."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([PACKAGE_ROOT, *filter(None, [env.get("PYTHONPATH")])])
-    env["GLOO_SOCKET_IFNAME"] = LOOPBACK
-    env["NCCL_SOCKET_IFNAME"] = LOOPBACK
-    env.setdefault("OMP_NUM_THREADS", str(threads))
     proc = subprocess.Popen(
         [sys.executable, "-m", WORKER_MODULE, *labels],
-        env=env,
+        env=worker_env(threads),
         pass_fds=fds,
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,

@@ -11,6 +11,7 @@ import contextlib
 import datetime
 import logging
 import os
+import select
 import sys
 import traceback
 from collections.abc import Callable
@@ -115,7 +116,9 @@ class Worker:
             resolve_job(reference)(self.rank, self.world, *args)
 
     def parent_alive(self) -> bool:
-        return os.getppid() == self.parent_pid
+        """The host process is alive: its death pipe is not at end-of-file (the host never writes
+        to it). Not ``getppid()``: a worker forked by the launcher has the launcher as parent."""
+        return not select.select([self.spec.death_fd], [], [], 0)[0]
 
     # -- lifecycle ------------------------------------------------------------------------------
     def setup(self) -> None:
