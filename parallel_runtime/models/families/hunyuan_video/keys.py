@@ -40,7 +40,7 @@ _TOP = {
     "txt_in.c_embedder.linear_2": "context_embedder.time_text_embed.text_embedder.linear_2",
     "final_layer.linear": "proj_out",
 }
-_REFINER = {
+REFINER_NAMES = {
     "norm1": "norm1",
     "self_attn_proj": "attn.to_out.0",
     "norm2": "norm2",
@@ -48,7 +48,7 @@ _REFINER = {
     "mlp.fc2": "ff.net.2",
     "adaLN_modulation.1": "norm_out.linear",
 }
-_DOUBLE = {
+DOUBLE_NAMES = {
     "img_mod.linear": "norm1.linear",
     "img_attn_proj": "attn.to_out.0",
     "img_mlp.fc1": "ff.net.0.proj",
@@ -58,7 +58,7 @@ _DOUBLE = {
     "txt_mlp.fc1": "ff_context.net.0.proj",
     "txt_mlp.fc2": "ff_context.net.2",
 }
-_DOUBLE_NORMS = {
+DOUBLE_NORM_NAMES = {
     "img_attn_q_norm": "attn.norm_q",
     "img_attn_k_norm": "attn.norm_k",
     "txt_attn_q_norm": "attn.norm_added_q",
@@ -93,14 +93,14 @@ def conversion_table(config: Mapping[str, Any]) -> dict[str, Pieces]:
         whole(original, name, 0)
     for i in range(config.get("num_refiner_layers", 2)):
         o, n = f"txt_in.individual_token_refiner.blocks.{i}.", f"context_embedder.token_refiner.refiner_blocks.{i}."
-        for part, name in _REFINER.items():
+        for part, name in REFINER_NAMES.items():
             whole(o + part, n + name, 0)
         cut(o + "self_attn_qkv", tuple(n + f"attn.to_{x}" for x in "qkv"), (d, d, d))
     for i in range(config["num_layers"]):
         o, n = f"double_blocks.{i}.", f"transformer_blocks.{i}."
-        for part, name in _DOUBLE.items():
+        for part, name in DOUBLE_NAMES.items():
             whole(o + part, n + name, 0)
-        for part, name in _DOUBLE_NORMS.items():
+        for part, name in DOUBLE_NORM_NAMES.items():
             whole(o + part, n + name, 0, ("weight",))
         cut(o + "img_attn_qkv", tuple(n + f"attn.to_{x}" for x in "qkv"), (d, d, d))
         cut(o + "txt_attn_qkv", tuple(n + f"attn.add_{x}_proj" for x in "qkv"), (d, d, d))

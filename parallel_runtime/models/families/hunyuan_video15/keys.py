@@ -25,6 +25,7 @@ import torch
 
 from ....errors import ConfigError
 from ...layout_shapes import Shapes, block_count, scaled_rope_axes, shape_of
+from ..hunyuan_video.keys import DOUBLE_NAMES, DOUBLE_NORM_NAMES, REFINER_NAMES  # the same block names, by lineage
 from ..spec import OriginalLayout
 from . import ID, T2V
 
@@ -50,30 +51,6 @@ _TOP = {  # original module -> diffusers module, renamed only
     "vision_in.proj.3": "image_embedder.linear_2",
     "vision_in.proj.4": "image_embedder.norm_out",
     "final_layer.linear": "proj_out",
-}
-_REFINER = {
-    "norm1": "norm1",
-    "self_attn_proj": "attn.to_out.0",
-    "norm2": "norm2",
-    "mlp.fc1": "ff.net.0.proj",
-    "mlp.fc2": "ff.net.2",
-    "adaLN_modulation.1": "norm_out.linear",
-}
-_DOUBLE = {
-    "img_mod.linear": "norm1.linear",
-    "img_attn_proj": "attn.to_out.0",
-    "img_mlp.fc1": "ff.net.0.proj",
-    "img_mlp.fc2": "ff.net.2",
-    "txt_mod.linear": "norm1_context.linear",
-    "txt_attn_proj": "attn.to_add_out",
-    "txt_mlp.fc1": "ff_context.net.0.proj",
-    "txt_mlp.fc2": "ff_context.net.2",
-}
-_DOUBLE_NORMS = {
-    "img_attn_q_norm": "attn.norm_q",
-    "img_attn_k_norm": "attn.norm_k",
-    "txt_attn_q_norm": "attn.norm_added_q",
-    "txt_attn_k_norm": "attn.norm_added_k",
 }
 _STREAMS = {
     "img": ("attn.to_q", "attn.to_k", "attn.to_v"),
@@ -109,14 +86,14 @@ def conversion_table(config: Mapping[str, Any], fused: bool) -> dict[str, Pieces
     whole("final_layer.adaLN_modulation.1", "norm_out.linear")
     for i in range(config.get("num_refiner_layers", 2)):
         o, n = f"txt_in.individual_token_refiner.blocks.{i}.", f"context_embedder.token_refiner.refiner_blocks.{i}."
-        for part, name in _REFINER.items():
+        for part, name in REFINER_NAMES.items():
             whole(o + part, n + name)
         cut(o + "self_attn_qkv", tuple(n + f"attn.to_{x}" for x in "qkv"))
     for i in range(config["num_layers"]):
         o, n = f"double_blocks.{i}.", f"transformer_blocks.{i}."
-        for part, name in _DOUBLE.items():
+        for part, name in DOUBLE_NAMES.items():
             whole(o + part, n + name)
-        for part, name in _DOUBLE_NORMS.items():
+        for part, name in DOUBLE_NORM_NAMES.items():
             whole(o + part, n + name, ("weight",))
         for stream, names in _STREAMS.items():
             if fused:
