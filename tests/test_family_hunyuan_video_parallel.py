@@ -65,11 +65,13 @@ def test_pipefusion_stale_kv_stays_within_its_bound(cpu_pool, files):  # noqa: F
     assert 1e-6 < err < 0.05, f"stale K/V error {err:.2e}"
 
 
-@pytest.mark.parametrize("layout", ["ulysses2", "cfg2"])
+@pytest.mark.parametrize("layout", ["ulysses2", "ring2", "cfg2", "pp2"])
 def test_image_to_video_layouts_equal_comfyui(cpu_pool, files, layout):  # noqa: F811
-    """The start image's latent and mask join the latent's channels before the tokens are split."""
+    """"v1 (concat)": the start image's latent and mask join the latent's channels before the tokens are split (or
+    the patches cut: PipeFusion with every step a warmup step is exact)."""
     positive, negative, latent, settings = i2v_inputs()
-    out = run(cpu_pool(LAYOUTS[layout]), files["i2v"], positive, negative, latent, settings)
+    kwargs = {"patches": 3, "warmup": settings.steps} if layout == "pp2" else {}
+    out = run(cpu_pool(LAYOUTS[layout]), files["i2v"], positive, negative, latent, settings, **kwargs)
     close(out, tensor(REF["i2v"]["output"]))
 
 
