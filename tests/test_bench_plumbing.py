@@ -80,18 +80,23 @@ def test_model_option_only_for_benches_that_take_it(capsys):
 
 
 def test_bench_families_gives_every_family_a_widened_model_and_the_same_token_count(tmp_path):
-    """``bench families`` measures Ulysses 2 on every family whose prompts the workers encode (issue 27): each has a
-    widened tiny config, and a video family's frame side and latent frames make the image's token count."""
+    """``bench families`` measures Ulysses 2 on every family (issue 27): each has a widened tiny config (random prompt
+    embeddings of its shapes where no worker encodes its prompts), and a video family's frame side and latent
+    frames make the image's token count."""
     from parallel_runtime.checkout import devtools_module
+    from parallel_runtime.models.base import Conditioning
     from parallel_runtime.models.families.registry import FAMILIES
     from parallel_runtime.tools.bench_families import PX, bench_size
 
-    widened = devtools_module("tiny", "test").WIDENED
+    tiny = devtools_module("tiny", "test")
     tokens = (PX // 16) ** 2
     for spec in FAMILIES:
+        name = tiny.WIDENED_NAMES.get(spec.id, f"tiny-{spec.id}")
+        assert name in tiny.WIDENED, spec.id
+        prompts = tiny.random_prompts(name)
         if not spec.text_encoding().on_workers:
-            continue
-        assert f"tiny-{spec.id}" in widened, spec.id
+            assert prompts is not None and all(isinstance(p, Conditioning) for p in prompts), spec.id
+            assert not torch.equal(prompts[0].prompt_embeds, prompts[1].prompt_embeds)
         for channels in (16, 48, 128):
             (tmp_path / "transformer").mkdir(exist_ok=True)
             (tmp_path / "transformer" / "config.json").write_text(json.dumps({"out_channels": channels}))

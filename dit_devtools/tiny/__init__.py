@@ -11,8 +11,10 @@ from .factory import (
     TINY_VERSION,
     TINY_VIDEO_MODELS,
     WIDENED,
+    WIDENED_NAMES,
     build_tiny_pipeline,
     ensure_tiny_model,
+    random_prompts,
 )
 
 __all__ = [
@@ -21,6 +23,8 @@ __all__ = [
     "TINY_VERSION",
     "TINY_VIDEO_MODELS",
     "WIDENED",
+    "WIDENED_NAMES",
     "build_tiny_pipeline",
     "ensure_tiny_model",
+    "random_prompts",
 ]

@@ -57,8 +57,21 @@ WIDENED: dict[str, dict[str, Any]] = {
         num_attention_heads=8, attention_head_dim=64, num_layers=4, rope_axes_dim=(16, 24, 24)
     ),
     "tiny-ltx-video": dict(num_attention_heads=8, attention_head_dim=64, cross_attention_dim=512, num_layers=4),
+    "tiny-hidream": dict(num_attention_heads=8, attention_head_dim=64, axes_dims_rope=(32, 16, 16)),
     "tiny-ltx2": dict(num_attention_heads=8, attention_head_dim=64, cross_attention_dim=512, num_layers=4),
 }
+
+
+WIDENED_NAMES: dict[str, str] = {"hidream-i1": "tiny-hidream"}  # family id -> its tiny model, where not tiny-<id>
+
+
+def random_prompts(name: str):
+    """(positive, negative) random conditionings for the tiny ``name`` widened by ``WIDENED[name]``, for a model
+    whose prompts no worker encodes (HiDream-I1's come from ComfyUI's encoders); None for the others."""
+    from .hidream import RANDOM_PROMPTS
+
+    make = RANDOM_PROMPTS.get(name)
+    return None if make is None else make(WIDENED[name])
 
 
 def _builders() -> dict[str, Callable[[dict[str, Any]], dict[str, Any]]]:

@@ -61,3 +61,30 @@ def hidream(overrides: dict[str, Any]) -> dict[str, Any]:
 
 
 BUILDERS = {"tiny-hidream": hidream}
+
+
+def random_conditioning(config: dict[str, Any], tokens: int = 128, seed: int = 0):
+    """Random prompt embeddings in the shapes HiDream's conditioning takes for a transformer ``config`` (T5 states,
+    pooled CLIPs, Llama-3.1 states of every layer the blocks read): what a speed measurement needs in place of
+    ComfyUI's four text encoders."""
+    from parallel_runtime.models.base import Conditioning
+    from parallel_runtime.models.families.hidream.conditioning import HiDreamText
+
+    t5_width, llama_width = config["caption_channels"]
+    layers = max(config["llama_layers"]) + 1
+    g = torch.Generator().manual_seed(seed)
+    return Conditioning(
+        torch.randn(1, tokens, t5_width, generator=g),
+        torch.randn(1, config["text_emb_dim"], generator=g),
+        None,
+        HiDreamText(torch.randn(1, layers, tokens, llama_width, generator=g)),
+    )
+
+
+def random_prompts(overrides: dict[str, Any]):
+    """(positive, negative) random conditionings for the tiny HiDream widened by ``overrides``."""
+    config = {**CONFIG, **overrides}
+    return random_conditioning(config, seed=0), random_conditioning(config, seed=1)
+
+
+RANDOM_PROMPTS = {"tiny-hidream": random_prompts}  # for models whose prompts no worker encodes

@@ -7,8 +7,9 @@
   attention sequence with the text tokens the planner assumes (``LayoutHints.text_tokens``).
 - ``ulysses2``: one sampling step on 2 CPU ranks with Ulysses 2 against 1 rank x 1 thread, on the family's
   widened tiny model (``dit_devtools.tiny.WIDENED``: 8 heads of 64, random weights) at ``TOKENS`` image tokens
-  (an image ``PX`` px square; a video ``VIDEO_PX`` px square with as many latent frames as make the count). A family
-  whose prompts come only from ComfyUI's encoders (nothing to encode on the workers) says so instead.
+  (an image ``PX`` px square; a video ``VIDEO_PX`` px square with as many latent frames as make the count); a family
+  whose prompts come only from ComfyUI's encoders (nothing to encode on the workers) runs on random prompt
+  embeddings of its shapes (``dit_devtools.tiny.random_prompts``).
 """
 
 from __future__ import annotations
@@ -74,17 +75,22 @@ def bench_size(spec: FamilySpec, folder: Path, px: int) -> tuple[int, int]:
     return side, max(1, round(tokens / (side // pixels) ** 2))
 
 
-def ulysses_speedup(name: str, overrides: dict[str, Any], root: Path, px: int, repeats: int) -> dict[str, Any]:
-    """One step of the widened tiny ``name``: Ulysses 2 x 1 thread against 1 rank x 1 thread."""
-    spec = next(s for s in FAMILIES if f"tiny-{s.id}" == name)
+def ulysses_speedup(spec: FamilySpec, name: str, root: Path, px: int, repeats: int) -> dict[str, Any]:
+    """One step of the widened tiny ``name`` of ``spec``: Ulysses 2 x 1 thread against 1 rank x 1 thread (random
+    prompt embeddings where no worker encodes the family's prompts)."""
     tiny = devtools_module("tiny", "bench families")
+    overrides = tiny.WIDENED[name]
     path = tiny.build_tiny_pipeline(name, root / f"{name}-wide", **overrides)
     side, frames = bench_size(spec, path, px)
     cfg = spec.generate_cfg
+    prompts = None if spec.text_encoding().on_workers else tiny.random_prompts(name)
     contenders: dict[str, Contender] = {}
     try:
-        contenders["1 rank x 1 thread"] = Contender(path, ParallelConfig(), 1, side, 1, cfg, frames)
-        contenders["ulysses 2 ranks x 1 thread"] = Contender(path, ParallelConfig(ulysses=2), 1, side, 1, cfg, frames)
+        for label, config in (
+            ("1 rank x 1 thread", ParallelConfig()),
+            ("ulysses 2 ranks x 1 thread", ParallelConfig(ulysses=2)),
+        ):
+            contenders[label] = Contender(path, config, 1, side, 1, cfg, frames, prompts)
         times = interleave(contenders, repeats=repeats, warmup=1)
         info = contenders["1 rank x 1 thread"].info
     finally:
@@ -92,7 +98,8 @@ def ulysses_speedup(name: str, overrides: dict[str, Any], root: Path, px: int, r
             c.close()
     size = f"{side}x{side} px" + (f" x {frames} latent frames" if info["latent_dims"] == 3 else "")
     return {
-        "config": f"{name} widened: {overrides}, {info['num_blocks']} blocks, {size}, cfg {cfg}",
+        "config": f"{name} widened: {overrides}, {info['num_blocks']} blocks, {size}, cfg {cfg}"
+        + ("" if prompts is None else ", random prompt embeddings (128 tokens)"),
         "seconds": {k: v.summary() for k, v in times.items()},
         "speedup": ratio(times, "1 rank x 1 thread", "ulysses 2 ranks x 1 thread"),
     }
@@ -101,7 +108,7 @@ def ulysses_speedup(name: str, overrides: dict[str, Any], root: Path, px: int, r
 def run(quick: bool = False) -> dict[str, Any]:
     torch.set_num_threads(1)
     px, repeats = (512, 1) if quick else (PX, 3)
-    widened = devtools_module("tiny", "bench families").WIDENED
+    tiny = devtools_module("tiny", "bench families")
     res: dict[str, Any] = {
         "model": "every family's shipped configs on the meta device (weights per rank: byte accounting, no weights, "
         f"no GPU); speed: each family's widened tiny model (random fp32 weights, 512 wide) at {px}x{px} px, one step",
@@ -119,12 +126,8 @@ def run(quick: bool = False) -> dict[str, Any]:
                     "weight_gb_per_rank_fp8": weight_gb(spec, variant, "fp8_e4m3fn"),
                     "tokens": default_tokens(spec, variant),
                 }
-            name = f"tiny-{spec.id}"
-            if not spec.text_encoding().on_workers:
-                row["ulysses2"] = {
-                    "skipped": "its prompts come only from ComfyUI's encoders: nothing to run a step with"
-                }
-            elif name in widened:
-                row["ulysses2"] = ulysses_speedup(name, widened[name], Path(tmp), px, repeats)
+            name = tiny.WIDENED_NAMES.get(spec.id, f"tiny-{spec.id}")
+            if name in tiny.WIDENED:
+                row["ulysses2"] = ulysses_speedup(spec, name, Path(tmp), px, repeats)
             res["families"][spec.id] = row
     return res

@@ -78,12 +78,24 @@ class Contender:
     """A warm pool with the model loaded; each call runs one timed generation (seconds: slowest rank)."""
 
     def __init__(
-        self, path: Path, config: ParallelConfig, threads: int, px: int, steps: int, cfg: float, frames: int = 1
+        self,
+        path: Path,
+        config: ParallelConfig,
+        threads: int,
+        px: int,
+        steps: int,
+        cfg: float,
+        frames: int = 1,
+        prompts: tuple[Any, Any] | None = None,
     ):
+        """``prompts``: (positive, negative) conditionings for a model whose prompts no worker encodes."""
         self.pool = WorkerPool(f"cpu:{config.world_size}", config, threads_per_worker=threads)
         self.info = self.pool.submit(load_model, str(path), "fp32", "sdpa").result(600)
-        pos = self.pool.submit(encode, "a lighthouse on a cliff at dawn").result(600)[0]
-        neg = self.pool.submit(encode, "").result(600)[0] if cfg != 1.0 else None
+        if prompts is None:
+            pos = self.pool.submit(encode, "a lighthouse on a cliff at dawn").result(600)[0]
+            neg = self.pool.submit(encode, "").result(600)[0] if cfg != 1.0 else None
+        else:
+            pos, neg = prompts[0], prompts[1] if cfg != 1.0 else None
         latent = bench_latent(self.info, px, frames)
         self.text_tokens = pos.prompt_embeds.shape[1]
         self.args = (pos, neg, latent, SamplingSettings(seed=0, steps=steps, cfg=cfg))
