@@ -67,8 +67,8 @@ def test_pipefusion_stale_kv_stays_within_its_bound(cpu_pool, files):  # noqa: F
 
 @pytest.mark.parametrize("layout", ["ulysses2", "ring2", "cfg2", "pp2"])
 def test_image_to_video_layouts_equal_comfyui(cpu_pool, files, layout):  # noqa: F811
-    """"v1 (concat)": the start image's latent and mask join the latent's channels before the tokens are split (or
-    the patches cut: PipeFusion with every step a warmup step is exact)."""
+    """Guidance "v1 (concat)": the start image's latent and mask join the latent's channels before the tokens are
+    split (or the patches cut: PipeFusion with every step a warmup step is exact)."""
     positive, negative, latent, settings = i2v_inputs()
     kwargs = {"patches": 3, "warmup": settings.steps} if layout == "pp2" else {}
     out = run(cpu_pool(LAYOUTS[layout]), files["i2v"], positive, negative, latent, settings, **kwargs)
