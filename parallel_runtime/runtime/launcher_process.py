@@ -4,8 +4,10 @@ a pool start costs a fork instead of a fresh interpreter importing torch.
 
 Its stdin holds ``{"requests": fd, "exits": fd, "lifeline": fd}`` (socket ends and the read end of
 its own death pipe, all inherited through ``pass_fds``). It arms the lifeline before importing
-anything slow: when the host process ends, the launcher exits at once (its workers end through
-their pools' own death pipes and, as its children, through ``PR_SET_PDEATHSIG``). It never
+anything slow: when the host process ends, the launcher removes the folders of every pool it forked
+workers for and exits (its workers end through their pools' own death pipes and, as its children,
+through ``PR_SET_PDEATHSIG``, which may kill a worker before its own cleanup ran: hence the
+launcher's). It never
 initialises CUDA and never runs a torch operation: a fork after either would give children a
 broken CUDA context or a dead OpenMP thread pool.
 
@@ -23,14 +25,16 @@ import ctypes
 import fcntl
 import json
 import os
+import select
 import selectors
 import signal
 import socket
 import sys
 
-from .lifeline import arm
+from .lifeline import remove_pool_files, watch
 
 MAX_FDS = 8
+HOST_GONE_WAIT_S = 0.5  # a closed requests socket: how long to look for the host's death on its lifeline
 _PR_SET_PDEATHSIG = 1
 
 
@@ -97,8 +101,25 @@ def _send_exit(exits: socket.socket, pid: int, status: int) -> None:
         exits.send(json.dumps({"pid": pid, "code": os.waitstatus_to_exitcode(status)}).encode())
 
 
-def serve(requests: socket.socket, exits: socket.socket) -> None:
-    """Fork a worker per request until the host closes the requests socket."""
+def _remove_folders(pools: list[tuple[str | None, str | None]]) -> None:
+    for folders in list(pools):
+        remove_pool_files(*folders)
+
+
+def _pool_folders(request: dict) -> tuple[str | None, str | None]:
+    """The (segment folder, private folder) the worker of ``request`` uses (its spec names them)."""
+    with contextlib.suppress(ValueError, TypeError, AttributeError):
+        spec = json.loads(request["spec"])
+        return spec.get("shm_dir"), spec.get("private_dir")
+    return None, None
+
+
+def serve(
+    requests: socket.socket, exits: socket.socket, pools: list[tuple[str | None, str | None]], lifeline: int
+) -> None:
+    """Fork a worker per request until the host closes the requests socket; each request's pool
+    folders are added to ``pools`` (removed when the host dies: by the lifeline's thread, or here
+    when the socket's end-of-file, which a dying host also gives, is seen first)."""
     me = os.getpid()
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
@@ -127,9 +148,14 @@ def serve(requests: socket.socket, exits: socket.socket) -> None:
                     _send_exit(exits, pid, status)
                 continue
             got = _received(requests)
-            if got is None:
-                os._exit(0)  # the host closed the launcher
+            if got is None:  # the host closed the launcher, or died (then its lifeline ends too)
+                if select.select([lifeline], [], [], HOST_GONE_WAIT_S)[0]:
+                    _remove_folders(pools)
+                os._exit(0)
             request, fds = got
+            folders = _pool_folders(request)
+            if folders not in pools:
+                pools.append(folders)
             pid = os.fork()
             if pid == 0:
                 _become_worker(request, fds, me)
@@ -140,7 +166,8 @@ def serve(requests: socket.socket, exits: socket.socket) -> None:
 
 def main() -> int:
     setup = json.loads(sys.stdin.read())
-    arm(setup["lifeline"], None, None)  # the host gone: exit at once
+    pools: list[tuple[str | None, str | None]] = []  # the folders of the pools it forked workers for
+    watch(setup["lifeline"], lambda: _remove_folders(pools))
     import torch  # noqa: F401 - the point of this process: imported once, shared by every fork
 
     from . import worker, worker_loop  # noqa: F401
@@ -154,7 +181,7 @@ def main() -> int:
     from .protocol import CODE_HASH, PROTOCOL_VERSION
 
     requests.send(json.dumps({"ready": [PROTOCOL_VERSION, CODE_HASH]}).encode())
-    serve(requests, exits)
+    serve(requests, exits, pools, setup["lifeline"])
     return 0
 
 

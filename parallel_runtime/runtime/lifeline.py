@@ -49,16 +49,16 @@ def _watch(fd: int, on_host_gone: Callable[[], None]) -> None:
                 os._exit(0)
 
 
-def arm(fd: int, shm_dir: str | None, private_dir: str | None) -> threading.Thread:
-    """Worker side: watch the death pipe from a daemon thread; when the host dies, remove the
-    pool's files and exit at once (no interpreter shutdown: the main thread may be blocked in a
-    collective that will never complete)."""
+def watch(fd: int, on_host_gone: Callable[[], None]) -> threading.Thread:
+    """Watch the death pipe ``fd`` from a daemon thread: when the host dies, run ``on_host_gone``
+    (it must not raise) and exit at once (no interpreter shutdown: the main thread may be blocked
+    in a collective that will never complete)."""
     os.set_blocking(fd, True)
-    thread = threading.Thread(
-        target=_watch,
-        args=(fd, lambda: remove_pool_files(shm_dir, private_dir)),
-        name="dpar-lifeline",
-        daemon=True,
-    )
+    thread = threading.Thread(target=_watch, args=(fd, on_host_gone), name="dpar-lifeline", daemon=True)
     thread.start()
     return thread
+
+
+def arm(fd: int, shm_dir: str | None, private_dir: str | None) -> threading.Thread:
+    """Worker side: when the host dies, remove the pool's files and exit at once (``watch``)."""
+    return watch(fd, lambda: remove_pool_files(shm_dir, private_dir))
