@@ -160,10 +160,11 @@ def hunyuan_variant(shapes: Shapes) -> str:
     return I2V_CONCAT if in_channels == 33 else T2V
 
 
-def hunyuan_to_diffusers(state: dict[str, torch.Tensor], config: Mapping[str, Any]) -> dict[str, torch.Tensor]:
-    """Original names -> diffusers names (renames and row cuts; converted tensors leave ``state``)."""
+def apply_conversion(state: dict[str, torch.Tensor], table: Mapping[str, Pieces]) -> dict[str, torch.Tensor]:
+    """Tencent's names -> diffusers names by ``table`` (renames and row cuts; converted tensors leave ``state``;
+    the final modulation's (shift, scale) becomes diffusers' (scale, shift))."""
     out: dict[str, torch.Tensor] = {}
-    for original, pieces in conversion_table(config).items():
+    for original, pieces in table.items():
         if original not in state:
             continue
         tensor = state.pop(original)
@@ -175,6 +176,11 @@ def hunyuan_to_diffusers(state: dict[str, torch.Tensor], config: Mapping[str, An
     return out
 
 
+def hunyuan_to_diffusers(state: dict[str, torch.Tensor], config: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+    """Original names -> diffusers names (renames and row cuts; converted tensors leave ``state``)."""
+    return apply_conversion(state, conversion_table(config))
+
+
 def hunyuan_skeleton(config: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
     """The original layout's names and shapes for a diffusers config (LoRA files in Tencent's names)."""
     from diffusers import HunyuanVideoTransformer3DModel
@@ -184,10 +190,11 @@ def hunyuan_skeleton(config: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
     with parameters_on_meta():
         model = HunyuanVideoTransformer3DModel(**{k: v for k, v in config.items() if not k.startswith("_")})
     shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-    return dict(_original_shapes(conversion_table(config), shapes))
+    return dict(original_shapes(conversion_table(config), shapes))
 
 
-def _original_shapes(table: Mapping[str, Pieces], shapes: Mapping[str, tuple[int, ...]]) -> Iterator:
+def original_shapes(table: Mapping[str, Pieces], shapes: Mapping[str, tuple[int, ...]]) -> Iterator:
+    """(original name, shape) of every ``table`` entry whose diffusers pieces ``shapes`` holds."""
     for original, pieces in table.items():
         first = pieces[0][0]
         if first not in shapes:

@@ -18,20 +18,25 @@ single-stream blocks) or another input width (the super-resolution models) are r
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 
 from ....errors import ConfigError
 from ...layout_shapes import Shapes, block_count, scaled_rope_axes, shape_of
-from ..hunyuan_video.keys import DOUBLE_NAMES, DOUBLE_NORM_NAMES, REFINER_NAMES  # the same block names, by lineage
+from ..hunyuan_video.keys import (  # the same block names and conversion, by lineage
+    DOUBLE_NAMES,
+    DOUBLE_NORM_NAMES,
+    REFINER_NAMES,
+    apply_conversion,
+    original_shapes,
+)
 from ..spec import OriginalLayout
 from . import ID, T2V
 
 ANCHOR = "byt5_in.fc1.weight"
 LINEAR = ("weight", "bias")
-FINAL_MODULATION = "final_layer.adaLN_modulation.1."  # (shift, scale) in the file, (scale, shift) in diffusers
 
 _TOP = {  # original module -> diffusers module, renamed only
     "img_in.proj": "x_embedder.proj",
@@ -164,17 +169,7 @@ def variant_of(shapes: Shapes) -> str:
 
 def to_diffusers(state: dict[str, torch.Tensor], config: Mapping[str, Any]) -> dict[str, torch.Tensor]:
     """Original names (either layout) -> diffusers names (renames and row cuts; converted tensors leave ``state``)."""
-    out: dict[str, torch.Tensor] = {}
-    for original, pieces in conversion_table(config, is_fused(state)).items():
-        if original not in state:
-            continue
-        tensor = state.pop(original)
-        if original.startswith(FINAL_MODULATION):
-            shift, scale = tensor.chunk(2, dim=0)
-            tensor = torch.cat([scale, shift], dim=0)
-        for name, r0, r1 in pieces:
-            out[name] = tensor if r1 == 0 else tensor[r0:r1]
-    return out
+    return apply_conversion(state, conversion_table(config, is_fused(state)))
 
 
 def skeleton(config: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
@@ -186,16 +181,7 @@ def skeleton(config: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
     with parameters_on_meta():
         model = HunyuanVideo15Transformer3DModel(**{k: v for k, v in config.items() if not k.startswith("_")})
     shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-    return dict(_original_shapes(conversion_table(config, fused=False), shapes))
-
-
-def _original_shapes(table: Mapping[str, Pieces], shapes: Mapping[str, tuple[int, ...]]) -> Iterator:
-    for original, pieces in table.items():
-        first = pieces[0][0]
-        if first not in shapes:
-            continue
-        rows = sum((shapes[name][0] if r1 == 0 else r1 - r0) for name, r0, r1 in pieces)
-        yield original, (rows, *shapes[first][1:])
+    return dict(original_shapes(conversion_table(config, fused=False), shapes))
 
 
 LAYOUT = OriginalLayout(ANCHOR, config_from_weights, variant_of, to_diffusers, skeleton)
